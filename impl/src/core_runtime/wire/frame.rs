@@ -1,0 +1,369 @@
+//! The Envelope and the one table of message types ("Envelope and identity",
+//! "Message families").
+//!
+//! [`Frame`] is a decoded Envelope: `id`, optional W3C `trace`, and a typed
+//! [`Message`]. [`Frame::decode`] is strict (see [`crate::wire::strict`]) and checks
+//! the direction; [`Frame::encode`] refuses non-finite numbers.
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+use super::limits::{TRACEPARENT_MAX_BYTES, TRACESTATE_MAX_BYTES, TRANSPORT_FRAME_MAX_BYTES};
+use super::payloads::*;
+use crate::wire::strict::{from_value_strict, parse_strict};
+use crate::wire::WireError;
+
+/// Which party sends a message type.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Direction {
+    /// Core → Runtime.
+    CoreToRuntime,
+    /// Runtime → Core.
+    RuntimeToCore,
+}
+
+/// W3C trace context. Diagnostic only: missing or invalid trace data creates a local
+/// trace and never changes ownership, so decoding never fails on it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Trace {
+    /// `traceparent` header value.
+    pub traceparent: String,
+    /// `tracestate` header value.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tracestate: Option<String>,
+}
+
+impl Trace {
+    /// Accepts `value` as trace context only if it is well-formed and within the W3C
+    /// bounds; anything else is dropped (a local trace is created instead).
+    pub fn lenient(value: &Value) -> Option<Trace> {
+        let trace: Trace = serde_json::from_value(value.clone()).ok()?;
+        let ok_parent = trace.traceparent.len() == TRACEPARENT_MAX_BYTES
+            && trace
+                .traceparent
+                .chars()
+                .all(|c| c.is_ascii_hexdigit() || c == '-');
+        let ok_state = trace
+            .tracestate
+            .as_ref()
+            .is_none_or(|s| s.len() <= TRACESTATE_MAX_BYTES);
+        (ok_parent && ok_state).then_some(trace)
+    }
+}
+
+/// The raw Envelope as it travels: every data frame is one of these.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Envelope {
+    /// Message type.
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// Identity whose meaning depends on the type.
+    pub id: String,
+    /// Typed payload.
+    pub payload: Value,
+    /// Optional W3C trace context.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trace: Option<Value>,
+}
+
+macro_rules! messages {
+    ($( $variant:ident($payload:ty) = $wire:literal, $dir:ident; )*) => {
+        /// Every message type of the protocol.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        pub enum MessageType {
+            $(
+                #[doc = concat!("`", $wire, "`")]
+                $variant,
+            )*
+        }
+
+        impl MessageType {
+            /// Every message type, in table order.
+            pub const ALL: &'static [MessageType] = &[$(MessageType::$variant),*];
+
+            /// The wire name.
+            pub fn as_str(self) -> &'static str {
+                match self { $(MessageType::$variant => $wire,)* }
+            }
+
+            /// Parses a wire name.
+            pub fn parse(name: &str) -> Option<Self> {
+                match name { $($wire => Some(MessageType::$variant),)* _ => None }
+            }
+
+            /// Who sends this type.
+            pub fn direction(self) -> Direction {
+                match self { $(MessageType::$variant => Direction::$dir,)* }
+            }
+
+            fn payload_schema(self, generator: &mut schemars::SchemaGenerator) -> schemars::Schema {
+                match self { $(MessageType::$variant => generator.subschema_for::<$payload>(),)* }
+            }
+        }
+
+        /// A typed message: one variant per Envelope `type`.
+        #[derive(Debug, Clone, PartialEq)]
+        pub enum Message {
+            $(
+                #[doc = concat!("`", $wire, "`")]
+                $variant($payload),
+            )*
+        }
+
+        impl Message {
+            /// The message type.
+            pub fn message_type(&self) -> MessageType {
+                match self { $(Message::$variant(_) => MessageType::$variant,)* }
+            }
+
+            fn decode_payload(kind: MessageType, payload: Value) -> Result<Self, WireError> {
+                match kind {
+                    $(MessageType::$variant => from_value_strict::<$payload>(payload).map(Message::$variant),)*
+                }
+            }
+
+            fn payload_value(&self) -> Result<Value, WireError> {
+                let value = match self {
+                    $(Message::$variant(p) => serde_json::to_value(p),)*
+                };
+                value.map_err(|e| WireError::invalid("$.payload", e.to_string()))
+            }
+        }
+    };
+}
+
+messages! {
+    RuntimePrepare(RuntimePrepare) = "runtime_prepare", CoreToRuntime;
+    RuntimePrepareResult(RuntimePrepareResult) = "runtime_prepare_result", RuntimeToCore;
+    ExecutionPrepare(ExecutionPrepare) = "execution_prepare", CoreToRuntime;
+    ExecutionStart(ExecutionStart) = "execution_start", CoreToRuntime;
+    ExecutionRelease(ExecutionRelease) = "execution_release", CoreToRuntime;
+    PreparationStatus(PreparationStatus) = "preparation_status", RuntimeToCore;
+    PromptCancel(PromptCancel) = "prompt_cancel", CoreToRuntime;
+    DeviceShutdown(DeviceShutdown) = "device_shutdown", CoreToRuntime;
+    Delta(Delta) = "delta", RuntimeToCore;
+    Thinking(Thinking) = "thinking", RuntimeToCore;
+    OutputMessage(OutputMessage) = "output_message", RuntimeToCore;
+    ToolCall(ToolCall) = "tool_call", RuntimeToCore;
+    Usage(Usage) = "usage", RuntimeToCore;
+    Error(RunError) = "error", RuntimeToCore;
+    Done(Done) = "done", RuntimeToCore;
+    Heartbeat(Heartbeat) = "heartbeat", RuntimeToCore;
+    PermissionDecision(PermissionDecision) = "permission_decision", CoreToRuntime;
+    PromptForUserChoiceDecision(PromptForUserChoiceDecision) = "prompt_for_user_choice_decision", CoreToRuntime;
+    PermissionRequest(PermissionRequest) = "permission_request", RuntimeToCore;
+    PermissionCancel(PermissionCancel) = "permission_cancel", RuntimeToCore;
+    PromptForUserChoice(PromptForUserChoice) = "prompt_for_user_choice", RuntimeToCore;
+    InteractionDecisionAck(InteractionDecisionAck) = "interaction_decision_ack", RuntimeToCore;
+    PromptSteer(PromptSteer) = "prompt_steer", CoreToRuntime;
+    PromptSteerAck(PromptSteerAck) = "prompt_steer_ack", RuntimeToCore;
+    FunctionResult(FunctionResult) = "function_result", CoreToRuntime;
+    FunctionCall(FunctionCall) = "function_call", RuntimeToCore;
+    WorkspaceRead(WorkspaceRead) = "workspace_read", CoreToRuntime;
+    WorkspaceReadResult(WorkspaceReadResult) = "workspace_read_result", RuntimeToCore;
+    WorkspaceWrite(WorkspaceWrite) = "workspace_write", CoreToRuntime;
+    WorkspaceWriteResult(WorkspaceWriteResult) = "workspace_write_result", RuntimeToCore;
+    WorkspaceExport(WorkspaceExport) = "workspace_export", CoreToRuntime;
+    WorkspaceExportResult(WorkspaceExportResult) = "workspace_export_result", RuntimeToCore;
+    EnvironmentQuiesce(EnvironmentFence) = "environment_quiesce", CoreToRuntime;
+    EnvironmentResume(EnvironmentFence) = "environment_resume", CoreToRuntime;
+    EnvironmentQuiesced(EnvironmentFenceResult) = "environment_quiesced", RuntimeToCore;
+    EnvironmentResumed(EnvironmentFenceResult) = "environment_resumed", RuntimeToCore;
+}
+
+/// A decoded, typed Envelope.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Frame {
+    /// `Envelope.id`; its meaning depends on the type.
+    pub id: String,
+    /// Trace context, when the peer sent a valid one.
+    pub trace: Option<Trace>,
+    /// The typed message.
+    pub message: Message,
+}
+
+impl Frame {
+    /// Builds a frame without trace context.
+    pub fn new(id: impl Into<String>, message: Message) -> Self {
+        Self {
+            id: id.into(),
+            trace: None,
+            message,
+        }
+    }
+
+    /// Decodes one WebSocket text message sent by the party `from`.
+    ///
+    /// # Errors
+    /// [`WireError::FrameTooLarge`] over [`TRANSPORT_FRAME_MAX_BYTES`]; any strict-JSON
+    /// error; [`WireError::UnknownType`]; [`WireError::WrongDirection`] when `from` may
+    /// not send this type; payload errors with paths under `$.payload`.
+    pub fn decode(bytes: &[u8], from: Direction) -> Result<Self, WireError> {
+        let envelope = decode_envelope(bytes)?;
+        let kind = MessageType::parse(&envelope.kind)
+            .ok_or_else(|| WireError::UnknownType(envelope.kind.clone()))?;
+        if kind.direction() != from {
+            return Err(WireError::WrongDirection(envelope.kind));
+        }
+        let message =
+            Message::decode_payload(kind, envelope.payload).map_err(|e| e.under("payload"))?;
+        Ok(Self {
+            id: envelope.id,
+            trace: envelope.trace.as_ref().and_then(Trace::lenient),
+            message,
+        })
+    }
+
+    /// Encodes the frame as one compact JSON text.
+    ///
+    /// # Errors
+    /// [`WireError::NonFinite`] if any number is not finite.
+    pub fn encode(&self) -> Result<String, WireError> {
+        let envelope = self.to_envelope()?;
+        crate::wire::encode_strict(&envelope)
+    }
+
+    /// The frame as a raw [`Envelope`].
+    ///
+    /// # Errors
+    /// Serialization failures of the payload.
+    pub fn to_envelope(&self) -> Result<Envelope, WireError> {
+        Ok(Envelope {
+            kind: self.message.message_type().as_str().to_string(),
+            id: self.id.clone(),
+            payload: self.message.payload_value()?,
+            trace: self
+                .trace
+                .as_ref()
+                .map(|t| serde_json::to_value(t).unwrap_or(Value::Object(Map::new()))),
+        })
+    }
+}
+
+/// Decodes only the Envelope layer (bounded, strict), leaving the payload untyped.
+///
+/// # Errors
+/// As [`Frame::decode`], minus payload errors.
+pub fn decode_envelope(bytes: &[u8]) -> Result<Envelope, WireError> {
+    if bytes.len() > TRANSPORT_FRAME_MAX_BYTES {
+        return Err(WireError::FrameTooLarge {
+            size: bytes.len(),
+            limit: TRANSPORT_FRAME_MAX_BYTES,
+        });
+    }
+    let value = parse_strict(bytes)?;
+    from_value_strict::<Envelope>(value)
+}
+
+/// Validates a raw JSON value as a frame sent by `from` (used by the harness's schema
+/// check of every emitted frame).
+///
+/// # Errors
+/// As [`Frame::decode`].
+pub fn validate_value(value: &Value, from: Direction) -> Result<Frame, WireError> {
+    let text = serde_json::to_vec(value).map_err(|e| WireError::Malformed(e.to_string()))?;
+    Frame::decode(&text, from)
+}
+
+/// The JSON Schema (draft 2020-12) of every Envelope of this protocol: one `oneOf`
+/// branch per message type with its `type` constant, its payload schema and the
+/// direction it travels in (`x-direction`).
+pub fn json_schema() -> Value {
+    let mut generator = schemars::generate::SchemaSettings::draft2020_12().into_generator();
+    let trace = generator.subschema_for::<Trace>();
+    let mut branches = Vec::new();
+    for kind in MessageType::ALL {
+        let payload = kind.payload_schema(&mut generator);
+        branches.push(serde_json::json!({
+            "title": kind.as_str(),
+            "x-direction": kind.direction(),
+            "type": "object",
+            "additionalProperties": false,
+            "required": ["type", "id", "payload"],
+            "properties": {
+                "type": { "const": kind.as_str() },
+                "id": { "type": "string" },
+                "payload": payload,
+                "trace": trace,
+            }
+        }));
+    }
+    let defs: Map<String, Value> = generator
+        .take_definitions(true)
+        .into_iter()
+        .collect();
+    serde_json::json!({
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "title": "Core ↔ Runtime Envelope",
+        "description": format!("Wire version {}. Strict: duplicate keys, null values and unknown fields are rejected.", super::limits::WIRE_VERSION),
+        "oneOf": branches,
+        "$defs": defs,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trip_and_direction() {
+        let text = r#"{"type":"prompt_cancel","id":"run-1","payload":{"delivery_id":"d1"}}"#;
+        let frame = Frame::decode(text.as_bytes(), Direction::CoreToRuntime).unwrap();
+        assert_eq!(frame.encode().unwrap(), text);
+        let err = Frame::decode(text.as_bytes(), Direction::RuntimeToCore).unwrap_err();
+        assert_eq!(err.code(), "wrong_direction");
+    }
+
+    #[test]
+    fn payload_errors_are_reported_under_payload() {
+        let text = r#"{"type":"prompt_cancel","id":"r","payload":{"delivery_id":"d","x":1}}"#;
+        let err = Frame::decode(text.as_bytes(), Direction::CoreToRuntime).unwrap_err();
+        assert_eq!(
+            err,
+            WireError::UnknownField {
+                path: "$.payload".into(),
+                field: "x".into()
+            }
+        );
+        let dup = r#"{"type":"prompt_cancel","id":"r","id":"s","payload":{}}"#;
+        assert_eq!(
+            Frame::decode(dup.as_bytes(), Direction::CoreToRuntime)
+                .unwrap_err()
+                .code(),
+            "duplicate_key"
+        );
+        let unknown = r#"{"type":"teleport","id":"r","payload":{}}"#;
+        assert_eq!(
+            Frame::decode(unknown.as_bytes(), Direction::CoreToRuntime)
+                .unwrap_err()
+                .code(),
+            "unknown_type"
+        );
+    }
+
+    #[test]
+    fn invalid_trace_is_dropped_not_fatal() {
+        let text = r#"{"type":"prompt_cancel","id":"r","payload":{"delivery_id":"d"},"trace":{"traceparent":"nope"}}"#;
+        let frame = Frame::decode(text.as_bytes(), Direction::CoreToRuntime).unwrap();
+        assert!(frame.trace.is_none());
+    }
+
+    #[test]
+    fn schema_covers_every_type() {
+        let schema = json_schema();
+        let branches = schema["oneOf"].as_array().unwrap();
+        assert_eq!(branches.len(), MessageType::ALL.len());
+        assert!(schema["$defs"]["AgentKindCapabilities"].is_object());
+    }
+
+    #[test]
+    fn tagged_payloads_deny_unknown_fields() {
+        let text = r#"{"type":"runtime_prepare","id":"t","payload":{"phase":"commit","x":1}}"#;
+        let err = Frame::decode(text.as_bytes(), Direction::CoreToRuntime).unwrap_err();
+        assert_eq!(err.code(), "unknown_field");
+    }
+}
