@@ -1,5 +1,7 @@
 //! The Core ↔ Runtime daemon protocol (`core-runtime-protocol`).
 //!
 //! * [`wire`]: the single wire definition both sides use.
+//! * [`adapter`]: the Harness adapter contract and the controlled adapter.
 
+pub mod adapter;
 pub mod wire;

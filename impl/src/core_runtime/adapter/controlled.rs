@@ -1,0 +1,1 @@
+//! Controlled Harness adapter (being written).
