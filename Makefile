@@ -1,0 +1,70 @@
+# runtime-contract: the two commands a newcomer needs are
+#   make check-runtime-contract   the main job: every scenario against our implementation
+#   make check                    what CI runs: fmt, clippy, docs, unit tests, the contract run
+# Everything the targets need is installed by ci/setup.sh (idempotent, registries only).
+
+CARGO   ?= cargo
+TARGET  := $(CURDIR)/target/debug
+HARNESS := $(TARGET)/contract-harness
+IMPL    := $(TARGET)/contract-impl
+FAMILY  ?= core_runtime
+SIDE    ?= runtime
+JOBS    ?=
+HARNESS_ARGS ?=
+
+.PHONY: check-runtime-contract check setup build test lint fmt fmt-check clippy doc \
+        contract coverage golden-review golden-accept schema bench clean
+
+## The main job: build everything, replay every scenario against our binaries, print coverage.
+check-runtime-contract: setup build contract coverage
+
+## What CI runs (.ci/run): formatting, lints, docs, unit tests and the contract suite.
+check: setup fmt-check clippy doc test
+
+setup:
+	@ci/setup.sh
+
+build:
+	$(CARGO) build --workspace --bins
+
+## Replays scenarios/$(FAMILY) against `contract-impl runtime` through the launch contract.
+contract: build
+	$(HARNESS) run --family $(FAMILY) --side $(SIDE) \
+	  --target-cmd '$(IMPL) runtime' $(if $(JOBS),--jobs $(JOBS)) $(HARNESS_ARGS)
+
+coverage: build
+	$(HARNESS) coverage --family $(FAMILY)
+
+## Unit tests of both crates plus harness/tests/contract.rs (one trial per scenario × side).
+test:
+	$(CARGO) test --workspace
+
+lint: fmt-check clippy doc
+
+fmt:
+	$(CARGO) fmt --all
+
+fmt-check:
+	$(CARGO) fmt --all --check
+
+clippy:
+	$(CARGO) clippy --workspace --all-targets -- -D warnings
+
+doc:
+	RUSTDOCFLAGS='-D warnings' $(CARGO) doc --workspace --no-deps --quiet
+
+## Writes `<golden>.pending` files for every changed or missing golden, then lists them.
+golden-review: build
+	-$(HARNESS) run --family $(FAMILY) --side $(SIDE) --target-cmd '$(IMPL) runtime' --pending
+	$(HARNESS) golden review
+
+## Moves reviewed `.pending` goldens into place.
+golden-accept: build
+	$(HARNESS) golden accept
+
+## Prints the JSON Schema of the Core ↔ Runtime wire for third parties.
+schema: build
+	$(IMPL) schema core_runtime
+
+clean:
+	$(CARGO) clean

@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Idempotent set-up for `make check` and `make check-runtime-contract`.
+# Installs only from the package registries; prints nothing when all is in place.
+set -euo pipefail
+
+need() {
+  if ! command -v "$1" >/dev/null 2>&1; then
+    echo "setup: '$1' is required but not installed ($2)" >&2
+    exit 1
+  fi
+}
+
+need cargo "the Rust toolchain (cargo, rustc)"
+# rustfmt and clippy ship as toolchain components; report clearly if they are absent.
+cargo fmt --version >/dev/null 2>&1 || { echo "setup: rustfmt component missing (rustup component add rustfmt)" >&2; exit 1; }
+cargo clippy --version >/dev/null 2>&1 || { echo "setup: clippy component missing (rustup component add clippy)" >&2; exit 1; }

@@ -1,0 +1,294 @@
+//! The typed scenario model: what a scenario file *means* once loaded and validated.
+//!
+//! This module owns the in-memory shape of a scenario (sides, parties, steps, launch-time
+//! configuration). It never reads files, never parses YAML (that is
+//! [`super::loader`]) and never touches sockets or processes; drivers consume these
+//! types read-only.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// A side of a protocol family that can be the **target** of a scenario run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Side {
+    /// The Runtime (daemon on the device) is under test; the harness plays Core.
+    Runtime,
+    /// Core (the gateway) is under test; the harness plays the Runtime.
+    Core,
+}
+
+impl Side {
+    /// Every side, in a stable order.
+    pub const ALL: [Side; 2] = [Side::Runtime, Side::Core];
+
+    /// The side's name as written in scenarios, goldens and reports.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Side::Runtime => "runtime",
+            Side::Core => "core",
+        }
+    }
+
+    /// Parses a side name as written in scenarios (`runtime`, `core`).
+    pub fn parse(name: &str) -> Option<Side> {
+        Side::ALL.into_iter().find(|s| s.as_str() == name)
+    }
+
+    /// The party that acts for this side.
+    pub fn party(self) -> Party {
+        match self {
+            Side::Runtime => Party::Runtime,
+            Side::Core => Party::Core,
+        }
+    }
+}
+
+impl std::fmt::Display for Side {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Who acts in a step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Party {
+    /// Core sends the frame.
+    Core,
+    /// The Runtime sends the frame.
+    Runtime,
+    /// The Runtime's native agent (driven through the controlled Harness adapter).
+    Native,
+}
+
+impl Party {
+    /// The party's name as written in scenarios.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Party::Core => "core",
+            Party::Runtime => "runtime",
+            Party::Native => "native",
+        }
+    }
+
+    /// The side this party belongs to when it is the target.
+    pub fn side(self) -> Side {
+        match self {
+            Party::Core => Side::Core,
+            Party::Runtime | Party::Native => Side::Runtime,
+        }
+    }
+}
+
+impl std::fmt::Display for Party {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// One loaded, validated scenario.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Scenario {
+    /// Protocol family (`core_runtime`); equals the directory name.
+    pub family: String,
+    /// Scenario name; equals the file stem.
+    pub name: String,
+    /// One-line human summary.
+    pub summary: String,
+    /// Requirement IDs (from `scenarios/requirements/<family>.yaml`) this scenario covers.
+    pub covers: Vec<String>,
+    /// Sides this scenario runs against; `None` means every side of the family.
+    pub sides: Option<Vec<Side>>,
+    /// Launch-time settings for the target.
+    pub config: ScenarioConfig,
+    /// The ordered steps.
+    pub steps: Vec<Step>,
+    /// The file the scenario was loaded from.
+    pub path: PathBuf,
+}
+
+impl Scenario {
+    /// The scenario's identifier, `<family>/<name>` (e.g. `core_runtime/prepare_start_done`).
+    pub fn id(&self) -> String {
+        format!("{}/{}", self.family, self.name)
+    }
+
+    /// Whether the scenario runs when `side` is the target.
+    pub fn runs_on(&self, side: Side) -> bool {
+        self.sides.as_ref().is_none_or(|sides| sides.contains(&side))
+    }
+
+    /// The sides the scenario runs on, in [`Side::ALL`] order.
+    pub fn target_sides(&self) -> Vec<Side> {
+        Side::ALL.into_iter().filter(|s| self.runs_on(*s)).collect()
+    }
+}
+
+/// Launch-time settings the target must honour (`config:`).
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ScenarioConfig {
+    /// Merged into the Runtime launch configuration (timers, limits, …).
+    #[serde(default)]
+    pub runtime: Option<Value>,
+    /// Merged into the Core launch configuration.
+    #[serde(default)]
+    pub core: Option<Value>,
+    /// Files and directories created in `CONTRACT_WORKSPACE` before launch.
+    #[serde(default)]
+    pub workspace: Option<WorkspaceSeed>,
+}
+
+/// Files and directories seeded into the target's workspace before launch.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WorkspaceSeed {
+    /// Relative path → file contents.
+    #[serde(default)]
+    pub files: BTreeMap<String, String>,
+    /// Relative paths of (empty) directories.
+    #[serde(default)]
+    pub dirs: Vec<String>,
+}
+
+/// One raw WebSocket message the harness sends as-is (`send_bytes:`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RawMessage {
+    /// A text message (`{text: ...}`).
+    Text(String),
+    /// A binary message (`{base64: ...}`, decoded).
+    Binary(Vec<u8>),
+}
+
+/// `bootstrap:` — the Runtime's bootstrap POST and Core's answer.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BootstrapStep {
+    /// Expected (Runtime target) or sent (Core target) request body; default
+    /// `{device_id: <launch device ID>}`.
+    #[serde(default)]
+    pub request: Option<Value>,
+    /// Core's answer; default `200` with the harness's defaults.
+    #[serde(default)]
+    pub response: Option<HttpResponseSpec>,
+}
+
+/// `connect:` — the Runtime's WebSocket upgrade request and Core's answer.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConnectStep {
+    /// Expected / sent query parameters (`device_id`, `version`).
+    #[serde(default)]
+    pub query: Option<Value>,
+    /// Core's answer; default `101` (upgrade).
+    #[serde(default)]
+    pub response: Option<HttpResponseSpec>,
+}
+
+/// An HTTP answer (status and optional JSON body).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HttpResponseSpec {
+    /// HTTP status code.
+    pub status: u16,
+    /// JSON body (a pattern when Core is the target).
+    #[serde(default)]
+    pub body: Option<Value>,
+}
+
+/// One scenario step.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Step {
+    /// `core:` / `runtime:` — an Envelope sent by `party` (expected when `party` is the
+    /// target, sent by the harness otherwise).
+    Frame {
+        /// [`Party::Core`] or [`Party::Runtime`].
+        party: Party,
+        /// The Envelope `{type, id, payload, trace?}` (a pattern; may hold placeholders).
+        frame: Value,
+    },
+    /// `native:` — one control-channel operation on the Runtime's controlled adapter.
+    Native {
+        /// Operation name (`emit`, `settle`, `await`, …).
+        op: String,
+        /// The operation's arguments (an object).
+        args: Value,
+        /// Optional pattern the op's result must match.
+        expect: Option<Value>,
+    },
+    /// `bootstrap:` — the HTTP bootstrap exchange.
+    Bootstrap(BootstrapStep),
+    /// `connect:` — the WebSocket upgrade exchange.
+    Connect(ConnectStep),
+    /// `handshake:` — bootstrap + connect (101) + the first heartbeat.
+    Handshake {
+        /// Heartbeat interval Core announces (default 3 600 000 ms).
+        heartbeat_interval_ms: Option<u64>,
+    },
+    /// `reconnect:` — bootstrap + connect after a connection loss.
+    Reconnect,
+    /// `silence:` — the target emits nothing for this long.
+    Silence(Duration),
+    /// `any_order:` — frame expectations that may match in any order (only [`Step::Frame`]).
+    AnyOrder(Vec<Step>),
+    /// `disconnect:` — drop the transport abruptly.
+    Disconnect,
+    /// `half_close:` — send a Close frame and await the target's reply.
+    HalfClose {
+        /// Close code to send.
+        code: Option<u16>,
+        /// Close reason to send.
+        reason: Option<String>,
+    },
+    /// `send_bytes:` — one raw WebSocket message, bypassing schema checks.
+    SendBytes(RawMessage),
+    /// `expect_close:` — the target closes (with this code / reason) or drops.
+    ExpectClose {
+        /// Expected close code.
+        code: Option<u16>,
+        /// Expected close reason.
+        reason: Option<String>,
+    },
+    /// `api:` — a call to Core's public API (performed only when Core is the target).
+    Api(Value),
+}
+
+impl Step {
+    /// The step's key as written in scenarios (`core`, `native`, `silence`, …).
+    pub fn keyword(&self) -> &'static str {
+        match self {
+            Step::Frame { party, .. } => party.as_str(),
+            Step::Native { .. } => "native",
+            Step::Bootstrap(_) => "bootstrap",
+            Step::Connect(_) => "connect",
+            Step::Handshake { .. } => "handshake",
+            Step::Reconnect => "reconnect",
+            Step::Silence(_) => "silence",
+            Step::AnyOrder(_) => "any_order",
+            Step::Disconnect => "disconnect",
+            Step::HalfClose { .. } => "half_close",
+            Step::SendBytes(_) => "send_bytes",
+            Step::ExpectClose { .. } => "expect_close",
+            Step::Api(_) => "api",
+        }
+    }
+
+    /// A one-line description for failure messages (e.g. `runtime frame preparation_status`).
+    pub fn describe(&self) -> String {
+        match self {
+            Step::Frame { party, frame } => {
+                let kind = frame.get("type").and_then(Value::as_str).unwrap_or("?");
+                format!("{party} frame {kind}")
+            }
+            Step::Native { op, .. } => format!("native {op}"),
+            Step::Silence(d) => format!("silence {}ms", d.as_millis()),
+            Step::AnyOrder(steps) => format!("any_order of {} frames", steps.len()),
+            other => other.keyword().to_string(),
+        }
+    }
+}
