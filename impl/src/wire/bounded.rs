@@ -121,10 +121,7 @@ impl<const N: usize> Base64Bytes<N> {
     /// The reason when `bytes` is over the bound.
     pub fn new(bytes: Vec<u8>) -> Result<Self, String> {
         if bytes.len() > N {
-            return Err(format!(
-                "{} bytes exceed the {N}-byte bound",
-                bytes.len()
-            ));
+            return Err(format!("{} bytes exceed the {N}-byte bound", bytes.len()));
         }
         Ok(Self(bytes))
     }

@@ -440,10 +440,7 @@ mod tests {
 
     #[test]
     fn under_prefixes_paths() {
-        let e = WireError::NullValue {
-            path: "$.a".into(),
-        }
-        .under("payload");
+        let e = WireError::NullValue { path: "$.a".into() }.under("payload");
         assert_eq!(
             e,
             WireError::NullValue {

@@ -21,8 +21,8 @@ use serde_json::Value;
 use super::wire::{
     AgentKind, AgentKindDeclaration, CallId, ExecutionConfiguration, ExecutorId, FunctionCall,
     InputId, InteractionId, MessageInput, NativeSessionId, Outcome, OutputMessage,
-    PermissionRequest, PermissionVerdict, PromptForUserChoice, PromptForUserChoiceDecision,
-    RunId, ToolCall, Usage, Uuid,
+    PermissionRequest, PermissionVerdict, PromptForUserChoice, PromptForUserChoiceDecision, RunId,
+    ToolCall, Usage, Uuid,
 };
 
 /// Capacity of one Run's native event queue. A full queue applies backpressure to the

@@ -256,7 +256,10 @@ mod tests {
             let back: AgentKindCapabilities = decode_strict(json.as_bytes()).unwrap();
             assert_eq!(back.get(field), Some(true), "{field}");
             assert_eq!(
-                AgentKindCapabilities::FIELDS.iter().filter(|f| back.get(f) == Some(true)).count(),
+                AgentKindCapabilities::FIELDS
+                    .iter()
+                    .filter(|f| back.get(f) == Some(true))
+                    .count(),
                 1
             );
         }
@@ -265,12 +268,15 @@ mod tests {
     #[test]
     fn omitted_null_and_unknown_fields_are_rejected() {
         for field in AgentKindCapabilities::FIELDS {
-            let err = decode_strict::<AgentKindCapabilities>(full_json(Some(field), None).as_bytes())
-                .unwrap_err();
+            let err =
+                decode_strict::<AgentKindCapabilities>(full_json(Some(field), None).as_bytes())
+                    .unwrap_err();
             assert_eq!(err.code(), "missing_field", "{field}");
             let with_null = full_json(Some(field), Some(&format!("\"{field}\":null")));
             assert_eq!(
-                decode_strict::<AgentKindCapabilities>(with_null.as_bytes()).unwrap_err().code(),
+                decode_strict::<AgentKindCapabilities>(with_null.as_bytes())
+                    .unwrap_err()
+                    .code(),
                 "null_value"
             );
         }

@@ -11,8 +11,8 @@ use serde_json::{Map, Value};
 
 use super::limits::{TRACEPARENT_MAX_BYTES, TRACESTATE_MAX_BYTES, TRANSPORT_FRAME_MAX_BYTES};
 use super::payloads::*;
-use crate::wire::strict::{from_value_strict, parse_strict};
 use crate::wire::WireError;
+use crate::wire::strict::{from_value_strict, parse_strict};
 
 /// Which party sends a message type.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -292,10 +292,7 @@ pub fn json_schema() -> Value {
             }
         }));
     }
-    let defs: Map<String, Value> = generator
-        .take_definitions(true)
-        .into_iter()
-        .collect();
+    let defs: Map<String, Value> = generator.take_definitions(true).into_iter().collect();
     serde_json::json!({
         "$schema": "https://json-schema.org/draft/2020-12/schema",
         "title": "Core ↔ Runtime Envelope",

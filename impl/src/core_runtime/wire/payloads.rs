@@ -286,7 +286,8 @@ impl ConnectionOrigin {
 }
 
 /// The keys `agent_options` may carry ("Capability declarations" opt-in table).
-pub const AGENT_OPTION_KEYS: [&str; 4] = ["model", "system_prompt", "model_provider", "harness_config"];
+pub const AGENT_OPTION_KEYS: [&str; 4] =
+    ["model", "system_prompt", "model_provider", "harness_config"];
 
 /// Immutable execution configuration of `execution_prepare`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema, Default)]
@@ -696,7 +697,9 @@ pub fn classify_native_error(
     code: Option<&Value>,
     http_status: Option<&Value>,
 ) -> (Option<EngineErrorCode>, Option<u16>) {
-    let code = code.and_then(Value::as_str).and_then(EngineErrorCode::parse);
+    let code = code
+        .and_then(Value::as_str)
+        .and_then(EngineErrorCode::parse);
     let status = match code {
         Some(EngineErrorCode::ConnectionFailed) => http_status
             .and_then(Value::as_u64)

@@ -1,1 +1,0 @@
-//! Controlled Harness adapter (being written).
