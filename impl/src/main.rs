@@ -1,1 +1,198 @@
-fn main() {}
+//! `contract-impl`: the reference implementations under test.
+//!
+//! ```text
+//! contract-impl runtime [--core-url URL] [--device-id ID] [--config FILE]
+//!                       [--control-socket PATH] [--workspace DIR] [--adapter controlled]
+//! contract-impl schema core_runtime
+//! ```
+//!
+//! `runtime` runs the Core ↔ Runtime daemon through the launch contract of
+//! `docs/launch-contract.md`. Every flag falls back to its environment variable
+//! (`CONTRACT_CORE_URL`, `CONTRACT_DEVICE_ID`, `CONTRACT_RUNTIME_CONFIG`,
+//! `CONTRACT_CONTROL_SOCKET`, `CONTRACT_WORKSPACE`). The daemon credential is read
+//! **only** from `CONTRACT_DAEMON_CREDENTIAL`: it has no flag (so it never shows in a
+//! process listing) and is never printed.
+//!
+//! Logs go to stderr through `tracing` (`RUST_LOG`, default `info`).
+//!
+//! # Exit codes
+//! | code | meaning |
+//! |---|---|
+//! | 0 | `device_shutdown` completed (every Executor closed, WebSocket closed 1000); or `schema` printed |
+//! | 1 | runtime failure: the workspace cannot be bound, the controlled adapter cannot connect |
+//! | 2 | usage error (missing or invalid arguments, missing credential) |
+//! | 3 | invalid launch configuration, including `invalid_capability_declaration` (the message names the key or field) |
+//!
+//! A permanent connection rejection (`incompatible_version`, 401, 403) does not exit:
+//! the daemon logs it once and idles until killed, as the launch contract expects.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use clap::{Parser, Subcommand, ValueEnum};
+use contract_impl::core_runtime::adapter::HarnessAdapter;
+use contract_impl::core_runtime::adapter::controlled::ControlledAdapter;
+use contract_impl::core_runtime::daemon::{self, ConnectOptions, Credential, RuntimeConfig};
+use contract_impl::core_runtime::workspace::Workspace;
+
+/// Exit code: runtime failure.
+const EXIT_FAILURE: u8 = 1;
+/// Exit code: usage error.
+const EXIT_USAGE: u8 = 2;
+/// Exit code: invalid launch configuration.
+const EXIT_CONFIG: u8 = 3;
+
+/// Environment variable holding the daemon credential (the only source of it).
+const CREDENTIAL_ENV: &str = "CONTRACT_DAEMON_CREDENTIAL";
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "contract-impl",
+    version,
+    about = "Reference implementations of the runtime-contract protocols"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run the Core ↔ Runtime daemon (docs/launch-contract.md).
+    Runtime(RuntimeArgs),
+    /// Print a protocol's JSON Schema.
+    Schema {
+        /// The protocol family.
+        #[arg(value_enum)]
+        family: Family,
+    },
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum Family {
+    /// The Core ↔ Runtime protocol.
+    #[value(name = "core_runtime")]
+    CoreRuntime,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum AdapterKind {
+    /// The controlled Harness adapter, driven over the control channel.
+    Controlled,
+}
+
+#[derive(Debug, clap::Args)]
+struct RuntimeArgs {
+    /// Base URL of Core (bootstrap is POSTed to {core-url}/api/v1/agent-daemon/bootstrap).
+    #[arg(long, env = "CONTRACT_CORE_URL")]
+    core_url: String,
+    /// Device ID to present.
+    #[arg(long, env = "CONTRACT_DEVICE_ID")]
+    device_id: String,
+    /// Launch configuration (JSON); absent = every spec default.
+    #[arg(long, env = "CONTRACT_RUNTIME_CONFIG")]
+    config: Option<PathBuf>,
+    /// Unix socket of the controlled adapter's control channel.
+    #[arg(long, env = "CONTRACT_CONTROL_SOCKET")]
+    control_socket: PathBuf,
+    /// Workspace directory the Runtime is bound to.
+    #[arg(long, env = "CONTRACT_WORKSPACE")]
+    workspace: PathBuf,
+    /// Harness adapter.
+    #[arg(long, value_enum, default_value = "controlled")]
+    adapter: AdapterKind,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Schema {
+            family: Family::CoreRuntime,
+        } => {
+            let schema = contract_impl::core_runtime::wire::json_schema();
+            match serde_json::to_string_pretty(&schema) {
+                Ok(text) => {
+                    println!("{text}");
+                    ExitCode::SUCCESS
+                }
+                Err(err) => {
+                    eprintln!("cannot render the schema: {err}");
+                    ExitCode::from(EXIT_FAILURE)
+                }
+            }
+        }
+        Command::Runtime(args) => runtime(args),
+    }
+}
+
+fn runtime(args: RuntimeArgs) -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .init();
+    let credential = match std::env::var(CREDENTIAL_ENV) {
+        Ok(value) if !value.is_empty() => Credential::new(value),
+        _ => {
+            eprintln!("error: {CREDENTIAL_ENV} must be set to the daemon credential");
+            return ExitCode::from(EXIT_USAGE);
+        }
+    };
+    let config = match &args.config {
+        Some(path) => RuntimeConfig::load(path),
+        None => Ok(RuntimeConfig::default()),
+    };
+    let config = match config {
+        Ok(config) => config,
+        Err(err) => {
+            eprintln!("error: {} ({})", err, err.code());
+            return ExitCode::from(EXIT_CONFIG);
+        }
+    };
+    let workspace = match Workspace::new(&args.workspace) {
+        Ok(workspace) => workspace,
+        Err(err) => {
+            eprintln!(
+                "error: cannot bind the workspace {}: {err}",
+                args.workspace.display()
+            );
+            return ExitCode::from(EXIT_FAILURE);
+        }
+    };
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(runtime) => runtime,
+        Err(err) => {
+            eprintln!("error: cannot start the async runtime: {err}");
+            return ExitCode::from(EXIT_FAILURE);
+        }
+    };
+    runtime.block_on(async move {
+        let adapter: Arc<dyn HarnessAdapter> = match args.adapter {
+            AdapterKind::Controlled => {
+                match ControlledAdapter::connect(&args.control_socket, config.agent_kinds.clone())
+                    .await
+                {
+                    Ok(adapter) => adapter,
+                    Err(err) => {
+                        eprintln!(
+                            "error: cannot connect the controlled adapter to {}: {err}",
+                            args.control_socket.display()
+                        );
+                        return ExitCode::from(EXIT_FAILURE);
+                    }
+                }
+            }
+        };
+        let options = ConnectOptions {
+            core_url: args.core_url,
+            device_id: args.device_id,
+            credential,
+        };
+        daemon::run_daemon(config, adapter, workspace, options).await;
+        tracing::info!("device_shutdown completed; exiting");
+        ExitCode::SUCCESS
+    })
+}

@@ -161,7 +161,8 @@ mod tests {
 
     #[test]
     fn ids_are_bounded() {
-        assert!(TestId::new("abcd").is_ok());
+        assert_eq!(TestId::MAX_BYTES, 4);
+        assert_eq!(TestId::new("abcd").unwrap().as_str(), "abcd");
         assert!(TestId::new("abcde").is_err());
         assert!(TestId::new("").is_err());
         assert!(TestId::new("a\nb").is_err());

@@ -5,7 +5,7 @@
 //! * [`frame`]: Envelope, [`MessageType`] table, strict [`Frame::decode`] / [`Frame::encode`],
 //!   JSON Schema export.
 //! * [`payloads`]: one typed payload per message type.
-//! * [`capabilities`]: `AgentKindCapabilities`.
+//! * [`capabilities`](mod@capabilities): `AgentKindCapabilities`.
 //! * [`ids`]: identity newtypes. [`limits`]: every bound and timer as a named constant.
 //!
 //! This module performs no I/O and holds no state.

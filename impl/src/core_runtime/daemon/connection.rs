@@ -1,0 +1,608 @@
+//! The daemon connection ("Ownership and connection").
+//!
+//! 1. `POST {core_url}/api/v1/agent-daemon/bootstrap` with `Authorization: Bearer
+//!    <credential>` and `{"device_id": ...}` → `{connection_url, heartbeat_interval_ms}`.
+//! 2. WebSocket to `connection_url` with the `device_id` and `version`
+//!    ([`WIRE_VERSION`]) query parameters and the Bearer header. The credential is
+//!    only ever a header: never in a URL, a log line or a trace ([`Credential`] has a
+//!    redacting `Debug`).
+//! 3. Heartbeat immediately, then every `heartbeat_interval_ms` (`hb-<n>`, counting
+//!    from 1 per connection).
+//!
+//! Faults: HTTP 426 (`incompatible_version`), 401 and 403 on bootstrap or upgrade are
+//! permanent — the daemon stops reconnecting for good and idles until killed. Every
+//! other failure (refused connection, drop, close from Core, 5xx, other statuses, a
+//! malformed bootstrap answer) is transient: reconnect after `reconnect_initial`,
+//! doubling up to `reconnect_max` (reset after a successful upgrade), with a fresh
+//! bootstrap and nothing replayed. A malformed frame from Core closes the WebSocket with
+//! 1007 (1009 when over-size) and the [`WireError`](crate::wire::WireError) code as
+//! reason, then reconnects.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::{SinkExt, StreamExt};
+use reqwest::Url;
+use serde::Deserialize;
+use tokio::sync::mpsc;
+use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
+use tokio_tungstenite::tungstenite::protocol::{CloseFrame, WebSocketConfig};
+use tokio_tungstenite::tungstenite::{self, Message as WsMessage};
+
+use super::dispatcher::{
+    BINARY_REASON, CLOSE_INVALID_PAYLOAD, CLOSE_NORMAL, CLOSE_TOO_BIG, CloseWith, Runtime,
+    SHUTDOWN_REASON, ShutdownPhase,
+};
+use super::outbound::{OutItem, Outbound};
+use crate::core_runtime::wire::limits::{TRANSPORT_FRAME_MAX_BYTES, WIRE_VERSION};
+use crate::core_runtime::wire::{Heartbeat, Message};
+use crate::wire::bounded::{BoundedString, BoundedVec};
+
+/// Bootstrap route, relative to the Core URL.
+pub const BOOTSTRAP_PATH: &str = "/api/v1/agent-daemon/bootstrap";
+
+/// Bound on one bootstrap request (connect + answer).
+pub const BOOTSTRAP_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Bound on the bootstrap answer body, in bytes.
+pub const BOOTSTRAP_RESPONSE_MAX_BYTES: usize = 64 * 1024;
+
+/// Bound on the WebSocket connect + upgrade.
+pub const WS_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Smallest heartbeat interval honoured (a smaller answer is raised to it).
+pub const HEARTBEAT_INTERVAL_MIN: Duration = Duration::from_millis(10);
+
+/// How long the daemon waits for the close handshake after sending or receiving Close.
+pub const CLOSE_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// WebSocket write buffer target (tungstenite buffers up to this before writing).
+pub const WS_WRITE_BUFFER_BYTES: usize = 64 * 1024;
+
+/// Hard bound on the WebSocket write buffer (tungstenite's default is unbounded): one
+/// maximal frame plus the write buffer.
+pub const WS_MAX_WRITE_BUFFER_BYTES: usize = TRANSPORT_FRAME_MAX_BYTES + 2 * WS_WRITE_BUFFER_BYTES;
+
+/// Runtime build version reported in heartbeats (not the wire version).
+pub const RUNTIME_VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// The daemon credential. Its `Debug` and `Display` never show the secret.
+#[derive(Clone)]
+pub struct Credential(String);
+
+impl Credential {
+    /// Wraps the secret.
+    pub fn new(secret: impl Into<String>) -> Self {
+        Self(secret.into())
+    }
+
+    fn bearer(&self) -> String {
+        format!("Bearer {}", self.0)
+    }
+
+    /// Replaces every occurrence of the secret in `text` (for log lines that quote
+    /// peer-provided text).
+    pub fn redact(&self, text: &str) -> String {
+        if self.0.is_empty() {
+            text.to_string()
+        } else {
+            text.replace(&self.0, "[redacted]")
+        }
+    }
+}
+
+impl std::fmt::Debug for Credential {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Credential([redacted])")
+    }
+}
+
+/// Where and as whom the daemon connects.
+#[derive(Debug, Clone)]
+pub struct ConnectOptions {
+    /// Core base URL (`http://host:port`).
+    pub core_url: String,
+    /// Device ID.
+    pub device_id: String,
+    /// Daemon credential.
+    pub credential: Credential,
+}
+
+/// Why a connection attempt or session ended.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ConnectError {
+    /// Needs operator correction: no reconnect (`incompatible_version`, 401, 403).
+    #[error("permanent rejection ({code}): {detail}")]
+    Permanent {
+        /// Stable code: `incompatible_version`, `unauthorized`, `forbidden`.
+        code: &'static str,
+        /// Details (never the credential).
+        detail: String,
+    },
+    /// Reconnect with backoff.
+    #[error("transient connection failure ({code}): {detail}")]
+    Transient {
+        /// Stable code: `bootstrap_failed`, `connect_failed`, `connection_lost`,
+        /// `protocol_violation`, `invalid_url`.
+        code: &'static str,
+        /// Details (never the credential).
+        detail: String,
+    },
+}
+
+impl ConnectError {
+    /// Stable code.
+    pub fn code(&self) -> &'static str {
+        match self {
+            ConnectError::Permanent { code, .. } | ConnectError::Transient { code, .. } => code,
+        }
+    }
+
+    fn transient(code: &'static str, detail: impl Into<String>) -> Self {
+        ConnectError::Transient {
+            code,
+            detail: detail.into(),
+        }
+    }
+}
+
+/// Classifies an HTTP status of bootstrap or upgrade: 426 → permanent
+/// `incompatible_version`, 401/403 → permanent, anything else → transient.
+pub fn classify_status(status: u16, detail: String) -> ConnectError {
+    match status {
+        426 => ConnectError::Permanent {
+            code: "incompatible_version",
+            detail,
+        },
+        401 => ConnectError::Permanent {
+            code: "unauthorized",
+            detail,
+        },
+        403 => ConnectError::Permanent {
+            code: "forbidden",
+            detail,
+        },
+        _ => ConnectError::transient("http_status", format!("HTTP {status}: {detail}")),
+    }
+}
+
+/// The answer of the bootstrap route.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct BootstrapResponse {
+    /// WebSocket URL (`ws://…/api/v1/agent-daemon/ws`).
+    pub connection_url: String,
+    /// Heartbeat interval in milliseconds.
+    pub heartbeat_interval_ms: u64,
+}
+
+/// Builds the bootstrap URL from the Core base URL.
+///
+/// # Errors
+/// [`ConnectError::Transient`] `invalid_url` when the base URL does not parse.
+pub fn bootstrap_url(core_url: &str) -> Result<Url, ConnectError> {
+    let base =
+        Url::parse(core_url).map_err(|e| ConnectError::transient("invalid_url", e.to_string()))?;
+    let mut url = base.clone();
+    let path = format!("{}{}", base.path().trim_end_matches('/'), BOOTSTRAP_PATH);
+    url.set_path(&path);
+    url.set_query(None);
+    Ok(url)
+}
+
+/// Builds the WebSocket URL: `connection_url` plus the `device_id` and `version` query
+/// parameters (and nothing else: the credential travels only as a header).
+///
+/// # Errors
+/// [`ConnectError::Transient`] `invalid_url` when `connection_url` is not a `ws`/`wss`
+/// URL.
+pub fn ws_url(connection_url: &str, device_id: &str) -> Result<Url, ConnectError> {
+    let mut url = Url::parse(connection_url)
+        .map_err(|e| ConnectError::transient("invalid_url", e.to_string()))?;
+    if !matches!(url.scheme(), "ws" | "wss") {
+        return Err(ConnectError::transient(
+            "invalid_url",
+            format!("connection URL scheme `{}` is not ws or wss", url.scheme()),
+        ));
+    }
+    url.query_pairs_mut()
+        .append_pair("device_id", device_id)
+        .append_pair("version", WIRE_VERSION);
+    Ok(url)
+}
+
+/// The explicit WebSocket bounds: message and frame size at the transport frame bound,
+/// a bounded write buffer.
+pub fn ws_config() -> WebSocketConfig {
+    WebSocketConfig::default()
+        .max_message_size(Some(TRANSPORT_FRAME_MAX_BYTES))
+        .max_frame_size(Some(TRANSPORT_FRAME_MAX_BYTES))
+        .write_buffer_size(WS_WRITE_BUFFER_BYTES)
+        .max_write_buffer_size(WS_MAX_WRITE_BUFFER_BYTES)
+}
+
+/// Step 2 of "Ownership and connection": the bootstrap request.
+///
+/// # Errors
+/// As [`classify_status`] for non-2xx answers; transient for I/O and decoding failures.
+pub async fn bootstrap(
+    client: &reqwest::Client,
+    options: &ConnectOptions,
+) -> Result<BootstrapResponse, ConnectError> {
+    let url = bootstrap_url(&options.core_url)?;
+    let body = serde_json::json!({ "device_id": options.device_id });
+    let mut response = client
+        .post(url)
+        .header(http::header::AUTHORIZATION, options.credential.bearer())
+        .json(&body)
+        .send()
+        .await
+        .map_err(|e| {
+            ConnectError::transient(
+                "bootstrap_failed",
+                options.credential.redact(&e.to_string()),
+            )
+        })?;
+    let status = response.status().as_u16();
+    let mut bytes = Vec::new();
+    while let Some(chunk) = response.chunk().await.map_err(|e| {
+        ConnectError::transient(
+            "bootstrap_failed",
+            options.credential.redact(&e.to_string()),
+        )
+    })? {
+        if bytes.len() + chunk.len() > BOOTSTRAP_RESPONSE_MAX_BYTES {
+            return Err(ConnectError::transient(
+                "bootstrap_failed",
+                "bootstrap answer over its bound",
+            ));
+        }
+        bytes.extend_from_slice(&chunk);
+    }
+    if !(200..300).contains(&status) {
+        let text = options.credential.redact(&String::from_utf8_lossy(&bytes));
+        return Err(classify_status(status, text));
+    }
+    serde_json::from_slice(&bytes).map_err(|e| {
+        ConnectError::transient(
+            "bootstrap_failed",
+            format!("malformed bootstrap answer: {e}"),
+        )
+    })
+}
+
+/// Builds the HTTP client (no proxy, no redirects: the Bearer header goes only to the
+/// configured Core).
+///
+/// # Errors
+/// The client builder's error.
+pub fn http_client() -> Result<reqwest::Client, reqwest::Error> {
+    reqwest::Client::builder()
+        .timeout(BOOTSTRAP_TIMEOUT)
+        .connect_timeout(BOOTSTRAP_TIMEOUT)
+        .redirect(reqwest::redirect::Policy::none())
+        .no_proxy()
+        .build()
+}
+
+/// How a session ended.
+#[derive(Debug)]
+pub enum SessionEnd {
+    /// `device_shutdown` completed: exit 0.
+    Shutdown,
+    /// The connection failed or was lost; `connected` tells whether the upgrade had
+    /// succeeded (resets the backoff).
+    Failed {
+        /// The failure.
+        error: ConnectError,
+        /// Whether the WebSocket had been established.
+        connected: bool,
+    },
+}
+
+/// Runs connections until shutdown completes; returns only then (exit 0). A permanent
+/// rejection idles forever (the process keeps running until killed, logging once).
+pub async fn run(rt: Arc<Runtime>, options: ConnectOptions) {
+    let client = match http_client() {
+        Ok(client) => client,
+        Err(err) => {
+            tracing::error!("cannot build the HTTP client: {err}");
+            return std::future::pending().await;
+        }
+    };
+    let timers = rt.config.timers;
+    let mut backoff = timers.reconnect_initial;
+    let mut shutdown = rt.shutdown_phase();
+    loop {
+        if *shutdown.borrow() != ShutdownPhase::Running {
+            // No reconnect after shutdown began: wait for cleanup, then exit.
+            let _ = shutdown.wait_for(|p| *p == ShutdownPhase::Done).await;
+            return;
+        }
+        match session(&rt, &client, &options).await {
+            SessionEnd::Shutdown => return,
+            SessionEnd::Failed {
+                error: error @ ConnectError::Permanent { .. },
+                ..
+            } => {
+                tracing::error!(
+                    code = error.code(),
+                    "{error}; not reconnecting (operator correction needed)"
+                );
+                return std::future::pending().await;
+            }
+            SessionEnd::Failed { error, connected } => {
+                if connected {
+                    backoff = timers.reconnect_initial;
+                }
+                tracing::warn!(
+                    code = error.code(),
+                    delay_ms = backoff.as_millis() as u64,
+                    "{error}; reconnecting"
+                );
+                tokio::select! {
+                    _ = tokio::time::sleep(backoff) => {}
+                    _ = shutdown.wait_for(|p| *p != ShutdownPhase::Running) => {}
+                }
+                backoff = (backoff * 2).min(timers.reconnect_max);
+            }
+        }
+    }
+}
+
+fn heartbeat(rt: &Runtime) -> Option<Message> {
+    Some(Message::Heartbeat(Heartbeat {
+        runtime_version: BoundedString::new(RUNTIME_VERSION).ok()?,
+        supported_agent_kinds: BoundedVec::new(rt.config.agent_kinds.clone()).ok()?,
+    }))
+}
+
+/// One physical connection: bootstrap, upgrade, heartbeat, receive loop.
+async fn session(
+    rt: &Arc<Runtime>,
+    client: &reqwest::Client,
+    options: &ConnectOptions,
+) -> SessionEnd {
+    let failed = |error| SessionEnd::Failed {
+        error,
+        connected: false,
+    };
+    let boot = match bootstrap(client, options).await {
+        Ok(boot) => boot,
+        Err(error) => return failed(error),
+    };
+    let url = match ws_url(&boot.connection_url, &options.device_id) {
+        Ok(url) => url,
+        Err(error) => return failed(error),
+    };
+    let mut request = match url.as_str().into_client_request() {
+        Ok(request) => request,
+        Err(e) => return failed(ConnectError::transient("invalid_url", e.to_string())),
+    };
+    match http::HeaderValue::from_str(&options.credential.bearer()) {
+        Ok(value) => {
+            request
+                .headers_mut()
+                .insert(http::header::AUTHORIZATION, value);
+        }
+        Err(_) => {
+            return failed(ConnectError::Permanent {
+                code: "unauthorized",
+                detail: "the credential is not a valid header value".into(),
+            });
+        }
+    }
+    let connect = tokio_tungstenite::connect_async_with_config(request, Some(ws_config()), true);
+    let ws = match tokio::time::timeout(WS_CONNECT_TIMEOUT, connect).await {
+        Err(_) => {
+            return failed(ConnectError::transient(
+                "connect_failed",
+                "WebSocket upgrade timed out",
+            ));
+        }
+        Ok(Err(tungstenite::Error::Http(response))) => {
+            let body = response
+                .body()
+                .as_deref()
+                .map(|b| options.credential.redact(&String::from_utf8_lossy(b)))
+                .unwrap_or_default();
+            return failed(classify_status(response.status().as_u16(), body));
+        }
+        Ok(Err(e)) => {
+            return failed(ConnectError::transient(
+                "connect_failed",
+                options.credential.redact(&e.to_string()),
+            ));
+        }
+        Ok(Ok((ws, _response))) => ws,
+    };
+    tracing::info!(url = %url, "connected");
+    let (sink, stream) = ws.split();
+    let (out, rx) = Outbound::channel();
+    let generation = rt.connection_opened(out.clone()).await;
+    let writer = tokio::spawn(writer(sink, rx));
+    let interval = Duration::from_millis(boot.heartbeat_interval_ms).max(HEARTBEAT_INTERVAL_MIN);
+    let end = receive_loop(rt, generation, &out, stream, interval).await;
+    rt.connection_closed(generation).await;
+    drop(out);
+    // Let the writer finish the close handshake it may have started.
+    let _ = tokio::time::timeout(CLOSE_HANDSHAKE_TIMEOUT, writer).await;
+    match end {
+        Ok(()) => SessionEnd::Shutdown,
+        Err(error) => SessionEnd::Failed {
+            error,
+            connected: true,
+        },
+    }
+}
+
+type WsSink = futures_util::stream::SplitSink<
+    tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>,
+    WsMessage,
+>;
+type WsStream = futures_util::stream::SplitStream<
+    tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>,
+>;
+
+/// Drains the outbound queue into the WebSocket.
+async fn writer(mut sink: WsSink, mut rx: mpsc::Receiver<OutItem>) {
+    while let Some(item) = rx.recv().await {
+        match item {
+            OutItem::Text(text, done) => {
+                if sink.send(WsMessage::text(text)).await.is_err() {
+                    return;
+                }
+                if let Some(done) = done {
+                    let _ = done.send(());
+                }
+            }
+            OutItem::Close(code, reason) => {
+                let frame = CloseFrame {
+                    code: CloseCode::from(code),
+                    reason: reason.into(),
+                };
+                let _ = sink.send(WsMessage::Close(Some(frame))).await;
+                let _ = sink.flush().await;
+                return;
+            }
+        }
+    }
+    let _ = sink.close().await;
+}
+
+/// Reads frames until the connection ends. `Ok(())` = shutdown completed.
+async fn receive_loop(
+    rt: &Arc<Runtime>,
+    generation: u64,
+    out: &Outbound,
+    mut stream: WsStream,
+    interval: Duration,
+) -> Result<(), ConnectError> {
+    let mut ticker = tokio::time::interval(interval);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut beats: u64 = 0;
+    let mut shutdown = rt.shutdown_phase();
+    loop {
+        tokio::select! {
+            _ = ticker.tick() => {
+                beats += 1;
+                match heartbeat(rt) {
+                    Some(message) => {
+                        out.send(format!("hb-{beats}"), message).await;
+                    }
+                    None => tracing::error!("heartbeat does not fit its wire bounds"),
+                }
+            }
+            _ = shutdown.wait_for(|p| *p == ShutdownPhase::Done) => {
+                out.close(CLOSE_NORMAL, SHUTDOWN_REASON).await;
+                drain_until_closed(&mut stream).await;
+                return Ok(());
+            }
+            message = stream.next() => {
+                let violation = match message {
+                    None => return Err(ConnectError::transient("connection_lost", "connection dropped")),
+                    Some(Err(tungstenite::Error::Capacity(e))) => Some((CLOSE_TOO_BIG, "frame_too_large".to_string(), e.to_string())),
+                    Some(Err(tungstenite::Error::Utf8(e))) => Some((CLOSE_INVALID_PAYLOAD, "malformed_json".to_string(), e)),
+                    Some(Err(e)) => return Err(ConnectError::transient("connection_lost", e.to_string())),
+                    Some(Ok(WsMessage::Text(text))) => match rt.dispatch(generation, text.as_bytes()).await {
+                        Ok(()) => None,
+                        Err(CloseWith { code, reason }) => Some((code, reason.clone(), format!("malformed frame from Core ({reason})"))),
+                    },
+                    Some(Ok(WsMessage::Binary(_))) => Some((CLOSE_INVALID_PAYLOAD, BINARY_REASON.to_string(), "binary message".to_string())),
+                    Some(Ok(WsMessage::Close(_))) => {
+                        // Keep polling so tungstenite flushes its close reply.
+                        drain_until_closed(&mut stream).await;
+                        return Err(ConnectError::transient("connection_lost", "Core closed the connection"));
+                    }
+                    Some(Ok(_)) => None,
+                };
+                if let Some((code, reason, detail)) = violation {
+                    tracing::warn!(close_code = code, %reason, "{detail}; closing");
+                    out.close(code, reason).await;
+                    drain_until_closed(&mut stream).await;
+                    return Err(ConnectError::transient("protocol_violation", detail));
+                }
+            }
+        }
+    }
+}
+
+/// Polls the stream (so pending close replies are flushed) until it ends, bounded.
+async fn drain_until_closed(stream: &mut WsStream) {
+    let _ = tokio::time::timeout(CLOSE_HANDSHAKE_TIMEOUT, async {
+        while let Some(Ok(_)) = stream.next().await {}
+    })
+    .await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SECRET: &str = "s3cr3t-credential-value";
+
+    #[test]
+    fn urls_never_carry_the_credential() {
+        let url = ws_url("ws://127.0.0.1:4000/api/v1/agent-daemon/ws", "device 1").unwrap();
+        assert_eq!(
+            url.as_str(),
+            "ws://127.0.0.1:4000/api/v1/agent-daemon/ws?device_id=device+1&version=1.0.0"
+        );
+        assert!(!url.as_str().contains(SECRET));
+        let boot = bootstrap_url("http://127.0.0.1:4000").unwrap();
+        assert_eq!(
+            boot.as_str(),
+            "http://127.0.0.1:4000/api/v1/agent-daemon/bootstrap"
+        );
+        assert!(!boot.as_str().contains(SECRET));
+        assert!(ws_url("http://x/ws", "d").is_err());
+    }
+
+    #[test]
+    fn credential_is_redacted() {
+        let c = Credential::new(SECRET);
+        assert!(!format!("{c:?}").contains(SECRET));
+        let options = ConnectOptions {
+            core_url: "http://x".into(),
+            device_id: "d".into(),
+            credential: c.clone(),
+        };
+        assert!(!format!("{options:?}").contains(SECRET));
+        assert_eq!(
+            c.redact(&format!("bad token {SECRET}")),
+            "bad token [redacted]"
+        );
+    }
+
+    #[test]
+    fn statuses_are_classified() {
+        assert_eq!(
+            classify_status(426, String::new()).code(),
+            "incompatible_version"
+        );
+        assert!(matches!(
+            classify_status(401, String::new()),
+            ConnectError::Permanent { .. }
+        ));
+        assert!(matches!(
+            classify_status(403, String::new()),
+            ConnectError::Permanent { .. }
+        ));
+        assert!(matches!(
+            classify_status(503, String::new()),
+            ConnectError::Transient { .. }
+        ));
+        assert!(matches!(
+            classify_status(404, String::new()),
+            ConnectError::Transient { .. }
+        ));
+    }
+
+    #[test]
+    fn websocket_bounds_are_explicit() {
+        let config = ws_config();
+        assert_eq!(config.max_message_size, Some(TRANSPORT_FRAME_MAX_BYTES));
+        assert_eq!(config.max_frame_size, Some(TRANSPORT_FRAME_MAX_BYTES));
+        assert_eq!(config.max_write_buffer_size, WS_MAX_WRITE_BUFFER_BYTES);
+    }
+}
