@@ -1,1 +1,16 @@
-//! x
+//! Scripted-peer conformance harness for the runtime-contract wire protocols.
+//!
+//! The pure half (scenario model and loader, placeholder bindings, matcher, goldens,
+//! requirement coverage, reports) never touches sockets or processes; the transport,
+//! target, family drivers and runner build on it.
+
+pub mod bind;
+pub mod family;
+pub mod golden;
+pub mod matcher;
+pub mod report;
+pub mod requirements;
+pub mod runner;
+pub mod scenario;
+pub mod target;
+pub mod transport;

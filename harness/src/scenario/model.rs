@@ -120,7 +120,9 @@ impl Scenario {
 
     /// Whether the scenario runs when `side` is the target.
     pub fn runs_on(&self, side: Side) -> bool {
-        self.sides.as_ref().is_none_or(|sides| sides.contains(&side))
+        self.sides
+            .as_ref()
+            .is_none_or(|sides| sides.contains(&side))
     }
 
     /// The sides the scenario runs on, in [`Side::ALL`] order.

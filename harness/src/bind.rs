@@ -1,0 +1,303 @@
+//! Placeholders (`$name`) and their bindings.
+//!
+//! This module owns the placeholder syntax and the table of bound values of one scenario
+//! run: a placeholder is **bound** on first sight in a frame the target emits (see
+//! [`crate::matcher`]) and must be equal on every later sight; in a frame the harness
+//! sends it is **substituted** with its bound value or **minted** (a fresh,
+//! deterministic, unique string) when the harness plays the party that first mentions it.
+//!
+//! Syntax: a string that is exactly `$name` (`name` = ASCII letters, digits, `_`) is a
+//! named placeholder; `$_` matches anything and never binds; `$$x` is the literal string
+//! `$x`. Any other string starting with a single `$` is malformed (rejected when the
+//! scenario is loaded).
+//!
+//! It never touches sockets, files or clocks: minting is a counter, so the same scenario
+//! always mints the same strings.
+
+use std::borrow::Cow;
+use std::collections::BTreeMap;
+
+use serde_json::{Map, Value};
+
+/// A placeholder found in a scenario string.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Placeholder {
+    /// `$name`: binds on first sight, compared afterwards.
+    Named(String),
+    /// `$_`: matches any value, never binds.
+    Any,
+}
+
+/// How one scenario string is read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Token<'a> {
+    /// A plain string (with `$$` unescaped to `$`).
+    Literal(Cow<'a, str>),
+    /// A placeholder.
+    Placeholder(Placeholder),
+}
+
+/// Errors of placeholder syntax, binding and substitution.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum BindError {
+    /// A string starts with a single `$` but is not `$name`.
+    #[error(
+        "malformed placeholder `{0}` (use `$name` with letters, digits, `_`, or `$$` for a literal `$`)"
+    )]
+    Malformed(String),
+    /// A placeholder is already bound to a different value.
+    #[error("placeholder `${name}` is bound to {bound} but now saw {value}")]
+    Conflict {
+        /// The placeholder name.
+        name: String,
+        /// The value bound earlier.
+        bound: Box<Value>,
+        /// The conflicting value.
+        value: Box<Value>,
+    },
+    /// A placeholder in a frame to send is unbound and minting is not allowed.
+    #[error("placeholder `${0}` is not bound yet (the target has not sent it)")]
+    Unbound(String),
+    /// `$_` appeared in a frame the harness must send.
+    #[error("`$_` cannot be sent; it only matches emitted values")]
+    AnyInSent,
+}
+
+/// Whether `name` is a valid placeholder name (non-empty ASCII letters, digits, `_`).
+pub fn is_valid_name(name: &str) -> bool {
+    !name.is_empty() && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
+}
+
+/// Reads one scenario string.
+///
+/// # Errors
+/// [`BindError::Malformed`] for a string starting with a single `$` that is not `$name`.
+pub fn parse_token(s: &str) -> Result<Token<'_>, BindError> {
+    if let Some(rest) = s.strip_prefix("$$") {
+        return Ok(Token::Literal(Cow::Owned(format!("${rest}"))));
+    }
+    match s.strip_prefix('$') {
+        None => Ok(Token::Literal(Cow::Borrowed(s))),
+        Some("_") => Ok(Token::Placeholder(Placeholder::Any)),
+        Some(name) if is_valid_name(name) => {
+            Ok(Token::Placeholder(Placeholder::Named(name.to_string())))
+        }
+        Some(_) => Err(BindError::Malformed(s.to_string())),
+    }
+}
+
+/// The placeholder `s` denotes, if any (`$x` → `Named("x")`, `$_` → `Any`; `$$x`, plain
+/// and malformed strings → `None`).
+pub fn placeholder(s: &str) -> Option<Placeholder> {
+    match parse_token(s) {
+        Ok(Token::Placeholder(p)) => Some(p),
+        _ => None,
+    }
+}
+
+/// Every malformed placeholder string inside `value` (object keys are never placeholders),
+/// with its JSON path.
+pub fn malformed_placeholders(value: &Value) -> Vec<(String, String)> {
+    fn walk(value: &Value, path: &str, out: &mut Vec<(String, String)>) {
+        match value {
+            Value::String(s) if parse_token(s).is_err() => {
+                out.push((path.to_string(), s.clone()));
+            }
+            Value::Array(items) => {
+                for (i, item) in items.iter().enumerate() {
+                    walk(item, &format!("{path}[{i}]"), out);
+                }
+            }
+            Value::Object(map) => {
+                for (k, v) in map {
+                    walk(v, &crate::matcher::child_path(path, k), out);
+                }
+            }
+            _ => {}
+        }
+    }
+    let mut out = Vec::new();
+    walk(value, "$", &mut out);
+    out
+}
+
+/// The placeholder table of one scenario run (one target side).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Bindings {
+    /// Bound values by name.
+    values: BTreeMap<String, Value>,
+    /// Names in binding order (for deterministic reverse lookup).
+    order: Vec<String>,
+    /// Number of values minted so far.
+    minted: u64,
+}
+
+impl Bindings {
+    /// An empty table.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The value bound to `name` (without the `$`).
+    pub fn get(&self, name: &str) -> Option<&Value> {
+        self.values.get(name)
+    }
+
+    /// Whether nothing is bound.
+    pub fn is_empty(&self) -> bool {
+        self.values.is_empty()
+    }
+
+    /// `(name, value)` pairs in binding order.
+    pub fn iter(&self) -> impl Iterator<Item = (&str, &Value)> {
+        self.order
+            .iter()
+            .filter_map(|n| self.values.get(n).map(|v| (n.as_str(), v)))
+    }
+
+    /// Binds `name` to `value`; binding the same value again is a no-op.
+    ///
+    /// # Errors
+    /// [`BindError::Conflict`] if `name` is bound to a different value;
+    /// [`BindError::Malformed`] if `name` is not a valid placeholder name.
+    pub fn bind(&mut self, name: &str, value: Value) -> Result<(), BindError> {
+        if !is_valid_name(name) || name == "_" {
+            return Err(BindError::Malformed(format!("${name}")));
+        }
+        match self.values.get(name) {
+            Some(bound) if crate::matcher::values_equal(bound, &value) => Ok(()),
+            Some(bound) => Err(BindError::Conflict {
+                name: name.to_string(),
+                bound: Box::new(bound.clone()),
+                value: Box::new(value),
+            }),
+            None => {
+                self.values.insert(name.to_string(), value);
+                self.order.push(name.to_string());
+                Ok(())
+            }
+        }
+    }
+
+    /// Mints a fresh string for `name` (`<name>-<n>`, unique among bound values), binds it
+    /// and returns it.
+    pub fn mint(&mut self, name: &str) -> Value {
+        loop {
+            self.minted += 1;
+            let candidate = Value::String(format!("{name}-{}", self.minted));
+            if self.name_of(&candidate).is_none() {
+                self.values.insert(name.to_string(), candidate.clone());
+                self.order.push(name.to_string());
+                return candidate;
+            }
+        }
+    }
+
+    /// `template` with every placeholder replaced by its bound value (and `$$x` unescaped).
+    /// Unbound placeholders are minted when `mint` is true.
+    ///
+    /// # Errors
+    /// [`BindError::Unbound`] for an unbound placeholder when `mint` is false;
+    /// [`BindError::AnyInSent`] for `$_`; [`BindError::Malformed`].
+    pub fn substitute(&mut self, template: &Value, mint: bool) -> Result<Value, BindError> {
+        Ok(match template {
+            Value::String(s) => match parse_token(s)? {
+                Token::Literal(text) => Value::String(text.into_owned()),
+                Token::Placeholder(Placeholder::Any) => return Err(BindError::AnyInSent),
+                Token::Placeholder(Placeholder::Named(name)) => match self.values.get(&name) {
+                    Some(v) => v.clone(),
+                    None if mint => self.mint(&name),
+                    None => return Err(BindError::Unbound(name)),
+                },
+            },
+            Value::Array(items) => Value::Array(
+                items
+                    .iter()
+                    .map(|item| self.substitute(item, mint))
+                    .collect::<Result<_, _>>()?,
+            ),
+            Value::Object(map) => {
+                let mut out = Map::new();
+                for (k, v) in map {
+                    out.insert(k.clone(), self.substitute(v, mint)?);
+                }
+                Value::Object(out)
+            }
+            other => other.clone(),
+        })
+    }
+
+    /// The first-bound placeholder name whose value equals `value`.
+    pub fn name_of(&self, value: &Value) -> Option<&str> {
+        self.order
+            .iter()
+            .find(|n| {
+                self.values
+                    .get(n.as_str())
+                    .is_some_and(|v| crate::matcher::values_equal(v, value))
+            })
+            .map(String::as_str)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn tokens() {
+        assert_eq!(placeholder("$h1"), Some(Placeholder::Named("h1".into())));
+        assert_eq!(placeholder("$_"), Some(Placeholder::Any));
+        assert_eq!(placeholder("$$h1"), None);
+        assert_eq!(placeholder("plain"), None);
+        assert_eq!(
+            parse_token("$$h1").unwrap(),
+            Token::Literal(Cow::Owned("$h1".into()))
+        );
+        assert!(matches!(parse_token("$a-b"), Err(BindError::Malformed(_))));
+        assert!(matches!(parse_token("$"), Err(BindError::Malformed(_))));
+    }
+
+    #[test]
+    fn bind_once_then_compare() {
+        let mut b = Bindings::new();
+        b.bind("h", json!("x")).unwrap();
+        b.bind("h", json!("x")).unwrap();
+        assert!(matches!(
+            b.bind("h", json!("y")),
+            Err(BindError::Conflict { .. })
+        ));
+        assert_eq!(b.get("h"), Some(&json!("x")));
+        assert_eq!(b.name_of(&json!("x")), Some("h"));
+    }
+
+    #[test]
+    fn substitute_and_mint_deterministically() {
+        let mut b = Bindings::new();
+        b.bind("run", json!("run-a")).unwrap();
+        let t = json!({"run_id": "$run", "h": "$h", "lit": "$$h", "n": [1, "$h"]});
+        assert!(matches!(
+            b.clone().substitute(&t, false),
+            Err(BindError::Unbound(n)) if n == "h"
+        ));
+        let out = b.substitute(&t, true).unwrap();
+        assert_eq!(
+            out,
+            json!({"run_id": "run-a", "h": "h-1", "lit": "$h", "n": [1, "h-1"]})
+        );
+        assert!(matches!(
+            b.substitute(&json!("$_"), true),
+            Err(BindError::AnyInSent)
+        ));
+    }
+
+    #[test]
+    fn malformed_found_with_path() {
+        let v = json!({"a": ["ok", "$bad-name"], "b": "$$fine"});
+        assert_eq!(
+            malformed_placeholders(&v),
+            vec![("$.a[1]".to_string(), "$bad-name".to_string())]
+        );
+    }
+}

@@ -1,0 +1,306 @@
+//! Matching an emitted frame against a scenario frame, and the wire-schema check.
+//!
+//! This module owns the pattern semantics of `docs/scenario-format.md` ("Matching"):
+//! object keys the scenario writes must be present and match (keys it leaves out are
+//! ignored here and checked by [`schema_check`] instead); arrays match element-wise with
+//! equal length; scalars must be equal; a placeholder matches any value and binds it
+//! (see [`crate::bind`]).
+//!
+//! A match is all-or-nothing: bindings are made on a scratch copy and committed only when
+//! the whole frame matched, so a failed attempt (e.g. while trying `any_order`
+//! candidates) leaves no partial binding behind. The matcher is pure: it never touches
+//! sockets, files or clocks.
+
+use std::fmt;
+
+use contract_impl::core_runtime::wire::Direction;
+use contract_impl::core_runtime::wire::frame::validate_value;
+use contract_impl::wire::WireError;
+use serde_json::Value;
+
+use crate::bind::{Bindings, Placeholder, Token, parse_token};
+
+/// Why an emitted value does not match the scenario's pattern.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Mismatch {
+    /// JSON path of the first difference (`$.payload.revision`).
+    pub path: String,
+    /// The pattern at that path (as written in the scenario).
+    pub expected: Value,
+    /// The emitted value at that path (`None` when absent).
+    pub actual: Option<Value>,
+    /// What went wrong, for people.
+    pub reason: String,
+}
+
+impl fmt::Display for Mismatch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "at {}: {}; expected {}",
+            self.path,
+            self.reason,
+            compact(&self.expected)
+        )?;
+        match &self.actual {
+            Some(actual) => write!(f, ", got {}", compact(actual)),
+            None => write!(f, ", got nothing"),
+        }
+    }
+}
+
+impl std::error::Error for Mismatch {}
+
+fn compact(value: &Value) -> String {
+    serde_json::to_string(value).unwrap_or_else(|_| "<unprintable>".to_string())
+}
+
+/// The JSON path of `key` under `parent` (`$.a`, or `$["odd key"]` when `key` is not an
+/// identifier).
+pub fn child_path(parent: &str, key: &str) -> String {
+    if !key.is_empty() && key.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') {
+        format!("{parent}.{key}")
+    } else {
+        format!("{parent}[{}]", compact(&Value::String(key.to_string())))
+    }
+}
+
+/// Equality of JSON values where numbers compare by value (`1` equals `1.0`).
+pub fn values_equal(a: &Value, b: &Value) -> bool {
+    match (a, b) {
+        (Value::Number(x), Value::Number(y)) => {
+            x == y
+                || match (x.as_f64(), y.as_f64()) {
+                    (Some(fx), Some(fy)) => fx == fy,
+                    _ => false,
+                }
+        }
+        (Value::Array(xs), Value::Array(ys)) => {
+            xs.len() == ys.len() && xs.iter().zip(ys).all(|(x, y)| values_equal(x, y))
+        }
+        (Value::Object(xm), Value::Object(ym)) => {
+            xm.len() == ym.len()
+                && xm
+                    .iter()
+                    .all(|(k, x)| ym.get(k).is_some_and(|y| values_equal(x, y)))
+        }
+        _ => a == b,
+    }
+}
+
+/// Matches `actual` (emitted by the target) against the pattern `expected`, binding
+/// placeholders into `bindings` only if the whole value matched.
+///
+/// # Errors
+/// The first [`Mismatch`] in document order of the pattern.
+#[expect(
+    clippy::result_large_err,
+    reason = "a mismatch is the rare failure path; its fields are the documented interface"
+)]
+pub fn match_frame(
+    expected: &Value,
+    actual: &Value,
+    bindings: &mut Bindings,
+) -> Result<(), Mismatch> {
+    let mut scratch = bindings.clone();
+    match_at("$", expected, actual, &mut scratch)?;
+    *bindings = scratch;
+    Ok(())
+}
+
+fn mismatch(
+    path: &str,
+    expected: &Value,
+    actual: Option<&Value>,
+    reason: impl Into<String>,
+) -> Mismatch {
+    Mismatch {
+        path: path.to_string(),
+        expected: expected.clone(),
+        actual: actual.cloned(),
+        reason: reason.into(),
+    }
+}
+
+fn type_name(value: &Value) -> &'static str {
+    match value {
+        Value::Null => "null",
+        Value::Bool(_) => "boolean",
+        Value::Number(_) => "number",
+        Value::String(_) => "string",
+        Value::Array(_) => "array",
+        Value::Object(_) => "object",
+    }
+}
+
+#[expect(
+    clippy::result_large_err,
+    reason = "a mismatch is the rare failure path; its fields are the documented interface"
+)]
+fn match_at(
+    path: &str,
+    expected: &Value,
+    actual: &Value,
+    bindings: &mut Bindings,
+) -> Result<(), Mismatch> {
+    match expected {
+        Value::String(s) => match parse_token(s) {
+            Err(e) => Err(mismatch(path, expected, Some(actual), e.to_string())),
+            Ok(Token::Placeholder(Placeholder::Any)) => Ok(()),
+            Ok(Token::Placeholder(Placeholder::Named(name))) => match bindings.get(&name) {
+                Some(bound) if values_equal(bound, actual) => Ok(()),
+                Some(bound) => Err(mismatch(
+                    path,
+                    expected,
+                    Some(actual),
+                    format!("placeholder `${name}` was bound to {}", compact(bound)),
+                )),
+                None => bindings
+                    .bind(&name, actual.clone())
+                    .map_err(|e| mismatch(path, expected, Some(actual), e.to_string())),
+            },
+            Ok(Token::Literal(text)) => match actual {
+                Value::String(a) if *a == text => Ok(()),
+                _ => Err(mismatch(
+                    path,
+                    &Value::String(text.into_owned()),
+                    Some(actual),
+                    "different value",
+                )),
+            },
+        },
+        Value::Object(pattern) => {
+            let Value::Object(map) = actual else {
+                return Err(mismatch(
+                    path,
+                    expected,
+                    Some(actual),
+                    format!("expected an object, got {}", type_name(actual)),
+                ));
+            };
+            for (key, sub) in pattern {
+                let sub_path = child_path(path, key);
+                match map.get(key) {
+                    Some(value) => match_at(&sub_path, sub, value, bindings)?,
+                    None => return Err(mismatch(&sub_path, sub, None, "missing field")),
+                }
+            }
+            Ok(())
+        }
+        Value::Array(pattern) => {
+            let Value::Array(items) = actual else {
+                return Err(mismatch(
+                    path,
+                    expected,
+                    Some(actual),
+                    format!("expected an array, got {}", type_name(actual)),
+                ));
+            };
+            if pattern.len() != items.len() {
+                return Err(mismatch(
+                    path,
+                    expected,
+                    Some(actual),
+                    format!("expected {} elements, got {}", pattern.len(), items.len()),
+                ));
+            }
+            for (i, (sub, value)) in pattern.iter().zip(items).enumerate() {
+                match_at(&format!("{path}[{i}]"), sub, value, bindings)?;
+            }
+            Ok(())
+        }
+        scalar => {
+            if values_equal(scalar, actual) {
+                Ok(())
+            } else {
+                Err(mismatch(path, expected, Some(actual), "different value"))
+            }
+        }
+    }
+}
+
+/// Checks an emitted frame against the core-runtime wire schema, as sent by the party
+/// `direction` names (strict JSON, known type, right direction, typed payload).
+///
+/// # Errors
+/// The [`WireError`] of [`validate_value`].
+pub fn schema_check(frame: &Value, direction: Direction) -> Result<(), WireError> {
+    validate_value(frame, direction).map(|_| ())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn subset_objects_and_binding() {
+        let mut b = Bindings::new();
+        let pat = json!({"type": "t", "payload": {"h": "$h"}});
+        let act = json!({"type": "t", "id": "1", "payload": {"h": "abc", "extra": 1}});
+        match_frame(&pat, &act, &mut b).unwrap();
+        assert_eq!(b.get("h"), Some(&json!("abc")));
+        // compared after binding
+        let act2 = json!({"type": "t", "payload": {"h": "zzz"}});
+        let err = match_frame(&pat, &act2, &mut b).unwrap_err();
+        assert_eq!(err.path, "$.payload.h");
+        assert!(err.reason.contains("bound to \"abc\""), "{err}");
+    }
+
+    #[test]
+    fn any_and_escape() {
+        let mut b = Bindings::new();
+        match_frame(&json!({"a": "$_"}), &json!({"a": {"x": [1]}}), &mut b).unwrap();
+        assert!(b.is_empty());
+        match_frame(&json!({"a": "$$x"}), &json!({"a": "$x"}), &mut b).unwrap();
+        let err = match_frame(&json!({"a": "$$x"}), &json!({"a": "y"}), &mut b).unwrap_err();
+        assert_eq!(err.expected, json!("$x"));
+    }
+
+    #[test]
+    fn arrays_exact_length_and_nested() {
+        let mut b = Bindings::new();
+        let pat = json!({"xs": [{"k": "$k"}, 2]});
+        match_frame(&pat, &json!({"xs": [{"k": 5, "o": 1}, 2]}), &mut b).unwrap();
+        assert_eq!(b.get("k"), Some(&json!(5)));
+        let err = match_frame(&pat, &json!({"xs": [{"k": 5}]}), &mut b).unwrap_err();
+        assert_eq!(err.path, "$.xs");
+        let err = match_frame(&pat, &json!({"xs": [{"k": 5}, 3]}), &mut b).unwrap_err();
+        assert_eq!(err.path, "$.xs[1]");
+        assert!(err.to_string().contains("expected 2, got 3"), "{err}");
+    }
+
+    #[test]
+    fn missing_field_and_types() {
+        let mut b = Bindings::new();
+        let err = match_frame(&json!({"a": {"b": 1}}), &json!({"a": {}}), &mut b).unwrap_err();
+        assert_eq!(err.path, "$.a.b");
+        assert_eq!(err.actual, None);
+        let err = match_frame(&json!({"a": {"b": 1}}), &json!({"a": 1}), &mut b).unwrap_err();
+        assert!(err.reason.contains("object"));
+        assert!(values_equal(&json!(1), &json!(1.0)));
+    }
+
+    #[test]
+    fn no_partial_binding_on_mismatch() {
+        let mut b = Bindings::new();
+        let pat = json!({"a": "$a", "b": 1});
+        assert!(match_frame(&pat, &json!({"a": "x", "b": 2}), &mut b).is_err());
+        assert_eq!(b.get("a"), None);
+    }
+
+    #[test]
+    fn same_placeholder_twice_in_one_frame() {
+        let mut b = Bindings::new();
+        let pat = json!({"a": "$x", "b": "$x"});
+        assert!(match_frame(&pat, &json!({"a": "1", "b": "2"}), &mut b).is_err());
+        assert!(b.is_empty());
+        match_frame(&pat, &json!({"a": "1", "b": "1"}), &mut b).unwrap();
+    }
+
+    #[test]
+    fn schema_check_rejects_wrong_direction_and_unknown_type() {
+        let frame = json!({"type": "no_such_type", "id": "x", "payload": {}});
+        assert!(schema_check(&frame, Direction::RuntimeToCore).is_err());
+    }
+}

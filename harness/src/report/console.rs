@@ -1,0 +1,67 @@
+//! Console progress lines and the summary line.
+//!
+//! Owns the exact console wording that CI greps: one line per run
+//! (`PASS core_runtime/name [runtime] 123ms`, or `FAIL …` followed by the failure indented
+//! by two spaces) and a summary line that is exactly `N passed, M failed`. Pure string
+//! building; printing is the caller's job.
+
+use std::time::Duration;
+
+use super::{ScenarioResult, Summary};
+
+/// Milliseconds, e.g. `123ms`.
+pub fn millis(duration: Duration) -> String {
+    format!("{}ms", duration.as_millis())
+}
+
+/// The line(s) for one run.
+pub fn result_line(result: &ScenarioResult) -> String {
+    let status = if result.passed { "PASS" } else { "FAIL" };
+    let mut out = format!(
+        "{status} {} [{}] {}",
+        result.scenario,
+        result.side.as_str(),
+        millis(result.duration)
+    );
+    if let Some(failure) = result.failure.as_deref().filter(|_| !result.passed) {
+        for line in failure.lines() {
+            out.push_str("\n  ");
+            out.push_str(line);
+        }
+    }
+    out
+}
+
+/// The summary line, exactly `N passed, M failed`.
+pub fn summary_line(results: &[ScenarioResult]) -> String {
+    Summary::of(results).to_string()
+}
+
+/// Every result line followed by the summary line.
+pub fn render(results: &[ScenarioResult]) -> String {
+    let mut out = String::new();
+    for r in results {
+        out.push_str(&result_line(r));
+        out.push('\n');
+    }
+    out.push_str(&summary_line(results));
+    out.push('\n');
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lines_and_summary() {
+        let results = super::super::sample_results();
+        let text = render(&results);
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines[0], "PASS core_runtime/handshake [runtime] 123ms");
+        assert_eq!(lines[1], "FAIL core_runtime/expiry [core] 1500ms");
+        assert!(lines[2].starts_with("  step 4"));
+        assert_eq!(lines[3], "  expected 1, got 2");
+        assert_eq!(lines[4], "1 passed, 1 failed");
+    }
+}

@@ -1,0 +1,85 @@
+//! Requirement-coverage printouts (text and Markdown) of a
+//! [`crate::requirements::Coverage`]. Pure rendering; never touches sockets.
+
+use crate::requirements::Coverage;
+
+/// Plain-text coverage report for `family`; ends with the error lines, if any.
+pub fn render_text(family: &str, coverage: &Coverage) -> String {
+    let mut out = format!(
+        "coverage {family}: {}/{} requirements covered ({:.0}%)\n",
+        coverage.covered.len(),
+        coverage.total,
+        coverage.percent()
+    );
+    for (id, scenarios) in &coverage.covered {
+        out.push_str(&format!("  covered   {id}: {}\n", scenarios.join(", ")));
+    }
+    for u in &coverage.uncovered {
+        match &u.reason {
+            Some(reason) => {
+                out.push_str(&format!("  uncovered {} ({}): {reason}\n", u.id, u.section))
+            }
+            None => out.push_str(&format!(
+                "  MISSING   {} ({}): no scenario and no reason\n",
+                u.id, u.section
+            )),
+        }
+    }
+    for error in coverage.errors() {
+        out.push_str(&format!("error: {error}\n"));
+    }
+    out
+}
+
+/// Markdown coverage table for `family`.
+pub fn render_markdown(family: &str, coverage: &Coverage) -> String {
+    let mut out = format!(
+        "### Requirement coverage: {family}\n\n{}/{} covered ({:.0}%)\n\n| Requirement | Status | Scenarios / reason |\n|---|---|---|\n",
+        coverage.covered.len(),
+        coverage.total,
+        coverage.percent()
+    );
+    for (id, scenarios) in &coverage.covered {
+        out.push_str(&format!("| {id} | covered | {} |\n", scenarios.join(", ")));
+    }
+    for u in &coverage.uncovered {
+        let (status, reason) = match &u.reason {
+            Some(r) => ("uncovered", r.replace('|', "\\|")),
+            None => ("**missing**", "no scenario and no reason".to_string()),
+        };
+        out.push_str(&format!("| {} | {status} | {reason} |\n", u.id));
+    }
+    let errors = coverage.errors();
+    if !errors.is_empty() {
+        out.push_str("\n**Errors**\n\n");
+        for e in errors {
+            out.push_str(&format!("- {e}\n"));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::requirements::Uncovered;
+
+    #[test]
+    fn text_lists_everything() {
+        let cov = Coverage {
+            covered: vec![("CR-A-001".into(), vec!["core_runtime/x".into()])],
+            uncovered: vec![Uncovered {
+                id: "CR-A-002".into(),
+                section: "S".into(),
+                reason: None,
+            }],
+            total: 2,
+            ..Coverage::default()
+        };
+        let text = render_text("core_runtime", &cov);
+        assert!(text.starts_with("coverage core_runtime: 1/2 requirements covered (50%)"));
+        assert!(text.contains("MISSING   CR-A-002"));
+        assert!(text.contains("error: requirement CR-A-002"));
+        assert!(render_markdown("core_runtime", &cov).contains("| CR-A-002 | **missing** |"));
+    }
+}

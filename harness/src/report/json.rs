@@ -1,0 +1,53 @@
+//! Machine-readable JSON report. Pure rendering; never touches sockets.
+//!
+//! Shape: `{"summary": {"passed": N, "failed": M}, "results": [{"scenario", "side",
+//! "passed", "duration_ms", "failure"?, "golden"?}...]}`.
+
+use serde_json::{Map, Value, json};
+
+use super::{ScenarioResult, Summary};
+
+/// One run as JSON.
+pub fn result_value(r: &ScenarioResult) -> Value {
+    let mut map = Map::new();
+    map.insert("scenario".into(), json!(r.scenario));
+    map.insert("side".into(), json!(r.side.as_str()));
+    map.insert("passed".into(), json!(r.passed));
+    map.insert(
+        "duration_ms".into(),
+        json!(u64::try_from(r.duration.as_millis()).unwrap_or(u64::MAX)),
+    );
+    if let Some(f) = &r.failure {
+        map.insert("failure".into(), json!(f));
+    }
+    if let Some(g) = &r.golden {
+        map.insert("golden".into(), json!(g));
+    }
+    Value::Object(map)
+}
+
+/// The whole report as JSON.
+pub fn render_value(results: &[ScenarioResult]) -> Value {
+    let summary = Summary::of(results);
+    json!({
+        "summary": { "passed": summary.passed, "failed": summary.failed },
+        "results": results.iter().map(result_value).collect::<Vec<_>>(),
+    })
+}
+
+/// The whole report as pretty JSON text.
+pub fn render(results: &[ScenarioResult]) -> String {
+    serde_json::to_string_pretty(&render_value(results)).unwrap_or_else(|_| "{}".into())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn json_report() {
+        let v = super::render_value(&super::super::sample_results());
+        assert_eq!(v["summary"]["failed"], 1);
+        assert_eq!(v["results"][0]["duration_ms"], 123);
+        assert_eq!(v["results"][1]["side"], "core");
+        assert!(v["results"][0].get("failure").is_none());
+    }
+}

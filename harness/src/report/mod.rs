@@ -1,0 +1,161 @@
+//! Reports of a harness run: console progress, JUnit XML, JSON, Markdown and requirement
+//! coverage.
+//!
+//! This module owns the result record ([`ScenarioResult`]) and every rendering of a set
+//! of results. Renderers are pure functions from results to text; the only I/O is the
+//! optional [`write_file`] helper. It never runs scenarios or touches sockets.
+
+pub mod console;
+pub mod coverage;
+pub mod json;
+pub mod junit;
+pub mod markdown;
+
+use std::path::Path;
+use std::time::Duration;
+
+use crate::scenario::Side;
+
+/// The outcome of one scenario run against one target side.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ScenarioResult {
+    /// Scenario ID, `<family>/<name>`.
+    pub scenario: String,
+    /// The side under test.
+    pub side: Side,
+    /// Whether the run passed (steps and golden).
+    pub passed: bool,
+    /// Why it failed (multi-line allowed), when it failed.
+    pub failure: Option<String>,
+    /// Wall time of the run.
+    pub duration: Duration,
+    /// The golden file compared, when one was.
+    pub golden: Option<String>,
+}
+
+impl ScenarioResult {
+    /// A passing result.
+    pub fn pass(scenario: impl Into<String>, side: Side, duration: Duration) -> Self {
+        Self {
+            scenario: scenario.into(),
+            side,
+            passed: true,
+            failure: None,
+            duration,
+            golden: None,
+        }
+    }
+
+    /// A failing result.
+    pub fn fail(
+        scenario: impl Into<String>,
+        side: Side,
+        duration: Duration,
+        failure: impl Into<String>,
+    ) -> Self {
+        Self {
+            scenario: scenario.into(),
+            side,
+            passed: false,
+            failure: Some(failure.into()),
+            duration,
+            golden: None,
+        }
+    }
+
+    /// The family part of [`Self::scenario`].
+    pub fn family(&self) -> &str {
+        self.scenario
+            .split_once('/')
+            .map_or(self.scenario.as_str(), |(f, _)| f)
+    }
+
+    /// The name part of [`Self::scenario`].
+    pub fn name(&self) -> &str {
+        self.scenario
+            .split_once('/')
+            .map_or(self.scenario.as_str(), |(_, n)| n)
+    }
+}
+
+/// Pass / fail counts.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Summary {
+    /// Runs that passed.
+    pub passed: usize,
+    /// Runs that failed.
+    pub failed: usize,
+}
+
+impl Summary {
+    /// Counts `results`.
+    pub fn of(results: &[ScenarioResult]) -> Self {
+        let passed = results.iter().filter(|r| r.passed).count();
+        Self {
+            passed,
+            failed: results.len() - passed,
+        }
+    }
+
+    /// Whether nothing failed.
+    pub fn ok(&self) -> bool {
+        self.failed == 0
+    }
+}
+
+impl std::fmt::Display for Summary {
+    /// Exactly `N passed, M failed`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} passed, {} failed", self.passed, self.failed)
+    }
+}
+
+/// Errors writing reports.
+#[derive(Debug, thiserror::Error)]
+pub enum ReportError {
+    /// JUnit serialization failed.
+    #[error("cannot serialize JUnit XML: {0}")]
+    Junit(#[from] quick_junit::SerializeError),
+    /// A report file could not be written.
+    #[error("cannot write {path}: {source}")]
+    Io {
+        /// The report file.
+        path: String,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+}
+
+/// Writes `text` to `path`, creating parent directories.
+///
+/// # Errors
+/// [`ReportError::Io`].
+pub fn write_file(path: &Path, text: &str) -> Result<(), ReportError> {
+    let io = |source| ReportError::Io {
+        path: path.display().to_string(),
+        source,
+    };
+    if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+        std::fs::create_dir_all(parent).map_err(io)?;
+    }
+    std::fs::write(path, text).map_err(io)
+}
+
+#[cfg(test)]
+pub(crate) fn sample_results() -> Vec<ScenarioResult> {
+    let mut fail = ScenarioResult::fail(
+        "core_runtime/expiry",
+        Side::Core,
+        Duration::from_millis(1500),
+        "step 4 (runtime frame preparation_status): at $.payload.revision: different value\nexpected 1, got 2",
+    );
+    fail.golden = Some("golden/core_runtime/expiry.core.golden".into());
+    vec![
+        ScenarioResult::pass(
+            "core_runtime/handshake",
+            Side::Runtime,
+            Duration::from_millis(123),
+        ),
+        fail,
+    ]
+}

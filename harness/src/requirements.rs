@@ -1,0 +1,343 @@
+//! Requirement catalogs (`scenarios/requirements/<family>.yaml`) and scenario coverage.
+//!
+//! This module owns the catalog format and the coverage computation: which requirement
+//! is covered by which scenarios, which is uncovered (with the catalog's reason, or as an
+//! error when there is none), and which IDs scenarios cite that the catalog does not
+//! define (an error). It never runs scenarios or touches sockets.
+//!
+//! Catalog format (strict YAML, like scenarios):
+//!
+//! ```yaml
+//! family: core_runtime
+//! requirements:
+//!   - id: CR-CONN-001
+//!     section: "Ownership and connection"
+//!     statement: "The Runtime opens exactly one WebSocket per device."
+//!   - id: CR-CONN-009
+//!     section: "Ownership and connection"
+//!     statement: "..."
+//!     uncovered: "needs two physical devices"   # only for what no scenario can cover
+//! ```
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+
+use serde::Deserialize;
+use serde_saphyr::Spanned;
+
+use crate::scenario::Scenario;
+use crate::scenario::loader::{LoadError, parse_yaml};
+use crate::scenario::validation::is_requirement_id;
+
+/// One requirement of a spec.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Requirement {
+    /// Stable ID (`CR-CONN-001`).
+    pub id: String,
+    /// Spec section the requirement comes from.
+    pub section: String,
+    /// The requirement, in the spec's words.
+    pub statement: String,
+    /// Why no scenario can cover it (only for such requirements).
+    pub uncovered_reason: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawCatalog {
+    family: Spanned<String>,
+    requirements: Vec<Spanned<RawRequirement>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawRequirement {
+    id: String,
+    section: String,
+    statement: String,
+    #[serde(default)]
+    uncovered: Option<String>,
+}
+
+/// Loads a catalog strictly. The `family` must equal the file stem; IDs must be
+/// well-formed and distinct; sections and statements non-empty.
+///
+/// # Errors
+/// A located [`LoadError`] (the first problem found).
+pub fn load_catalog(path: &Path) -> Result<Vec<Requirement>, LoadError> {
+    let source = std::fs::read_to_string(path)
+        .map_err(|e| LoadError::new(path, format!("cannot read: {e}")))?;
+    let raw: RawCatalog = parse_yaml(path, &source)?;
+    let at = |loc, msg: String| LoadError::at(path, Some(loc), msg, Some(&source));
+    let stem = path
+        .file_stem()
+        .and_then(|s| s.to_str())
+        .unwrap_or_default();
+    if raw.family.value != stem {
+        return Err(at(
+            raw.family.referenced,
+            format!(
+                "family `{}` does not match the file name `{stem}`",
+                raw.family.value
+            ),
+        ));
+    }
+    let mut seen = BTreeSet::new();
+    let mut out = Vec::new();
+    for item in raw.requirements {
+        let loc = item.referenced;
+        let r = item.value;
+        if !is_requirement_id(&r.id) {
+            return Err(at(
+                loc,
+                format!(
+                    "malformed requirement ID `{}` (expected e.g. `CR-CONN-001`)",
+                    r.id
+                ),
+            ));
+        }
+        if !seen.insert(r.id.clone()) {
+            return Err(at(loc, format!("requirement ID `{}` defined twice", r.id)));
+        }
+        if r.section.trim().is_empty() || r.statement.trim().is_empty() {
+            return Err(at(
+                loc,
+                format!("requirement `{}` needs a section and a statement", r.id),
+            ));
+        }
+        if r.uncovered.as_deref().is_some_and(|u| u.trim().is_empty()) {
+            return Err(at(
+                loc,
+                format!("requirement `{}`: `uncovered` must give a reason", r.id),
+            ));
+        }
+        out.push(Requirement {
+            id: r.id,
+            section: r.section,
+            statement: r.statement,
+            uncovered_reason: r.uncovered,
+        });
+    }
+    Ok(out)
+}
+
+/// A requirement no scenario covers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Uncovered {
+    /// The requirement ID.
+    pub id: String,
+    /// Its section.
+    pub section: String,
+    /// The catalog's reason; `None` is an error (a gap nobody explained).
+    pub reason: Option<String>,
+}
+
+/// Requirement coverage of a family's scenarios.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Coverage {
+    /// Covered requirement ID → scenario IDs (`family/name`) citing it, in catalog order.
+    pub covered: Vec<(String, Vec<String>)>,
+    /// Requirements nobody covers, in catalog order.
+    pub uncovered: Vec<Uncovered>,
+    /// IDs cited by scenarios but absent from the catalog → the citing scenario IDs.
+    pub unknown: BTreeMap<String, Vec<String>>,
+    /// Requirements marked `uncovered` that scenarios do cover (the mark is stale).
+    pub stale_reasons: Vec<String>,
+    /// Number of requirements in the catalog.
+    pub total: usize,
+}
+
+impl Coverage {
+    /// Problems that must fail the check: unexplained gaps, unknown IDs, stale marks.
+    pub fn errors(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        for u in &self.uncovered {
+            if u.reason.is_none() {
+                out.push(format!(
+                    "requirement {} ({}) has no scenario and no `uncovered` reason",
+                    u.id, u.section
+                ));
+            }
+        }
+        for (id, scenarios) in &self.unknown {
+            out.push(format!(
+                "unknown requirement ID {id} cited by {}",
+                scenarios.join(", ")
+            ));
+        }
+        for id in &self.stale_reasons {
+            out.push(format!(
+                "requirement {id} is marked `uncovered` but scenarios cover it; drop the mark"
+            ));
+        }
+        out
+    }
+
+    /// Whether [`Self::errors`] is empty.
+    pub fn is_ok(&self) -> bool {
+        self.errors().is_empty()
+    }
+
+    /// Percentage of catalog requirements covered by at least one scenario.
+    pub fn percent(&self) -> f64 {
+        if self.total == 0 {
+            100.0
+        } else {
+            // Counts are tiny; the conversion is exact.
+            #[allow(clippy::cast_precision_loss)]
+            let p = self.covered.len() as f64 * 100.0 / self.total as f64;
+            p
+        }
+    }
+}
+
+/// Computes coverage of `catalog` by `scenarios`.
+pub fn coverage(catalog: &[Requirement], scenarios: &[Scenario]) -> Coverage {
+    let mut citing: BTreeMap<&str, Vec<String>> = BTreeMap::new();
+    for s in scenarios {
+        for id in &s.covers {
+            let list = citing.entry(id.as_str()).or_default();
+            if !list.contains(&s.id()) {
+                list.push(s.id());
+            }
+        }
+    }
+    let known: BTreeSet<&str> = catalog.iter().map(|r| r.id.as_str()).collect();
+    let mut cov = Coverage {
+        total: catalog.len(),
+        ..Coverage::default()
+    };
+    for r in catalog {
+        match citing.get(r.id.as_str()) {
+            Some(names) => {
+                if r.uncovered_reason.is_some() {
+                    cov.stale_reasons.push(r.id.clone());
+                }
+                cov.covered.push((r.id.clone(), names.clone()));
+            }
+            None => cov.uncovered.push(Uncovered {
+                id: r.id.clone(),
+                section: r.section.clone(),
+                reason: r.uncovered_reason.clone(),
+            }),
+        }
+    }
+    for (id, names) in citing {
+        if !known.contains(id) {
+            cov.unknown.insert(id.to_string(), names);
+        }
+    }
+    cov
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::scenario::{ScenarioConfig, Step};
+
+    fn req(id: &str, reason: Option<&str>) -> Requirement {
+        Requirement {
+            id: id.into(),
+            section: "S".into(),
+            statement: "x".into(),
+            uncovered_reason: reason.map(Into::into),
+        }
+    }
+
+    fn scen(name: &str, covers: &[&str]) -> Scenario {
+        Scenario {
+            family: "core_runtime".into(),
+            name: name.into(),
+            summary: "s".into(),
+            covers: covers.iter().map(|c| (*c).to_string()).collect(),
+            sides: None,
+            config: ScenarioConfig::default(),
+            steps: vec![Step::Disconnect],
+            path: "x".into(),
+        }
+    }
+
+    #[test]
+    fn covered_uncovered_unknown() {
+        let catalog = vec![
+            req("CR-A-001", None),
+            req("CR-A-002", Some("needs hardware")),
+            req("CR-A-003", None),
+            req("CR-A-004", Some("stale")),
+        ];
+        let scenarios = vec![
+            scen("one", &["CR-A-001", "CR-X-009"]),
+            scen("two", &["CR-A-001", "CR-A-004"]),
+        ];
+        let cov = coverage(&catalog, &scenarios);
+        assert_eq!(
+            cov.covered[0],
+            (
+                "CR-A-001".to_string(),
+                vec![
+                    "core_runtime/one".to_string(),
+                    "core_runtime/two".to_string()
+                ]
+            )
+        );
+        assert_eq!(cov.uncovered.len(), 2);
+        assert_eq!(cov.uncovered[0].reason.as_deref(), Some("needs hardware"));
+        assert_eq!(
+            cov.unknown["CR-X-009"],
+            vec!["core_runtime/one".to_string()]
+        );
+        let errors = cov.errors();
+        assert_eq!(errors.len(), 3, "{errors:?}");
+        assert!(
+            errors
+                .iter()
+                .any(|e| e.contains("CR-A-003") && e.contains("no `uncovered` reason"))
+        );
+        assert!(
+            errors
+                .iter()
+                .any(|e| e.contains("unknown requirement ID CR-X-009"))
+        );
+        assert!(errors.iter().any(|e| e.contains("CR-A-004")));
+        assert!((cov.percent() - 50.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn catalog_loads_strictly() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("core_runtime.yaml");
+        std::fs::write(
+            &path,
+            "family: core_runtime\nrequirements:\n  - id: CR-CONN-001\n    section: Conn\n    statement: one socket\n  - id: CR-CONN-002\n    section: Conn\n    statement: two\n    uncovered: needs two devices\n",
+        )
+        .unwrap();
+        let cat = load_catalog(&path).unwrap();
+        assert_eq!(cat.len(), 2);
+        assert_eq!(
+            cat[1].uncovered_reason.as_deref(),
+            Some("needs two devices")
+        );
+
+        std::fs::write(
+            &path,
+            "family: core_runtime\nrequirements:\n  - id: CR-CONN-001\n    section: Conn\n    statment: typo\n",
+        )
+        .unwrap();
+        let err = load_catalog(&path).unwrap_err().to_string();
+        assert!(
+            err.contains("core_runtime.yaml:5:5: unknown field `statment`"),
+            "{err}"
+        );
+
+        std::fs::write(
+            &path,
+            "family: core_runtime\nrequirements:\n  - {id: CR-CONN-001, section: a, statement: b}\n  - {id: CR-CONN-001, section: a, statement: b}\n",
+        )
+        .unwrap();
+        let err = load_catalog(&path).unwrap_err().to_string();
+        assert!(
+            err.contains(":4:") && err.contains("defined twice"),
+            "{err}"
+        );
+    }
+}

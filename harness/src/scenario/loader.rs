@@ -1,0 +1,774 @@
+//! Strict YAML loading of scenario files (and of any other harness YAML, such as the
+//! requirement catalogs).
+//!
+//! This module owns reading `scenarios/<family>/<name>.yaml` through serde-saphyr into
+//! private raw serde types (`deny_unknown_fields` everywhere, no `flatten`; duplicate
+//! keys, unknown keys, unknown step keys, wrong types and bad durations are errors
+//! located at `file:line:column` with a source snippet), converting them into the public
+//! [`Scenario`] model and running [`super::validation`]. It never runs a scenario, never
+//! touches sockets and never panics on bad input.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use base64::Engine as _;
+use serde::Deserialize;
+use serde_json::{Map, Value};
+use serde_saphyr::{Location, Spanned};
+
+use super::model::{
+    BootstrapStep, ConnectStep, Party, RawMessage, Scenario, ScenarioConfig, Side, Step,
+};
+use super::validation::{self, Spans, StepSpan};
+
+/// A scenario (or catalog) file that could not be loaded. Displays as
+/// `file:line:column: message`, followed by a source snippet when one is available.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{}", self.render())]
+pub struct LoadError {
+    /// The file.
+    pub path: PathBuf,
+    /// 1-based line, when known.
+    pub line: Option<u64>,
+    /// 1-based column, when known.
+    pub column: Option<u64>,
+    /// What is wrong (without the location).
+    pub message: String,
+    /// A source excerpt pointing at the location, when available.
+    pub snippet: Option<String>,
+}
+
+impl LoadError {
+    /// An error about `path` with no location (I/O, directory-level problems).
+    pub fn new(path: &Path, message: impl Into<String>) -> Self {
+        Self {
+            path: path.to_path_buf(),
+            line: None,
+            column: None,
+            message: message.into(),
+            snippet: None,
+        }
+    }
+
+    /// An error at a known location; a snippet is cut from `source` when given.
+    pub fn at(
+        path: &Path,
+        location: Option<Location>,
+        message: impl Into<String>,
+        source: Option<&str>,
+    ) -> Self {
+        let mut err = Self::new(path, message);
+        if let Some(loc) = location.filter(|l| l.line() > 0) {
+            err.line = Some(loc.line());
+            err.column = Some(loc.column());
+            err.snippet = source.map(|s| snippet(s, loc.line(), loc.column()));
+        }
+        err
+    }
+
+    /// The location prefix, `file:line:column` (or `file` / `file:line` when unknown).
+    pub fn location(&self) -> String {
+        let mut out = self.path.display().to_string();
+        if let Some(line) = self.line {
+            out.push_str(&format!(":{line}"));
+            if let Some(column) = self.column {
+                out.push_str(&format!(":{column}"));
+            }
+        }
+        out
+    }
+
+    /// `file:line:column: message` without the snippet.
+    pub fn headline(&self) -> String {
+        format!("{}: {}", self.location(), self.message)
+    }
+
+    fn render(&self) -> String {
+        match &self.snippet {
+            Some(snippet) => format!("{}\n{snippet}", self.headline()),
+            None => self.headline(),
+        }
+    }
+
+    /// Converts a serde-saphyr error for `path`, keeping its location.
+    pub fn from_yaml(path: &Path, err: &serde_saphyr::Error, source: &str) -> Self {
+        let location = err.location();
+        let mut message = err.without_snippet().to_string();
+        if let Some(loc) = location {
+            let suffix = format!(" at line {}, column {}", loc.line(), loc.column());
+            if let Some(stripped) = message.strip_suffix(&suffix) {
+                message = stripped.to_string();
+            }
+        }
+        if let Some(stripped) =
+            message.strip_suffix(", set DuplicateKeyPolicy in Options if acceptable")
+        {
+            message = stripped.to_string();
+        }
+        Self::at(path, location, message, Some(source))
+    }
+}
+
+/// A small excerpt of `source` (two lines of context) with a caret under `column`.
+fn snippet(source: &str, line: u64, column: u64) -> String {
+    let lines: Vec<&str> = source.lines().collect();
+    let Ok(line_idx) = usize::try_from(line) else {
+        return String::new();
+    };
+    if line_idx == 0 || line_idx > lines.len() {
+        return String::new();
+    }
+    let first = line_idx.saturating_sub(2).max(1);
+    let width = line_idx.to_string().len();
+    let mut out = String::new();
+    for n in first..=line_idx {
+        out.push_str(&format!("{n:>width$} | {}\n", lines[n - 1]));
+    }
+    let pad = usize::try_from(column.saturating_sub(1)).unwrap_or(0);
+    out.push_str(&format!("{:>width$} | {}^", "", " ".repeat(pad)));
+    out
+}
+
+/// The parse options every harness YAML file is read with: YAML 1.2 booleans only (so
+/// `yes` stays a string), numbers with leading zeros stay strings, duplicate keys and
+/// non-finite floats are errors (the library defaults).
+fn yaml_options() -> serde_saphyr::Options {
+    serde_saphyr::options! {
+        strict_booleans: true,
+        leading_zero_numbers_as_strings: true,
+    }
+}
+
+/// Parses YAML text strictly into `T`, locating errors in `path`.
+///
+/// # Errors
+/// A located [`LoadError`] for syntax, duplicate keys, unknown keys and wrong types.
+pub fn parse_yaml<T: for<'de> Deserialize<'de>>(path: &Path, source: &str) -> Result<T, LoadError> {
+    serde_saphyr::from_str_with_options(source, yaml_options())
+        .map_err(|e| LoadError::from_yaml(path, &e, source))
+}
+
+/// Reads and strictly parses a YAML file into `T`.
+///
+/// # Errors
+/// I/O errors (unlocated) and parse errors (located).
+pub fn read_yaml<T: for<'de> Deserialize<'de>>(path: &Path) -> Result<T, LoadError> {
+    let source = std::fs::read_to_string(path)
+        .map_err(|e| LoadError::new(path, format!("cannot read: {e}")))?;
+    parse_yaml(path, &source)
+}
+
+// ---------------------------------------------------------------------------------------
+// Raw serde shapes (private): exactly what the file may contain.
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawScenario {
+    family: Spanned<String>,
+    name: Spanned<String>,
+    summary: Spanned<String>,
+    covers: Spanned<Vec<Spanned<String>>>,
+    #[serde(default)]
+    sides: Option<Spanned<Vec<Side>>>,
+    #[serde(default)]
+    config: Option<Spanned<ScenarioConfig>>,
+    steps: Spanned<Vec<Spanned<RawStep>>>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+enum RawStep {
+    Core(RawFrame),
+    Runtime(RawFrame),
+    Native(Spanned<Map<String, Value>>),
+    Bootstrap(BootstrapStep),
+    Connect(ConnectStep),
+    Handshake(RawHandshake),
+    Reconnect(Empty),
+    Silence(Spanned<DurationText>),
+    AnyOrder(Vec<Spanned<RawStep>>),
+    Disconnect(Empty),
+    HalfClose(RawClose),
+    SendBytes(RawBytes),
+    ExpectClose(RawClose),
+    Api(Value),
+}
+
+/// An Envelope as written in a scenario: `type`, `id`, `payload`, optional `trace`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawFrame {
+    #[serde(rename = "type")]
+    kind: String,
+    id: Value,
+    payload: Value,
+    #[serde(default)]
+    trace: Option<Value>,
+}
+
+impl RawFrame {
+    fn into_value(self) -> Value {
+        let mut map = Map::new();
+        map.insert("type".into(), Value::String(self.kind));
+        map.insert("id".into(), self.id);
+        map.insert("payload".into(), self.payload);
+        if let Some(trace) = self.trace {
+            map.insert("trace".into(), trace);
+        }
+        Value::Object(map)
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Empty {}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawHandshake {
+    #[serde(default)]
+    heartbeat_interval_ms: Option<u64>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawClose {
+    #[serde(default)]
+    code: Option<u16>,
+    #[serde(default)]
+    reason: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+enum RawBytes {
+    Text(String),
+    Base64(String),
+}
+
+/// A duration written as `<n>ms` or `<n>s` (non-negative integer `n`).
+struct DurationText(Duration);
+
+impl<'de> Deserialize<'de> for DurationText {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        parse_duration(&text)
+            .map(DurationText)
+            .map_err(serde::de::Error::custom)
+    }
+}
+
+/// Parses `200ms` / `2s`.
+///
+/// # Errors
+/// A message naming the bad text.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let bad = || format!("invalid duration `{text}` (use e.g. `200ms` or `2s`)");
+    let (digits, unit_ms) = if let Some(d) = text.strip_suffix("ms") {
+        (d, 1u64)
+    } else if let Some(d) = text.strip_suffix('s') {
+        (d, 1000u64)
+    } else {
+        return Err(bad());
+    };
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(bad());
+    }
+    let n: u64 = digits.parse().map_err(|_| bad())?;
+    n.checked_mul(unit_ms)
+        .map(Duration::from_millis)
+        .ok_or_else(bad)
+}
+
+// ---------------------------------------------------------------------------------------
+// Conversion raw → model.
+
+struct Converter<'a> {
+    path: &'a Path,
+    source: &'a str,
+    errors: Vec<LoadError>,
+}
+
+impl Converter<'_> {
+    fn error(&mut self, location: Location, message: impl Into<String>) {
+        self.errors.push(LoadError::at(
+            self.path,
+            Some(location),
+            message,
+            Some(self.source),
+        ));
+    }
+
+    fn step(&mut self, raw: Spanned<RawStep>) -> Option<(Step, StepSpan)> {
+        let location = raw.referenced;
+        let mut span = StepSpan {
+            location,
+            children: Vec::new(),
+        };
+        let step = match raw.value {
+            RawStep::Core(frame) => Step::Frame {
+                party: Party::Core,
+                frame: frame.into_value(),
+            },
+            RawStep::Runtime(frame) => Step::Frame {
+                party: Party::Runtime,
+                frame: frame.into_value(),
+            },
+            RawStep::Native(map) => {
+                let map_location = map.referenced;
+                let mut map = map.value;
+                let expect = map.shift_remove("expect");
+                if map.len() != 1 {
+                    let keys: Vec<&str> = map.keys().map(String::as_str).collect();
+                    self.error(
+                        map_location,
+                        format!(
+                            "`native` needs exactly one op key (plus optional `expect`), found {}",
+                            if keys.is_empty() {
+                                "none".to_string()
+                            } else {
+                                format!("`{}`", keys.join("`, `"))
+                            }
+                        ),
+                    );
+                    return None;
+                }
+                let (op, args) = map.into_iter().next()?;
+                Step::Native { op, args, expect }
+            }
+            RawStep::Bootstrap(b) => Step::Bootstrap(b),
+            RawStep::Connect(c) => Step::Connect(c),
+            RawStep::Handshake(h) => Step::Handshake {
+                heartbeat_interval_ms: h.heartbeat_interval_ms,
+            },
+            RawStep::Reconnect(Empty {}) => Step::Reconnect,
+            RawStep::Silence(d) => Step::Silence(d.value.0),
+            RawStep::AnyOrder(items) => {
+                let mut steps = Vec::new();
+                for item in items {
+                    if let Some((step, child)) = self.step(item) {
+                        steps.push(step);
+                        span.children.push(child.location);
+                    }
+                }
+                Step::AnyOrder(steps)
+            }
+            RawStep::Disconnect(Empty {}) => Step::Disconnect,
+            RawStep::HalfClose(c) => Step::HalfClose {
+                code: c.code,
+                reason: c.reason,
+            },
+            RawStep::SendBytes(RawBytes::Text(text)) => Step::SendBytes(RawMessage::Text(text)),
+            RawStep::SendBytes(RawBytes::Base64(text)) => {
+                match base64::engine::general_purpose::STANDARD.decode(text.trim()) {
+                    Ok(bytes) => Step::SendBytes(RawMessage::Binary(bytes)),
+                    Err(e) => {
+                        self.error(
+                            location,
+                            format!("`send_bytes.base64` is not valid base64: {e}"),
+                        );
+                        return None;
+                    }
+                }
+            }
+            RawStep::ExpectClose(c) => Step::ExpectClose {
+                code: c.code,
+                reason: c.reason,
+            },
+            RawStep::Api(v) => Step::Api(v),
+        };
+        Some((step, span))
+    }
+}
+
+/// Parses scenario text as if read from `path` (the path determines the expected family
+/// and name), then validates it.
+///
+/// # Errors
+/// Every problem found, each located where possible (parse errors stop at the first).
+pub fn parse_scenario(path: &Path, source: &str) -> Result<Scenario, Vec<LoadError>> {
+    let raw: RawScenario = parse_yaml(path, source).map_err(|e| vec![e])?;
+    let mut conv = Converter {
+        path,
+        source,
+        errors: Vec::new(),
+    };
+    let mut steps = Vec::new();
+    let mut step_spans = Vec::new();
+    for raw_step in raw.steps.value {
+        if let Some((step, span)) = conv.step(raw_step) {
+            steps.push(step);
+            step_spans.push(span);
+        }
+    }
+    let spans = Spans {
+        family: raw.family.referenced,
+        name: raw.name.referenced,
+        summary: raw.summary.referenced,
+        covers: raw.covers.referenced,
+        cover_items: raw.covers.value.iter().map(|c| c.referenced).collect(),
+        sides: raw.sides.as_ref().map(|s| s.referenced),
+        config: raw.config.as_ref().map(|c| c.referenced),
+        steps: raw.steps.referenced,
+        step_items: step_spans,
+    };
+    let scenario = Scenario {
+        family: raw.family.value,
+        name: raw.name.value,
+        summary: raw.summary.value,
+        covers: raw.covers.value.into_iter().map(|c| c.value).collect(),
+        sides: raw.sides.map(|s| s.value),
+        config: raw.config.map(|c| c.value).unwrap_or_default(),
+        steps,
+        path: path.to_path_buf(),
+    };
+    let mut errors = conv.errors;
+    for issue in validation::validate(&scenario, &spans) {
+        errors.push(LoadError::at(
+            path,
+            issue.location,
+            issue.message,
+            Some(source),
+        ));
+    }
+    if errors.is_empty() {
+        Ok(scenario)
+    } else {
+        Err(errors)
+    }
+}
+
+/// Loads one scenario file strictly and validates it (family = directory name, name =
+/// file stem, …). Only the first problem is returned; see [`load_scenario_all_errors`].
+///
+/// # Errors
+/// A located [`LoadError`].
+pub fn load_scenario(path: &Path) -> Result<Scenario, LoadError> {
+    load_scenario_all_errors(path).map_err(|mut errors| errors.swap_remove(0))
+}
+
+/// As [`load_scenario`], returning every problem found (never an empty list on error).
+///
+/// # Errors
+/// Every located [`LoadError`].
+pub fn load_scenario_all_errors(path: &Path) -> Result<Scenario, Vec<LoadError>> {
+    let source = std::fs::read_to_string(path)
+        .map_err(|e| vec![LoadError::new(path, format!("cannot read: {e}"))])?;
+    parse_scenario(path, &source)
+}
+
+/// Loads every `*.yaml` scenario under `dir/<family>/`, sorted by name.
+///
+/// # Errors
+/// Every problem of every file (the directory missing is one error).
+pub fn load_family(dir: &Path, family: &str) -> Result<Vec<Scenario>, Vec<LoadError>> {
+    let family_dir = dir.join(family);
+    let entries = std::fs::read_dir(&family_dir).map_err(|e| {
+        vec![LoadError::new(
+            &family_dir,
+            format!("cannot read directory: {e}"),
+        )]
+    })?;
+    let mut paths: Vec<PathBuf> = entries
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.is_file() && p.extension().is_some_and(|e| e == "yaml" || e == "yml"))
+        .collect();
+    paths.sort();
+    let mut scenarios = Vec::new();
+    let mut errors = Vec::new();
+    for path in paths {
+        match load_scenario_all_errors(&path) {
+            Ok(s) => scenarios.push(s),
+            Err(mut e) => errors.append(&mut e),
+        }
+    }
+    if errors.is_empty() {
+        scenarios.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(scenarios)
+    } else {
+        Err(errors)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    const VALID: &str = r#"family: core_runtime
+name: sample
+summary: One Turn from preparation to done.
+covers: [CR-ADM-001, CR-RUN-003]
+sides: [runtime, core]
+config:
+  runtime:
+    timers: { admission_expiry_ms: 200 }
+  workspace:
+    files: { "src/main.py": "print('hi')\n" }
+    dirs: ["empty"]
+steps:
+  - handshake: {}
+  - core: { type: execution_prepare, id: prep-1, payload: { session_id: s1 } }
+  - runtime:
+      type: preparation_status
+      id: prep-1
+      payload: { status: preparing, admission_handle: $h1, revision: 1, note: "$$lit", flag: yes }
+  - native: { emit: { run_id: $run, type: delta, payload: { text: hi } } }
+  - native: { await: { call: start }, expect: { run_id: $run } }
+  - any_order:
+      - runtime: { type: delta, id: $run, payload: { text: hi } }
+      - runtime: { type: usage, id: $run, payload: $_ }
+  - silence: 200ms
+  - silence: 2s
+  - bootstrap: { request: { device_id: dev-1 }, response: { status: 200, body: { heartbeat_interval_ms: 10 } } }
+  - connect: { query: { device_id: dev-1, version: "1" }, response: { status: 426 } }
+  - reconnect: {}
+  - half_close: { code: 1000, reason: bye }
+  - send_bytes: { text: "{not json" }
+  - send_bytes: { base64: "AAE=" }
+  - expect_close: { code: 1008 }
+  - disconnect: {}
+  - api: { submit_turn: { session_id: s1 } }
+"#;
+
+    /// Writes `text` as `<tmp>/core_runtime/<name>.yaml` and loads it.
+    fn load(name: &str, text: &str) -> (tempfile::TempDir, Result<Scenario, LoadError>) {
+        let dir = tempfile::tempdir().unwrap();
+        let fam = dir.path().join("core_runtime");
+        std::fs::create_dir_all(&fam).unwrap();
+        let path = fam.join(format!("{name}.yaml"));
+        std::fs::write(&path, text).unwrap();
+        let result = load_scenario(&path);
+        (dir, result)
+    }
+
+    fn load_err(name: &str, text: &str) -> String {
+        let (_dir, result) = load(name, text);
+        match result {
+            Ok(_) => panic!("expected an error for:\n{text}"),
+            Err(e) => e.to_string(),
+        }
+    }
+
+    #[test]
+    fn valid_scenario_loads() {
+        let (_dir, result) = load("sample", VALID);
+        let s = result.unwrap();
+        assert_eq!(s.id(), "core_runtime/sample");
+        assert_eq!(s.covers, vec!["CR-ADM-001", "CR-RUN-003"]);
+        assert!(s.runs_on(Side::Core) && s.runs_on(Side::Runtime));
+        assert_eq!(
+            s.config.runtime,
+            Some(json!({"timers": {"admission_expiry_ms": 200}}))
+        );
+        let ws = s.config.workspace.as_ref().unwrap();
+        assert_eq!(ws.files["src/main.py"], "print('hi')\n");
+        assert_eq!(s.steps.len(), 17);
+        assert_eq!(
+            s.steps[0],
+            Step::Handshake {
+                heartbeat_interval_ms: None
+            }
+        );
+        match &s.steps[2] {
+            Step::Frame { party, frame } => {
+                assert_eq!(*party, Party::Runtime);
+                assert_eq!(frame["payload"]["admission_handle"], json!("$h1"));
+                assert_eq!(frame["payload"]["revision"], json!(1));
+                // YAML 1.2 booleans only: `yes` stays a string.
+                assert_eq!(frame["payload"]["flag"], json!("yes"));
+                let keys: Vec<&String> = frame.as_object().unwrap().keys().collect();
+                assert_eq!(keys, ["type", "id", "payload"]);
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(
+            s.steps[4],
+            Step::Native {
+                op: "await".into(),
+                args: json!({"call": "start"}),
+                expect: Some(json!({"run_id": "$run"})),
+            }
+        );
+        assert!(matches!(&s.steps[5], Step::AnyOrder(v) if v.len() == 2));
+        assert_eq!(s.steps[6], Step::Silence(Duration::from_millis(200)));
+        assert_eq!(s.steps[7], Step::Silence(Duration::from_secs(2)));
+        assert_eq!(s.steps[13], Step::SendBytes(RawMessage::Binary(vec![0, 1])));
+        assert_eq!(
+            s.steps[14],
+            Step::ExpectClose {
+                code: Some(1008),
+                reason: None
+            }
+        );
+    }
+
+    #[test]
+    fn misspelled_frame_key_is_located() {
+        let text = "family: core_runtime\nname: x\nsummary: s\ncovers: [CR-A-001]\nsteps:\n  - core:\n      type: execution_prepare\n      id: p\n      paylod: {}\n";
+        let err = load_err("x", text);
+        assert!(
+            err.contains("core_runtime/x.yaml:9:7: unknown field `paylod`, expected one of type, id, payload, trace"),
+            "{err}"
+        );
+        assert!(err.contains("9 |       paylod: {}\n  |       ^"), "{err}");
+    }
+
+    #[test]
+    fn misspelled_top_level_and_step_field() {
+        let err = load_err("x", "family: core_runtime\nname: x\nsumary: s\n");
+        assert!(err.contains("x.yaml:3:1: unknown field `sumary`"), "{err}");
+        let err = load_err(
+            "x",
+            "family: core_runtime\nname: x\nsummary: s\ncovers: [CR-A-001]\nsteps:\n  - half_close: { code: 1000, reasn: x }\n",
+        );
+        assert!(err.contains("x.yaml:6:31: unknown field `reasn`"), "{err}");
+    }
+
+    #[test]
+    fn duplicate_key_is_an_error() {
+        let err = load_err(
+            "x",
+            "family: core_runtime\nname: x\nsummary: s\ncovers: [CR-A-001]\nsteps:\n  - core: { type: device_shutdown, id: a, id: b, payload: {} }\n",
+        );
+        assert!(
+            err.contains("x.yaml:6:43: duplicate mapping key: id"),
+            "{err}"
+        );
+        assert!(!err.contains("DuplicateKeyPolicy"), "{err}");
+    }
+
+    #[test]
+    fn unknown_step_is_located() {
+        let err = load_err(
+            "x",
+            "family: core_runtime\nname: x\nsummary: s\ncovers: [CR-A-001]\nsteps:\n  - handshake: {}\n  - silense: 2s\n",
+        );
+        assert!(
+            err.contains("x.yaml:7:5: unknown variant `silense`"),
+            "{err}"
+        );
+        // A step map with two keys.
+        let err = load_err(
+            "x",
+            "family: core_runtime\nname: x\nsummary: s\ncovers: [CR-A-001]\nsteps:\n  - handshake: {}\n    silence: 2s\n",
+        );
+        assert!(err.contains("x.yaml:7:5:"), "{err}");
+    }
+
+    #[test]
+    fn bad_duration_is_located() {
+        let err = load_err(
+            "x",
+            "family: core_runtime\nname: x\nsummary: s\ncovers: [CR-A-001]\nsteps:\n  - silence: 2 minutes\n",
+        );
+        assert!(
+            err.contains("x.yaml:6:14: invalid duration `2 minutes`"),
+            "{err}"
+        );
+        assert_eq!(parse_duration("15ms"), Ok(Duration::from_millis(15)));
+        assert!(parse_duration("ms").is_err());
+        assert!(parse_duration("-1s").is_err());
+        assert!(parse_duration("1.5s").is_err());
+    }
+
+    #[test]
+    fn validation_errors_are_located() {
+        let base = "family: core_runtime\nname: x\nsummary: s\ncovers: [CR-A-001]\nsteps:\n";
+        let err = load_err("y", &format!("{base}  - disconnect: {{}}\n"));
+        assert!(
+            err.contains("y.yaml:2:7: name `x` does not match the file name `y`"),
+            "{err}"
+        );
+        let err = load_err(
+            "x",
+            "family: engine\nname: x\nsummary: s\ncovers: [CR-A-001]\nsteps:\n  - disconnect: {}\n",
+        );
+        assert!(
+            err.contains("x.yaml:1:9: family `engine` does not match the directory `core_runtime`"),
+            "{err}"
+        );
+        let err = load_err(
+            "x",
+            "family: core_runtime\nname: x\nsummary: s\ncovers: [cr-1]\nsteps:\n  - disconnect: {}\n",
+        );
+        assert!(
+            err.contains("x.yaml:4:10: malformed requirement ID `cr-1`"),
+            "{err}"
+        );
+        let err = load_err(
+            "x",
+            &format!("{base}  - core: {{ type: device_shutdown, id: $bad-name, payload: {{}} }}\n"),
+        );
+        assert!(
+            err.contains("x.yaml:6:5:")
+                && err.contains("malformed placeholder `$bad-name` at $.id"),
+            "{err}"
+        );
+        let err = load_err(
+            "x",
+            &format!(
+                "{base}  - any_order:\n      - runtime: {{ type: delta, id: r, payload: {{}} }}\n      - silence: 1s\n"
+            ),
+        );
+        assert!(
+            err.contains("x.yaml:8:9: any_order may contain only"),
+            "{err}"
+        );
+        let err = load_err(
+            "x",
+            &format!("{base}  - core: {{ type: heartbeat, id: a, payload: {{}} }}\n"),
+        );
+        assert!(err.contains("`heartbeat` is not sent by core"), "{err}");
+        let err = load_err("x", &format!("{base}  - native: {{ emitt: {{}} }}\n"));
+        assert!(err.contains("unknown native op `emitt`"), "{err}");
+        let err = load_err(
+            "x",
+            &format!("{base}  - native: {{ emit: {{}}, settle: {{}} }}\n"),
+        );
+        assert!(err.contains("exactly one op key"), "{err}");
+        let err = load_err(
+            "x",
+            "family: core_runtime\nname: x\nsummary: s\ncovers: [CR-A-001]\nsides: [runtime, daemon]\nsteps: []\n",
+        );
+        assert!(
+            err.contains("x.yaml:5:18: unknown variant `daemon`"),
+            "{err}"
+        );
+        let err = load_err(
+            "x",
+            &format!("{base}  - send_bytes: {{ base64: \"!!\" }}\n"),
+        );
+        assert!(err.contains("not valid base64"), "{err}");
+        let err = load_err(
+            "x",
+            &format!("{base}  - core: {{ type: device_shutdown, id: a, payload: {{ x: ~ }} }}\n"),
+        );
+        assert!(err.contains("null at $.payload.x"), "{err}");
+    }
+
+    #[test]
+    fn family_loads_sorted_and_collects_errors() {
+        let dir = tempfile::tempdir().unwrap();
+        let fam = dir.path().join("core_runtime");
+        std::fs::create_dir_all(&fam).unwrap();
+        for name in ["b", "a"] {
+            std::fs::write(
+                fam.join(format!("{name}.yaml")),
+                format!("family: core_runtime\nname: {name}\nsummary: s\ncovers: [CR-A-001]\nsteps:\n  - disconnect: {{}}\n"),
+            )
+            .unwrap();
+        }
+        let all = load_family(dir.path(), "core_runtime").unwrap();
+        assert_eq!(
+            all.iter().map(|s| s.name.as_str()).collect::<Vec<_>>(),
+            ["a", "b"]
+        );
+        std::fs::write(fam.join("c.yaml"), "family: core_runtime\n").unwrap();
+        std::fs::write(fam.join("d.yaml"), "nope: 1\n").unwrap();
+        let errors = load_family(dir.path(), "core_runtime").unwrap_err();
+        assert_eq!(errors.len(), 2);
+        assert!(load_family(dir.path(), "engine").is_err());
+    }
+}

@@ -1,0 +1,409 @@
+//! Semantic checks of a parsed scenario, run by the loader after the strict YAML parse.
+//!
+//! This module owns the rules the serde types cannot express: family matches the
+//! directory and name the file stem; `covers` is non-empty with well-formed, distinct
+//! requirement IDs; `sides` is non-empty and distinct; placeholders are well-formed;
+//! frames are Envelopes of a known type sent in the right direction by the party that
+//! writes them; `native` ops are control-channel ops; `any_order` holds only frame steps
+//! of one party; durations, close codes and HTTP statuses are in range. It never reads
+//! files (the loader passes the parsed scenario and its locations) and never touches
+//! sockets.
+
+use std::collections::BTreeSet;
+
+use contract_impl::core_runtime::wire::{Direction, MessageType};
+use serde_json::Value;
+use serde_saphyr::Location;
+
+use super::model::{Party, Scenario, Step};
+use crate::bind::malformed_placeholders;
+
+/// Control-channel operations a `native:` step may name (`docs/control-channel.md`).
+pub const NATIVE_OPS: &[&str] = &[
+    "emit",
+    "settle",
+    "accept_input",
+    "settle_cancel",
+    "fail",
+    "hold",
+    "release",
+    "await",
+    "report",
+];
+
+/// Families whose frames are checked against the core-runtime message table.
+const CORE_RUNTIME: &str = "core_runtime";
+
+/// Source locations of a parsed scenario's parts (from the loader).
+#[derive(Debug, Clone)]
+pub struct Spans {
+    /// `family` value.
+    pub family: Location,
+    /// `name` value.
+    pub name: Location,
+    /// `summary` value.
+    pub summary: Location,
+    /// `covers` list.
+    pub covers: Location,
+    /// Each `covers` item.
+    pub cover_items: Vec<Location>,
+    /// `sides` list, when present.
+    pub sides: Option<Location>,
+    /// `config`, when present.
+    pub config: Option<Location>,
+    /// `steps` list.
+    pub steps: Location,
+    /// Each top-level step (parallel to `Scenario::steps`).
+    pub step_items: Vec<StepSpan>,
+}
+
+/// Location of one step and of its nested steps (`any_order`).
+#[derive(Debug, Clone)]
+pub struct StepSpan {
+    /// Where the step's map starts.
+    pub location: Location,
+    /// Locations of nested steps, in order.
+    pub children: Vec<Location>,
+}
+
+/// One validation problem.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Issue {
+    /// Where it is, when known.
+    pub location: Option<Location>,
+    /// What is wrong.
+    pub message: String,
+}
+
+/// Whether `id` is a well-formed requirement ID: upper-case segments of letters and
+/// digits joined by `-`, at least two segments, the last made of digits
+/// (`CR-CONN-001`).
+pub fn is_requirement_id(id: &str) -> bool {
+    let segments: Vec<&str> = id.split('-').collect();
+    segments.len() >= 2
+        && segments.iter().all(|s| {
+            !s.is_empty()
+                && s.bytes()
+                    .all(|b| b.is_ascii_uppercase() || b.is_ascii_digit())
+        })
+        && segments[0]
+            .bytes()
+            .next()
+            .is_some_and(|b| b.is_ascii_uppercase())
+        && segments
+            .last()
+            .is_some_and(|s| s.bytes().all(|b| b.is_ascii_digit()))
+}
+
+struct Checker<'a> {
+    scenario: &'a Scenario,
+    issues: Vec<Issue>,
+}
+
+impl Checker<'_> {
+    fn issue(&mut self, location: Option<Location>, message: impl Into<String>) {
+        self.issues.push(Issue {
+            location,
+            message: message.into(),
+        });
+    }
+
+    fn placeholders(&mut self, location: Location, what: &str, value: &Value) {
+        for (path, text) in malformed_placeholders(value) {
+            self.issue(
+                Some(location),
+                format!(
+                    "{what}: malformed placeholder `{text}` at {path} (use `$name` with letters, digits, `_`; `$$` for a literal `$`)"
+                ),
+            );
+        }
+    }
+
+    fn no_nulls(&mut self, location: Location, what: &str, value: &Value, path: &str) {
+        match value {
+            Value::Null => self.issue(
+                Some(location),
+                format!("{what}: null at {path} (the wire forbids null; leave the field out)"),
+            ),
+            Value::Array(items) => {
+                for (i, item) in items.iter().enumerate() {
+                    self.no_nulls(location, what, item, &format!("{path}[{i}]"));
+                }
+            }
+            Value::Object(map) => {
+                for (k, v) in map {
+                    self.no_nulls(location, what, v, &crate::matcher::child_path(path, k));
+                }
+            }
+            _ => {}
+        }
+    }
+
+    fn frame(&mut self, location: Location, party: Party, frame: &Value) {
+        let what = format!("`{}` frame", party.as_str());
+        self.placeholders(location, &what, frame);
+        self.no_nulls(location, &what, frame, "$");
+        let kind = frame
+            .get("type")
+            .and_then(Value::as_str)
+            .unwrap_or_default();
+        match frame.get("payload") {
+            Some(Value::Object(_)) => {}
+            Some(Value::String(s)) if crate::bind::placeholder(s).is_some() => {}
+            _ => self.issue(
+                Some(location),
+                format!("{what} `{kind}`: `payload` must be a mapping"),
+            ),
+        }
+        match frame.get("id") {
+            Some(Value::String(_)) => {}
+            _ => self.issue(
+                Some(location),
+                format!("{what} `{kind}`: `id` must be a string"),
+            ),
+        }
+        if self.scenario.family == CORE_RUNTIME {
+            match MessageType::parse(kind) {
+                None => self.issue(
+                    Some(location),
+                    format!("{what}: unknown message type `{kind}`"),
+                ),
+                Some(t) => {
+                    let expected = match party {
+                        Party::Core => Direction::CoreToRuntime,
+                        _ => Direction::RuntimeToCore,
+                    };
+                    if t.direction() != expected {
+                        self.issue(
+                            Some(location),
+                            format!(
+                                "{what}: `{kind}` is not sent by {} (it travels {:?})",
+                                party.as_str(),
+                                t.direction()
+                            ),
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    fn step(&mut self, location: Location, children: &[Location], step: &Step) {
+        match step {
+            Step::Frame { party, frame } => self.frame(location, *party, frame),
+            Step::Native { op, args, expect } => {
+                if !NATIVE_OPS.contains(&op.as_str()) {
+                    self.issue(
+                        Some(location),
+                        format!(
+                            "unknown native op `{op}`, expected one of {}",
+                            NATIVE_OPS.join(", ")
+                        ),
+                    );
+                }
+                if !args.is_object() {
+                    self.issue(
+                        Some(location),
+                        format!("native `{op}`: arguments must be a mapping (use `{{}}` for none)"),
+                    );
+                }
+                self.placeholders(location, &format!("native `{op}`"), args);
+                if let Some(expect) = expect {
+                    self.placeholders(location, &format!("native `{op}` expect"), expect);
+                }
+            }
+            Step::Bootstrap(b) => {
+                if let Some(request) = &b.request {
+                    self.placeholders(location, "bootstrap request", request);
+                }
+                if let Some(response) = &b.response {
+                    self.status(location, "bootstrap", response.status);
+                    if let Some(body) = &response.body {
+                        self.placeholders(location, "bootstrap response body", body);
+                    }
+                }
+            }
+            Step::Connect(c) => {
+                if let Some(query) = &c.query {
+                    self.placeholders(location, "connect query", query);
+                }
+                if let Some(response) = &c.response {
+                    self.status(location, "connect", response.status);
+                    if let Some(body) = &response.body {
+                        self.placeholders(location, "connect response body", body);
+                    }
+                }
+            }
+            Step::Handshake {
+                heartbeat_interval_ms: Some(0),
+            } => self.issue(
+                Some(location),
+                "handshake: `heartbeat_interval_ms` must be positive",
+            ),
+            Step::Silence(d) if d.is_zero() => {
+                self.issue(Some(location), "silence: the duration must be positive")
+            }
+            Step::AnyOrder(steps) => {
+                if steps.len() < 2 {
+                    self.issue(Some(location), "any_order needs at least two frame steps");
+                }
+                let mut parties = BTreeSet::new();
+                for (i, inner) in steps.iter().enumerate() {
+                    let loc = children.get(i).copied().unwrap_or(location);
+                    match inner {
+                        Step::Frame { party, .. } => {
+                            parties.insert(party.as_str());
+                            self.step(loc, &[], inner);
+                        }
+                        other => self.issue(
+                            Some(loc),
+                            format!(
+                                "any_order may contain only `core`/`runtime` frame steps, found `{}`",
+                                other.keyword()
+                            ),
+                        ),
+                    }
+                }
+                if parties.len() > 1 {
+                    self.issue(
+                        Some(location),
+                        "any_order frames must all be sent by the same party",
+                    );
+                }
+            }
+            Step::HalfClose {
+                code: Some(code), ..
+            } if !(1000..=4999).contains(code) => self.issue(
+                Some(location),
+                format!("half_close: close code {code} is outside 1000..=4999"),
+            ),
+            Step::HalfClose {
+                reason: Some(r), ..
+            }
+            | Step::ExpectClose {
+                reason: Some(r), ..
+            } if r.len() > 123 => self.issue(Some(location), "close reason longer than 123 bytes"),
+            Step::Api(v) => {
+                if !v.is_object() {
+                    self.issue(Some(location), "api: the call must be a mapping");
+                }
+                self.placeholders(location, "api", v);
+            }
+            _ => {}
+        }
+    }
+
+    fn status(&mut self, location: Location, what: &str, status: u16) {
+        if !(100..=599).contains(&status) {
+            self.issue(
+                Some(location),
+                format!("{what}: HTTP status {status} out of range"),
+            );
+        }
+    }
+}
+
+/// Checks `scenario` (loaded from `scenario.path`) and returns every problem found.
+pub fn validate(scenario: &Scenario, spans: &Spans) -> Vec<Issue> {
+    let mut c = Checker {
+        scenario,
+        issues: Vec::new(),
+    };
+    let dir_family = scenario
+        .path
+        .parent()
+        .and_then(|p| p.file_name())
+        .and_then(|n| n.to_str());
+    if dir_family != Some(scenario.family.as_str()) {
+        c.issue(
+            Some(spans.family),
+            format!(
+                "family `{}` does not match the directory `{}`",
+                scenario.family,
+                dir_family.unwrap_or("")
+            ),
+        );
+    }
+    let stem = scenario.path.file_stem().and_then(|n| n.to_str());
+    if stem != Some(scenario.name.as_str()) {
+        c.issue(
+            Some(spans.name),
+            format!(
+                "name `{}` does not match the file name `{}`",
+                scenario.name,
+                stem.unwrap_or("")
+            ),
+        );
+    }
+    if scenario.summary.trim().is_empty() {
+        c.issue(Some(spans.summary), "summary must not be empty");
+    }
+    if scenario.covers.is_empty() {
+        c.issue(
+            Some(spans.covers),
+            "covers must name at least one requirement ID",
+        );
+    }
+    let mut seen = BTreeSet::new();
+    for (i, id) in scenario.covers.iter().enumerate() {
+        let loc = spans.cover_items.get(i).copied().unwrap_or(spans.covers);
+        if !is_requirement_id(id) {
+            c.issue(
+                Some(loc),
+                format!("malformed requirement ID `{id}` (expected e.g. `CR-CONN-001`)"),
+            );
+        }
+        if !seen.insert(id.as_str()) {
+            c.issue(Some(loc), format!("requirement ID `{id}` listed twice"));
+        }
+    }
+    if let Some(sides) = &scenario.sides {
+        let loc = spans.sides;
+        if sides.is_empty() {
+            c.issue(
+                loc,
+                "sides must not be empty (leave it out to run on every side)",
+            );
+        }
+        let distinct: BTreeSet<_> = sides.iter().collect();
+        if distinct.len() != sides.len() {
+            c.issue(loc, "sides lists a side twice");
+        }
+    }
+    for (what, value) in [
+        ("config.runtime", &scenario.config.runtime),
+        ("config.core", &scenario.config.core),
+    ] {
+        if let Some(v) = value
+            && !v.is_object()
+        {
+            c.issue(spans.config, format!("{what} must be a mapping"));
+        }
+    }
+    if let Some(ws) = &scenario.config.workspace {
+        for p in ws.files.keys().chain(ws.dirs.iter()) {
+            let path = std::path::Path::new(p);
+            let escapes = path.is_absolute()
+                || path
+                    .components()
+                    .any(|c| !matches!(c, std::path::Component::Normal(_)));
+            if p.is_empty() || escapes {
+                c.issue(
+                    spans.config,
+                    format!("config.workspace: `{p}` must be a relative path inside the workspace"),
+                );
+            }
+        }
+    }
+    if scenario.steps.is_empty() {
+        c.issue(Some(spans.steps), "steps must not be empty");
+    }
+    for (i, step) in scenario.steps.iter().enumerate() {
+        let (loc, children) = spans
+            .step_items
+            .get(i)
+            .map_or((spans.steps, &[][..]), |s| (s.location, &s.children[..]));
+        c.step(loc, children, step);
+    }
+    c.issues
+}
