@@ -26,6 +26,8 @@ pub enum Placeholder {
     Named(String),
     /// `$_`: matches any value, never binds.
     Any,
+    /// `$absent`: the key it is written under must not be present in the emitted frame.
+    Absent,
 }
 
 /// How one scenario string is read.
@@ -61,7 +63,13 @@ pub enum BindError {
     /// `$_` appeared in a frame the harness must send.
     #[error("`$_` cannot be sent; it only matches emitted values")]
     AnyInSent,
+    /// `$absent` appeared in a frame the harness must send.
+    #[error("`$absent` cannot be sent; leave the key out instead")]
+    AbsentInSent,
 }
+
+/// The reserved placeholder name of [`Placeholder::Absent`] (`$absent`).
+pub const ABSENT: &str = "absent";
 
 /// Whether `name` is a valid placeholder name (non-empty ASCII letters, digits, `_`).
 pub fn is_valid_name(name: &str) -> bool {
@@ -79,6 +87,7 @@ pub fn parse_token(s: &str) -> Result<Token<'_>, BindError> {
     match s.strip_prefix('$') {
         None => Ok(Token::Literal(Cow::Borrowed(s))),
         Some("_") => Ok(Token::Placeholder(Placeholder::Any)),
+        Some(ABSENT) => Ok(Token::Placeholder(Placeholder::Absent)),
         Some(name) if is_valid_name(name) => {
             Ok(Token::Placeholder(Placeholder::Named(name.to_string())))
         }
@@ -204,6 +213,7 @@ impl Bindings {
             Value::String(s) => match parse_token(s)? {
                 Token::Literal(text) => Value::String(text.into_owned()),
                 Token::Placeholder(Placeholder::Any) => return Err(BindError::AnyInSent),
+                Token::Placeholder(Placeholder::Absent) => return Err(BindError::AbsentInSent),
                 Token::Placeholder(Placeholder::Named(name)) => match self.values.get(&name) {
                     Some(v) => v.clone(),
                     None if mint => self.mint(&name),

@@ -1,1 +1,334 @@
-fn main() {}
+//! `contract-harness`: the command-line front of the conformance harness.
+//!
+//! ```text
+//! contract-harness run --family core_runtime --side runtime --target-cmd '…'
+//!     [--scenarios DIR] [--golden-dir DIR] [--filter SUBSTR] [--accept | --pending]
+//!     [--step-timeout 5s] [--startup-timeout 10s] [--jobs N]
+//!     [--junit FILE] [--json FILE] [--markdown FILE]
+//! contract-harness coverage --family core_runtime [--scenarios DIR] [--markdown FILE]
+//! contract-harness list --family core_runtime [--scenarios DIR]
+//! contract-harness golden review [--golden-dir DIR]
+//! contract-harness golden accept [--golden-dir DIR]
+//! ```
+//!
+//! Exit status: 0 success; 1 a scenario failed (or coverage has errors); 2 usage errors
+//! and scenario files that do not load (printed as `file:line:column: message`).
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+
+use contract_harness::golden::{self, GoldenMode};
+use contract_harness::report::{self, ScenarioResult};
+use contract_harness::requirements;
+use contract_harness::runner::{self, RunOptions};
+use contract_harness::scenario::loader::parse_duration;
+use contract_harness::scenario::{LoadError, Scenario, Side, load_family};
+
+/// Scripted-peer conformance harness for the runtime-contract protocols.
+#[derive(Debug, Parser)]
+#[command(name = "contract-harness", version)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run scenarios against a target (one line per scenario, then `N passed, M failed`).
+    Run(RunArgs),
+    /// Print requirement coverage of a family's scenarios.
+    Coverage(CoverageArgs),
+    /// List a family's scenarios and the sides they run on.
+    List(FamilyArgs),
+    /// Review or accept pending golden files.
+    Golden {
+        #[command(subcommand)]
+        action: GoldenAction,
+    },
+}
+
+#[derive(Debug, Args)]
+struct FamilyArgs {
+    /// Protocol family (scenario subdirectory), e.g. `core_runtime`.
+    #[arg(long)]
+    family: String,
+    /// Scenario root directory.
+    #[arg(long, default_value = "scenarios")]
+    scenarios: PathBuf,
+}
+
+#[derive(Debug, Args)]
+struct RunArgs {
+    #[command(flatten)]
+    family: FamilyArgs,
+    /// The side under test (`runtime` or `core`).
+    #[arg(long, value_parser = parse_side)]
+    side: Side,
+    /// Command that starts the target (split like a POSIX shell, no shell involved).
+    #[arg(long)]
+    target_cmd: String,
+    /// Golden root directory.
+    #[arg(long, default_value = "golden")]
+    golden_dir: PathBuf,
+    /// Only scenarios whose ID (`family/name`) contains this text.
+    #[arg(long)]
+    filter: Option<String>,
+    /// Write the emitted goldens in place (missing and different ones).
+    #[arg(long, conflicts_with = "pending")]
+    accept: bool,
+    /// On a golden difference, write `<golden>.pending` for review (the run still fails).
+    #[arg(long)]
+    pending: bool,
+    /// Deadline of every step (`200ms`, `5s`).
+    #[arg(long, default_value = "5s", value_parser = parse_cli_duration)]
+    step_timeout: Duration,
+    /// Deadline for the target to become ready.
+    #[arg(long, default_value = "10s", value_parser = parse_cli_duration)]
+    startup_timeout: Duration,
+    /// Runs at once (default: available parallelism).
+    #[arg(long)]
+    jobs: Option<usize>,
+    /// Write a JUnit XML report here.
+    #[arg(long)]
+    junit: Option<PathBuf>,
+    /// Write a JSON report here.
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// Write a Markdown report here.
+    #[arg(long)]
+    markdown: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+struct CoverageArgs {
+    #[command(flatten)]
+    family: FamilyArgs,
+    /// Also write the coverage as Markdown here.
+    #[arg(long)]
+    markdown: Option<PathBuf>,
+}
+
+#[derive(Debug, Subcommand)]
+enum GoldenAction {
+    /// List pending goldens with their diff against the current golden.
+    Review {
+        /// Golden root directory.
+        #[arg(long, default_value = "golden")]
+        golden_dir: PathBuf,
+    },
+    /// Move every pending golden into place.
+    Accept {
+        /// Golden root directory.
+        #[arg(long, default_value = "golden")]
+        golden_dir: PathBuf,
+    },
+}
+
+fn parse_side(text: &str) -> Result<Side, String> {
+    Side::parse(text).ok_or_else(|| format!("unknown side `{text}` (use `runtime` or `core`)"))
+}
+
+fn parse_cli_duration(text: &str) -> Result<Duration, String> {
+    let d = parse_duration(text)?;
+    if d.is_zero() {
+        return Err("a timeout must be positive".into());
+    }
+    Ok(d)
+}
+
+/// Exit status for usage and load errors.
+const EXIT_USAGE: u8 = 2;
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Run(args) => run(args),
+        Command::Coverage(args) => coverage(args),
+        Command::List(args) => list(&args),
+        Command::Golden { action } => golden_action(action),
+    }
+}
+
+fn load(args: &FamilyArgs) -> Result<Vec<Scenario>, ExitCode> {
+    load_family(&args.scenarios, &args.family).map_err(|errors| {
+        print_load_errors(&errors);
+        ExitCode::from(EXIT_USAGE)
+    })
+}
+
+fn print_load_errors(errors: &[LoadError]) {
+    for e in errors {
+        eprintln!("{e}");
+    }
+    eprintln!("{} scenario file error(s)", errors.len());
+}
+
+fn run(args: RunArgs) -> ExitCode {
+    let scenarios = match load(&args.family) {
+        Ok(s) => s,
+        Err(code) => return code,
+    };
+    let runs: Vec<(Scenario, Side)> = scenarios
+        .into_iter()
+        .filter(|s| s.runs_on(args.side))
+        .filter(|s| args.filter.as_deref().is_none_or(|f| s.id().contains(f)))
+        .map(|s| (s, args.side))
+        .collect();
+    if runs.is_empty()
+        && let Some(filter) = &args.filter
+    {
+        eprintln!(
+            "no {} scenario for side {} matches `{filter}`",
+            args.family.family, args.side
+        );
+        return ExitCode::from(EXIT_USAGE);
+    }
+    let golden_mode = if args.accept {
+        GoldenMode::Accept
+    } else if args.pending {
+        GoldenMode::Pending
+    } else {
+        GoldenMode::Check
+    };
+    let opts = RunOptions {
+        target_cmd: args.target_cmd.clone(),
+        golden_dir: args.golden_dir.clone(),
+        golden_mode,
+        step_timeout: args.step_timeout,
+        startup_timeout: args.startup_timeout,
+    };
+    let jobs = args.jobs.unwrap_or_else(runner::default_jobs);
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("cannot start the async runtime: {e}");
+            return ExitCode::from(EXIT_USAGE);
+        }
+    };
+    let results = runtime.block_on(runner::run_many(runs, &opts, jobs, |result| {
+        println!("{}", report::console::result_line(result));
+    }));
+    println!("{}", report::console::summary_line(&results));
+    if let Err(message) = write_reports(&args, &results) {
+        eprintln!("{message}");
+        return ExitCode::from(EXIT_USAGE);
+    }
+    if report::Summary::of(&results).ok() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}
+
+fn write_reports(args: &RunArgs, results: &[ScenarioResult]) -> Result<(), String> {
+    if let Some(path) = &args.junit {
+        let xml = report::junit::render("contract-harness", results).map_err(|e| e.to_string())?;
+        report::write_file(path, &xml).map_err(|e| e.to_string())?;
+    }
+    if let Some(path) = &args.json {
+        report::write_file(path, &report::json::render(results)).map_err(|e| e.to_string())?;
+    }
+    if let Some(path) = &args.markdown {
+        report::write_file(path, &report::markdown::render(results)).map_err(|e| e.to_string())?;
+    }
+    Ok(())
+}
+
+fn catalog_path(args: &FamilyArgs) -> PathBuf {
+    args.scenarios
+        .join("requirements")
+        .join(format!("{}.yaml", args.family))
+}
+
+fn coverage(args: CoverageArgs) -> ExitCode {
+    let scenarios = match load(&args.family) {
+        Ok(s) => s,
+        Err(code) => return code,
+    };
+    let catalog = match requirements::load_catalog(&catalog_path(&args.family)) {
+        Ok(c) => c,
+        Err(e) => {
+            print_load_errors(&[e]);
+            return ExitCode::from(EXIT_USAGE);
+        }
+    };
+    let coverage = requirements::coverage(&catalog, &scenarios);
+    print!(
+        "{}",
+        report::coverage::render_text(&args.family.family, &coverage)
+    );
+    if let Some(path) = &args.markdown {
+        let text = report::coverage::render_markdown(&args.family.family, &coverage);
+        if let Err(e) = report::write_file(path, &text) {
+            eprintln!("{e}");
+            return ExitCode::from(EXIT_USAGE);
+        }
+    }
+    if coverage.is_ok() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}
+
+fn list(args: &FamilyArgs) -> ExitCode {
+    let scenarios = match load(args) {
+        Ok(s) => s,
+        Err(code) => return code,
+    };
+    for s in &scenarios {
+        let sides: Vec<&str> = s.target_sides().iter().map(|side| side.as_str()).collect();
+        println!("{} [{}] {}", s.id(), sides.join(","), s.summary);
+    }
+    println!("{} scenario(s)", scenarios.len());
+    ExitCode::SUCCESS
+}
+
+fn golden_action(action: GoldenAction) -> ExitCode {
+    match action {
+        GoldenAction::Review { golden_dir } => review(&golden_dir),
+        GoldenAction::Accept { golden_dir } => match golden::accept_pending(&golden_dir) {
+            Ok(written) => {
+                for path in &written {
+                    println!("accepted {}", path.display());
+                }
+                println!("{} golden file(s) accepted", written.len());
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!(
+                    "accepting pending goldens under {} failed: {e}",
+                    golden_dir.display()
+                );
+                ExitCode::FAILURE
+            }
+        },
+    }
+}
+
+fn review(golden_dir: &Path) -> ExitCode {
+    let pending = golden::pending_files(golden_dir);
+    for path in &pending {
+        let golden_file = path.with_extension("");
+        let new_text = std::fs::read_to_string(path).unwrap_or_default();
+        match std::fs::read_to_string(&golden_file) {
+            Ok(old_text) => {
+                println!(
+                    "pending {} (changes {})",
+                    path.display(),
+                    golden_file.display()
+                );
+                print!("{}", golden::unified_diff(&old_text, &new_text));
+            }
+            Err(_) => println!("pending {} (new golden)", path.display()),
+        }
+    }
+    println!("{} pending golden file(s)", pending.len());
+    ExitCode::SUCCESS
+}

@@ -4,7 +4,7 @@
 //! object keys the scenario writes must be present and match (keys it leaves out are
 //! ignored here and checked by [`schema_check`] instead); arrays match element-wise with
 //! equal length; scalars must be equal; a placeholder matches any value and binds it
-//! (see [`crate::bind`]).
+//! (see [`crate::bind`]); `$absent` under a key requires the key to be missing.
 //!
 //! A match is all-or-nothing: bindings are made on a scratch copy and committed only when
 //! the whole frame matched, so a failed attempt (e.g. while trying `any_order`
@@ -122,6 +122,10 @@ fn mismatch(
     }
 }
 
+fn is_absent_marker(pattern: &Value) -> bool {
+    matches!(pattern, Value::String(s) if matches!(parse_token(s), Ok(Token::Placeholder(Placeholder::Absent))))
+}
+
 fn type_name(value: &Value) -> &'static str {
     match value {
         Value::Null => "null",
@@ -147,6 +151,12 @@ fn match_at(
         Value::String(s) => match parse_token(s) {
             Err(e) => Err(mismatch(path, expected, Some(actual), e.to_string())),
             Ok(Token::Placeholder(Placeholder::Any)) => Ok(()),
+            Ok(Token::Placeholder(Placeholder::Absent)) => Err(mismatch(
+                path,
+                expected,
+                Some(actual),
+                "field must be absent",
+            )),
             Ok(Token::Placeholder(Placeholder::Named(name))) => match bindings.get(&name) {
                 Some(bound) if values_equal(bound, actual) => Ok(()),
                 Some(bound) => Err(mismatch(
@@ -182,6 +192,7 @@ fn match_at(
                 let sub_path = child_path(path, key);
                 match map.get(key) {
                     Some(value) => match_at(&sub_path, sub, value, bindings)?,
+                    None if is_absent_marker(sub) => {}
                     None => return Err(mismatch(&sub_path, sub, None, "missing field")),
                 }
             }
@@ -232,6 +243,22 @@ pub fn schema_check(frame: &Value, direction: Direction) -> Result<(), WireError
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn absent_marker_requires_a_missing_key() {
+        let mut b = Bindings::new();
+        let pat = json!({"payload": {"code": "x", "http_status": "$absent"}});
+        match_frame(&pat, &json!({"payload": {"code": "x"}}), &mut b).unwrap();
+        let err = match_frame(
+            &pat,
+            &json!({"payload": {"code": "x", "http_status": 429}}),
+            &mut b,
+        )
+        .unwrap_err();
+        assert_eq!(err.path, "$.payload.http_status");
+        assert_eq!(err.reason, "field must be absent");
+        assert!(b.get("absent").is_none());
+    }
 
     #[test]
     fn subset_objects_and_binding() {

@@ -1,1 +1,166 @@
-fn main() {}
+//! The contract suite as `cargo test`: one libtest-mimic trial per scenario × side
+//! (`core_runtime/<name>::runtime`), run against **our** binaries through exactly the
+//! launch contract a third party uses, plus trials that the scenario directory loads and
+//! that requirement coverage is clean.
+//!
+//! * Target binary: `$CONTRACT_IMPL_BIN` if set, else `<target dir>/debug/contract-impl`,
+//!   built first with `cargo build -p contract-impl --bin contract-impl` (once per test
+//!   process; a no-op when it is up to date) so the suite is self-sufficient.
+//! * Goldens: checked by default; `CONTRACT_GOLDEN=accept` writes them, `=pending`
+//!   writes `.pending` files for review.
+//! * Side `core` trials are listed but ignored until the Core target exists.
+//!
+//! Usual libtest arguments work: `cargo test -p contract-harness --test contract --
+//! handshake`, `--exact`, `--ignored`, `--test-threads N`, `--list`.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+
+use contract_harness::golden::GoldenMode;
+use contract_harness::report::console;
+use contract_harness::requirements;
+use contract_harness::runner::{self, RunOptions};
+use contract_harness::scenario::{Side, load_family};
+use libtest_mimic::{Arguments, Failed, Trial};
+
+const FAMILIES: &[&str] = &["core_runtime"];
+
+fn workspace_root() -> PathBuf {
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
+    manifest.parent().unwrap_or(manifest).to_path_buf()
+}
+
+fn target_dir() -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .map(|p| {
+            if p.is_absolute() {
+                p
+            } else {
+                workspace_root().join(p)
+            }
+        })
+        .unwrap_or_else(|| workspace_root().join("target"))
+}
+
+/// The `contract-impl` binary, built once per process.
+fn impl_binary() -> Result<PathBuf, Failed> {
+    static BIN: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    BIN.get_or_init(|| {
+        if let Some(bin) = std::env::var_os("CONTRACT_IMPL_BIN") {
+            return Ok(PathBuf::from(bin));
+        }
+        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+        let output = Command::new(cargo)
+            .args(["build", "-p", "contract-impl", "--bin", "contract-impl"])
+            .current_dir(workspace_root())
+            .output()
+            .map_err(|e| format!("cannot run cargo to build contract-impl: {e}"))?;
+        if !output.status.success() {
+            return Err(format!(
+                "building contract-impl failed:\n{}",
+                String::from_utf8_lossy(&output.stderr)
+            ));
+        }
+        let bin = target_dir().join("debug").join("contract-impl");
+        if bin.is_file() {
+            Ok(bin)
+        } else {
+            Err(format!("{} does not exist after the build", bin.display()))
+        }
+    })
+    .clone()
+    .map_err(Failed::from)
+}
+
+fn golden_mode() -> GoldenMode {
+    match std::env::var("CONTRACT_GOLDEN").as_deref() {
+        Ok("accept") => GoldenMode::Accept,
+        Ok("pending") => GoldenMode::Pending,
+        _ => GoldenMode::Check,
+    }
+}
+
+/// The `--target-cmd` for a side, with the binary path quoted for the splitter.
+fn target_cmd(side: Side) -> Result<String, Failed> {
+    let bin = impl_binary()?;
+    let quoted = shell_words::quote(&bin.display().to_string()).into_owned();
+    Ok(format!("{quoted} {}", side.as_str()))
+}
+
+fn main() {
+    let args = Arguments::from_args();
+    let root = workspace_root();
+    let scenarios_dir = root.join("scenarios");
+    let golden_dir = root.join("golden");
+    let mut trials = Vec::new();
+
+    for &family in FAMILIES {
+        let loaded = load_family(&scenarios_dir, family);
+        let load_errors = match &loaded {
+            Ok(_) => None,
+            Err(errors) => Some(
+                errors
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect::<Vec<_>>()
+                    .join("\n"),
+            ),
+        };
+        trials.push(Trial::test(
+            format!("{family}::scenarios_load"),
+            move || match load_errors {
+                None => Ok(()),
+                Some(text) => Err(text.into()),
+            },
+        ));
+
+        let scenarios = loaded.unwrap_or_default();
+        let catalog = scenarios_dir
+            .join("requirements")
+            .join(format!("{family}.yaml"));
+        let for_coverage = scenarios.clone();
+        trials.push(Trial::test(format!("{family}::coverage"), move || {
+            let catalog = requirements::load_catalog(&catalog).map_err(|e| e.to_string())?;
+            let coverage = requirements::coverage(&catalog, &for_coverage);
+            if coverage.is_ok() {
+                Ok(())
+            } else {
+                Err(coverage.errors().join("\n").into())
+            }
+        }));
+
+        for scenario in scenarios {
+            for side in scenario.target_sides() {
+                let name = format!("{}::{}", scenario.id(), side.as_str());
+                let scenario = scenario.clone();
+                let golden_dir = golden_dir.clone();
+                let trial = Trial::test(name, move || {
+                    let opts = RunOptions {
+                        target_cmd: target_cmd(side)?,
+                        golden_dir,
+                        golden_mode: golden_mode(),
+                        step_timeout: runner::DEFAULT_STEP_TIMEOUT,
+                        startup_timeout: runner::DEFAULT_STARTUP_TIMEOUT,
+                    };
+                    let rt = tokio::runtime::Builder::new_multi_thread()
+                        .worker_threads(2)
+                        .enable_all()
+                        .build()
+                        .map_err(|e| e.to_string())?;
+                    let result = rt.block_on(runner::run_scenario(&scenario, side, &opts));
+                    if result.passed {
+                        Ok(())
+                    } else {
+                        Err(console::result_line(&result).into())
+                    }
+                });
+                // Only the Runtime side has a driver so far.
+                trials.push(trial.with_ignored_flag(side != Side::Runtime));
+            }
+        }
+    }
+
+    libtest_mimic::run(&args, trials).exit();
+}

@@ -4,7 +4,7 @@
 //! * [`adapter`]: the Harness adapter contract and the controlled adapter.
 
 pub mod adapter;
+pub mod daemon;
 pub mod transfer;
 pub mod wire;
 pub mod workspace;
-pub mod daemon;

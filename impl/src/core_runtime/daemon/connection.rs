@@ -24,7 +24,7 @@ use std::time::Duration;
 use futures_util::{SinkExt, StreamExt};
 use reqwest::Url;
 use serde::Deserialize;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 use tokio_tungstenite::tungstenite::protocol::{CloseFrame, WebSocketConfig};
@@ -420,12 +420,16 @@ async fn session(
     let (sink, stream) = ws.split();
     let (out, rx) = Outbound::channel();
     let generation = rt.connection_opened(out.clone()).await;
-    let writer = tokio::spawn(writer(sink, rx));
+    let (stop_writer, stop_rx) = oneshot::channel();
+    let writer = tokio::spawn(writer(sink, rx, stop_rx));
     let interval = Duration::from_millis(boot.heartbeat_interval_ms).max(HEARTBEAT_INTERVAL_MIN);
     let end = receive_loop(rt, generation, &out, stream, interval).await;
     rt.connection_closed(generation).await;
     drop(out);
-    // Let the writer finish the close handshake it may have started.
+    // Run tasks of this connection may still hold queue handles: their frames die with
+    // the connection. Tell the writer to flush what is queued now and stop, then let it
+    // finish the close handshake it may have started.
+    let _ = stop_writer.send(());
     let _ = tokio::time::timeout(CLOSE_HANDSHAKE_TIMEOUT, writer).await;
     match end {
         Ok(()) => SessionEnd::Shutdown,
@@ -444,9 +448,30 @@ type WsStream = futures_util::stream::SplitStream<
     tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>,
 >;
 
-/// Drains the outbound queue into the WebSocket.
-async fn writer(mut sink: WsSink, mut rx: mpsc::Receiver<OutItem>) {
-    while let Some(item) = rx.recv().await {
+/// Drains the outbound queue into the WebSocket until the queue closes, a Close item
+/// was written, or `stop` fires (then only the items already queued are written).
+async fn writer(mut sink: WsSink, mut rx: mpsc::Receiver<OutItem>, stop: oneshot::Receiver<()>) {
+    let mut stop = std::pin::pin!(stop);
+    let mut stopping = false;
+    loop {
+        let item = if stopping {
+            match rx.try_recv() {
+                Ok(item) => item,
+                Err(_) => break,
+            }
+        } else {
+            tokio::select! {
+                biased;
+                item = rx.recv() => match item {
+                    Some(item) => item,
+                    None => break,
+                },
+                _ = &mut stop => {
+                    stopping = true;
+                    continue;
+                }
+            }
+        };
         match item {
             OutItem::Text(text, done) => {
                 if sink.send(WsMessage::text(text)).await.is_err() {

@@ -1,0 +1,161 @@
+//! Running scenarios: one run = launch the target, drive the steps (the family driver),
+//! then render and check the golden; [`run_many`] runs a list on a bounded worker pool.
+//!
+//! This module owns turning a driver outcome into a [`ScenarioResult`] (failure text with
+//! the target's stderr tail, golden diff) and the concurrency bound. It never parses
+//! scenario files, never prints and never decides the order of results (the caller's
+//! list order is kept).
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures_util::StreamExt;
+
+use crate::family::core_runtime::{self, DriveOptions, DriveOutcome};
+use crate::golden::{self, GoldenMode};
+use crate::report::ScenarioResult;
+use crate::scenario::{Scenario, Side};
+
+/// Default per-step deadline (`--step-timeout`).
+pub const DEFAULT_STEP_TIMEOUT: Duration = Duration::from_secs(5);
+/// Default start-up deadline (`--startup-timeout`).
+pub const DEFAULT_STARTUP_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How to run scenarios.
+#[derive(Debug, Clone)]
+pub struct RunOptions {
+    /// The target command, split like a POSIX shell would.
+    pub target_cmd: String,
+    /// Root of the golden files (`golden/`).
+    pub golden_dir: PathBuf,
+    /// Check, accept or write pending goldens.
+    pub golden_mode: GoldenMode,
+    /// Deadline of every step.
+    pub step_timeout: Duration,
+    /// Deadline for the target's readiness.
+    pub startup_timeout: Duration,
+}
+
+/// Runs `scenario` against `side` and checks its golden. Never panics on target
+/// behaviour; the target is always stopped before this returns.
+pub async fn run_scenario(scenario: &Scenario, side: Side, opts: &RunOptions) -> ScenarioResult {
+    let started = Instant::now();
+    let id = scenario.id();
+    let drive_opts = DriveOptions {
+        target_cmd: opts.target_cmd.clone(),
+        step_timeout: opts.step_timeout,
+        startup_timeout: opts.startup_timeout,
+    };
+    let (outcome, generated_keys): (DriveOutcome, &[&str]) = match scenario.family.as_str() {
+        core_runtime::FAMILY => (
+            core_runtime::drive(scenario, side, &drive_opts).await,
+            core_runtime::GENERATED_KEYS,
+        ),
+        other => {
+            return ScenarioResult::fail(
+                id,
+                side,
+                started.elapsed(),
+                format!("family `{other}` has no driver in this harness yet"),
+            );
+        }
+    };
+    if let Some(failure) = &outcome.failure {
+        return ScenarioResult::fail(
+            id,
+            side,
+            started.elapsed(),
+            with_target_context(failure.to_string(), &outcome),
+        );
+    }
+    let rendered = golden::render(
+        scenario,
+        side,
+        &outcome.recording,
+        &outcome.bindings,
+        generated_keys,
+    );
+    let path = golden::golden_path(&opts.golden_dir, &scenario.family, &scenario.name, side);
+    let checked = golden::check_golden(&path, &rendered, opts.golden_mode);
+    let mut result = match checked {
+        Ok(golden_outcome) => match golden_outcome.failure(&path) {
+            None => ScenarioResult::pass(id, side, started.elapsed()),
+            Some(text) => ScenarioResult::fail(
+                id.clone(),
+                side,
+                started.elapsed(),
+                with_target_context(format!("scenario {id} [{side}]: {text}"), &outcome),
+            ),
+        },
+        Err(e) => ScenarioResult::fail(
+            id.clone(),
+            side,
+            started.elapsed(),
+            format!("scenario {id} [{side}]: golden {}: {e}", path.display()),
+        ),
+    };
+    result.golden = Some(path.display().to_string());
+    result
+}
+
+/// Appends the target's exit status and stderr tail to a failure text.
+fn with_target_context(mut text: String, outcome: &DriveOutcome) -> String {
+    if let Some(exit) = &outcome.exit {
+        text.push_str(&format!("\ntarget ended with {exit}"));
+    }
+    let tail = outcome.stderr_tail.trim_end();
+    if tail.is_empty() {
+        text.push_str("\ntarget stderr: (empty)");
+    } else {
+        text.push_str("\ntarget stderr (tail):");
+        for line in tail.lines() {
+            text.push_str("\n  | ");
+            text.push_str(line);
+        }
+    }
+    text
+}
+
+/// Runs every `(scenario, side)` with at most `jobs` runs at once (each on its own
+/// task), calling `on_result` for each result **in list order** as soon as it and all
+/// earlier ones are done, and returns the results in list order. A run whose task
+/// panicked becomes a failed result (the target's drop guard has killed it).
+pub async fn run_many(
+    runs: Vec<(Scenario, Side)>,
+    opts: &RunOptions,
+    jobs: usize,
+    mut on_result: impl FnMut(&ScenarioResult),
+) -> Vec<ScenarioResult> {
+    let opts = Arc::new(opts.clone());
+    let mut stream = futures_util::stream::iter(runs)
+        .map(|(scenario, side)| {
+            let opts = opts.clone();
+            async move {
+                let id = scenario.id();
+                let started = Instant::now();
+                let task = tokio::spawn(async move { run_scenario(&scenario, side, &opts).await });
+                match task.await {
+                    Ok(result) => result,
+                    Err(e) => ScenarioResult::fail(
+                        id.clone(),
+                        side,
+                        started.elapsed(),
+                        format!("scenario {id} [{side}]: the harness task failed: {e}"),
+                    ),
+                }
+            }
+        })
+        .buffered(jobs.max(1));
+    let mut results = Vec::new();
+    while let Some(result) = stream.next().await {
+        on_result(&result);
+        results.push(result);
+    }
+    results
+}
+
+/// The default worker count: the machine's available parallelism (1 if unknown).
+pub fn default_jobs() -> usize {
+    std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
+}

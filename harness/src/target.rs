@@ -1,0 +1,850 @@
+//! Launching a target: the run directory, the process, its stderr tail, readiness and
+//! the process-group kill.
+//!
+//! * [`RunDir`]: one short temporary directory per run under `/tmp` holding the control
+//!   socket path (checked against the Unix `sun_path` limit before anything binds it),
+//!   the launch configuration file, the workspace (seeded from the scenario) and the
+//!   target's working directory.
+//! * [`Target`]: the target process. [`Target::spawn`] splits `--target-cmd` like a POSIX
+//!   shell would (no shell involved), starts it in a **new process group** with the given
+//!   environment, captures stderr into a bounded [`StderrTail`] (last
+//!   [`STDERR_TAIL_LINES`] lines, at most [`STDERR_TAIL_BYTES`]) and scans every stderr
+//!   byte for a secret. [`Target::await_ready`] races a readiness future against the
+//!   process exiting and the start-up deadline. [`Target::shutdown`] sends `SIGTERM` to
+//!   the group, waits up to [`TERM_GRACE`], then `SIGKILL`s the group; dropping a
+//!   [`Target`] that was not shut down `SIGKILL`s the group at once (failure and panic
+//!   paths included).
+//!
+//! This module knows nothing about protocol families: what the environment holds and
+//! what "ready" means are the family driver's business. It must never leave a process
+//! group running behind it.
+
+use std::collections::VecDeque;
+use std::future::Future;
+use std::path::{Component, Path, PathBuf};
+use std::process::{ExitStatus, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use nix::sys::signal::{Signal, killpg};
+use nix::unistd::Pid;
+use tokio::io::AsyncReadExt;
+use tokio::process::{Child, ChildStderr, Command};
+use tokio::task::JoinHandle;
+
+/// Most stderr lines kept for failure messages.
+pub const STDERR_TAIL_LINES: usize = 64;
+/// Most stderr bytes kept for failure messages (longer lines are cut).
+pub const STDERR_TAIL_BYTES: usize = 16 * 1024;
+/// How long the target may take to exit after `SIGTERM` before the group is `SIGKILL`ed.
+pub const TERM_GRACE: Duration = Duration::from_secs(2);
+/// Longest Unix socket path (bytes) that fits `sun_path` (108 bytes with the NUL) on
+/// Linux; some systems allow less, so the run directory is kept short.
+pub const UNIX_SOCKET_PATH_MAX_BYTES: usize = 107;
+/// Bound on waiting for the stderr reader to reach end-of-file after the target exited
+/// (a grandchild that left the process group could keep the pipe open).
+const STDERR_DRAIN_BOUND: Duration = Duration::from_secs(1);
+
+/// Failure to prepare, launch or stop a target. Every variant has a stable
+/// [`code`](Self::code); messages name the path, command or deadline involved.
+#[derive(Debug, thiserror::Error)]
+pub enum TargetError {
+    /// `--target-cmd` is empty or has unbalanced quotes.
+    #[error("invalid target command {command:?}: {reason}")]
+    BadCommand {
+        /// The command as given.
+        command: String,
+        /// Why it cannot be split.
+        reason: String,
+    },
+    /// The program could not be started.
+    #[error("cannot start target program {program:?}: {source}")]
+    Spawn {
+        /// The program (first word of the command).
+        program: String,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The run directory or one of its files could not be created.
+    #[error("cannot prepare {path}: {source}")]
+    RunDir {
+        /// The path involved.
+        path: PathBuf,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A Unix socket path longer than `sun_path` allows.
+    #[error(
+        "unix socket path {path} is {len} bytes; a Unix socket path must be at most {max} bytes \
+         (sun_path is 108 bytes including the NUL): use a shorter temporary directory"
+    )]
+    SocketPathTooLong {
+        /// The offending path.
+        path: PathBuf,
+        /// Its length in bytes.
+        len: usize,
+        /// The limit in bytes.
+        max: usize,
+    },
+    /// A workspace seed path that is absolute or escapes the workspace.
+    #[error("workspace seed path {0:?} must be relative and stay inside the workspace")]
+    BadSeedPath(String),
+    /// The target exited before it was ready.
+    #[error("target exited before it was ready ({status}); stderr tail:\n{stderr}")]
+    ExitedEarly {
+        /// Exit status as text.
+        status: String,
+        /// The stderr tail.
+        stderr: String,
+    },
+    /// The target was not ready within the start-up deadline.
+    #[error("target not ready within {}ms; stderr tail:\n{stderr}", .after.as_millis())]
+    StartupTimeout {
+        /// The deadline.
+        after: Duration,
+        /// The stderr tail.
+        stderr: String,
+    },
+    /// The readiness check itself failed (e.g. a malformed hello line).
+    #[error("target readiness failed: {reason}; stderr tail:\n{stderr}")]
+    NotReady {
+        /// What went wrong.
+        reason: String,
+        /// The stderr tail.
+        stderr: String,
+    },
+}
+
+impl TargetError {
+    /// Stable machine-readable code.
+    pub fn code(&self) -> &'static str {
+        match self {
+            TargetError::BadCommand { .. } => "bad_target_command",
+            TargetError::Spawn { .. } => "spawn_failed",
+            TargetError::RunDir { .. } => "run_dir_failed",
+            TargetError::SocketPathTooLong { .. } => "socket_path_too_long",
+            TargetError::BadSeedPath(_) => "bad_seed_path",
+            TargetError::ExitedEarly { .. } => "exited_early",
+            TargetError::StartupTimeout { .. } => "startup_timeout",
+            TargetError::NotReady { .. } => "not_ready",
+        }
+    }
+}
+
+/// Checks that `path` fits a Unix socket address.
+///
+/// # Errors
+/// [`TargetError::SocketPathTooLong`] naming the path and the limit.
+pub fn check_socket_path(path: &Path) -> Result<(), TargetError> {
+    let len = path.as_os_str().len();
+    if len > UNIX_SOCKET_PATH_MAX_BYTES {
+        return Err(TargetError::SocketPathTooLong {
+            path: path.to_path_buf(),
+            len,
+            max: UNIX_SOCKET_PATH_MAX_BYTES,
+        });
+    }
+    Ok(())
+}
+
+/// The per-run temporary directory (`/tmp/crh-XXXXXX`), removed when dropped.
+///
+/// Layout: `control.sock` (control socket path), `launch.json` (launch configuration),
+/// `workspace/` (`CONTRACT_WORKSPACE`), `cwd/` (the target's working directory).
+#[derive(Debug)]
+pub struct RunDir {
+    dir: tempfile::TempDir,
+}
+
+impl RunDir {
+    /// Creates the directory and its `workspace/` and `cwd/` subdirectories, and checks
+    /// the control socket path length.
+    ///
+    /// # Errors
+    /// [`TargetError::RunDir`], [`TargetError::SocketPathTooLong`].
+    pub fn new() -> Result<Self, TargetError> {
+        let base = Path::new("/tmp");
+        let dir = tempfile::Builder::new()
+            .prefix("crh-")
+            .tempdir_in(base)
+            .map_err(|source| TargetError::RunDir {
+                path: base.to_path_buf(),
+                source,
+            })?;
+        let run = Self { dir };
+        for sub in [run.workspace(), run.cwd()] {
+            std::fs::create_dir(&sub)
+                .map_err(|source| TargetError::RunDir { path: sub, source })?;
+        }
+        check_socket_path(&run.control_socket())?;
+        Ok(run)
+    }
+
+    /// The run directory itself.
+    pub fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// Where the harness listens for the controlled adapter.
+    pub fn control_socket(&self) -> PathBuf {
+        self.path().join("control.sock")
+    }
+
+    /// The launch configuration file.
+    pub fn config_file(&self) -> PathBuf {
+        self.path().join("launch.json")
+    }
+
+    /// The workspace directory (absolute).
+    pub fn workspace(&self) -> PathBuf {
+        self.path().join("workspace")
+    }
+
+    /// The target's working directory.
+    pub fn cwd(&self) -> PathBuf {
+        self.path().join("cwd")
+    }
+
+    /// Writes `contents` to the launch configuration file.
+    ///
+    /// # Errors
+    /// [`TargetError::RunDir`].
+    pub fn write_config(&self, contents: &str) -> Result<PathBuf, TargetError> {
+        let path = self.config_file();
+        std::fs::write(&path, contents).map_err(|source| TargetError::RunDir {
+            path: path.clone(),
+            source,
+        })?;
+        Ok(path)
+    }
+
+    /// Creates the seed `dirs` and `files` (relative path → contents) in the workspace,
+    /// with parent directories as needed.
+    ///
+    /// # Errors
+    /// [`TargetError::BadSeedPath`] for an absolute path or one with `..`;
+    /// [`TargetError::RunDir`] on I/O failure.
+    pub fn seed_workspace<'a>(
+        &self,
+        files: impl IntoIterator<Item = (&'a String, &'a String)>,
+        dirs: impl IntoIterator<Item = &'a String>,
+    ) -> Result<(), TargetError> {
+        let root = self.workspace();
+        let io = |path: &Path| {
+            let path = path.to_path_buf();
+            move |source| TargetError::RunDir { path, source }
+        };
+        for dir in dirs {
+            let path = root.join(safe_relative(dir)?);
+            std::fs::create_dir_all(&path).map_err(io(&path))?;
+        }
+        for (name, contents) in files {
+            let path = root.join(safe_relative(name)?);
+            if let Some(parent) = path.parent() {
+                std::fs::create_dir_all(parent).map_err(io(parent))?;
+            }
+            std::fs::write(&path, contents).map_err(io(&path))?;
+        }
+        Ok(())
+    }
+}
+
+fn safe_relative(path: &str) -> Result<&Path, TargetError> {
+    let p = Path::new(path);
+    let ok = !path.is_empty()
+        && p.components()
+            .all(|c| matches!(c, Component::Normal(_) | Component::CurDir));
+    if ok {
+        Ok(p)
+    } else {
+        Err(TargetError::BadSeedPath(path.to_string()))
+    }
+}
+
+/// The last lines a target wrote to stderr, bounded by [`STDERR_TAIL_LINES`] and
+/// [`STDERR_TAIL_BYTES`] (a single longer line is cut, marked with `…`).
+#[derive(Debug, Default)]
+pub struct StderrTail {
+    lines: VecDeque<String>,
+    bytes: usize,
+    partial: Vec<u8>,
+    partial_cut: bool,
+}
+
+impl StderrTail {
+    /// Appends raw stderr bytes.
+    pub fn push(&mut self, chunk: &[u8]) {
+        for piece in chunk.split_inclusive(|b| *b == b'\n') {
+            let (body, complete) = match piece.strip_suffix(b"\n") {
+                Some(body) => (body, true),
+                None => (piece, false),
+            };
+            let room = STDERR_TAIL_BYTES.saturating_sub(self.partial.len());
+            if body.len() > room {
+                self.partial.extend_from_slice(&body[..room]);
+                self.partial_cut = true;
+            } else {
+                self.partial.extend_from_slice(body);
+            }
+            if complete {
+                self.finish_line();
+            }
+        }
+    }
+
+    fn finish_line(&mut self) {
+        let mut line = String::from_utf8_lossy(&self.partial).into_owned();
+        if self.partial_cut {
+            line.push('…');
+        }
+        self.partial.clear();
+        self.partial_cut = false;
+        self.bytes += line.len();
+        self.lines.push_back(line);
+        while self.lines.len() > STDERR_TAIL_LINES
+            || (self.bytes > STDERR_TAIL_BYTES && self.lines.len() > 1)
+        {
+            if let Some(old) = self.lines.pop_front() {
+                self.bytes -= old.len();
+            }
+        }
+    }
+
+    /// The tail as text: complete lines, then any unterminated last line; terminal
+    /// escape sequences (colours) are removed.
+    pub fn text(&self) -> String {
+        strip_ansi(&self.raw_text())
+    }
+
+    fn raw_text(&self) -> String {
+        let partial = (!self.partial.is_empty()).then(|| String::from_utf8_lossy(&self.partial));
+        let keep = STDERR_TAIL_LINES - usize::from(partial.is_some());
+        let skip = self.lines.len().saturating_sub(keep);
+        let mut out: Vec<String> = self.lines.iter().skip(skip).cloned().collect();
+        out.extend(partial.map(|p| p.into_owned()));
+        let mut text = out.join("\n");
+        while text.len() > STDERR_TAIL_BYTES {
+            match text.find('\n') {
+                Some(i) => text.drain(..=i),
+                None => break,
+            };
+        }
+        text
+    }
+}
+
+/// Removes ANSI CSI escape sequences (`ESC [ … final-byte`) and other lone `ESC`s.
+fn strip_ansi(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut chars = text.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c != '\u{1b}' {
+            out.push(c);
+            continue;
+        }
+        if chars.peek() == Some(&'[') {
+            chars.next();
+            // Parameters and intermediates, then one final byte in 0x40..=0x7e.
+            for c in chars.by_ref() {
+                if ('\u{40}'..='\u{7e}').contains(&c) {
+                    break;
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Finds `needle` in a byte stream delivered in chunks (matches across chunk borders).
+#[derive(Debug)]
+struct StreamScanner {
+    needle: Vec<u8>,
+    carry: Vec<u8>,
+}
+
+impl StreamScanner {
+    fn new(needle: &str) -> Self {
+        Self {
+            needle: needle.as_bytes().to_vec(),
+            carry: Vec::new(),
+        }
+    }
+
+    fn feed(&mut self, chunk: &[u8]) -> bool {
+        if self.needle.is_empty() {
+            return false;
+        }
+        let mut window = std::mem::take(&mut self.carry);
+        window.extend_from_slice(chunk);
+        let found = window
+            .windows(self.needle.len())
+            .any(|w| w == self.needle.as_slice());
+        let keep = self.needle.len() - 1;
+        self.carry = window[window.len().saturating_sub(keep)..].to_vec();
+        found
+    }
+}
+
+/// How to launch a target.
+#[derive(Debug, Clone)]
+pub struct LaunchSpec {
+    /// The command line (`--target-cmd`), split like a POSIX shell would.
+    pub command: String,
+    /// Environment variables added to the harness's own environment.
+    pub env: Vec<(String, String)>,
+    /// Working directory.
+    pub cwd: PathBuf,
+    /// A secret that must never appear on stderr (empty: no scan).
+    pub secret: String,
+}
+
+/// A running target process in its own process group.
+#[derive(Debug)]
+pub struct Target {
+    child: Child,
+    pgid: Pid,
+    tail: Arc<Mutex<StderrTail>>,
+    secret_seen: Arc<AtomicBool>,
+    stderr_task: Option<JoinHandle<()>>,
+    exit: Option<ExitStatus>,
+    stopped: bool,
+}
+
+impl Target {
+    /// Splits the command and starts it (stdin and stdout are `/dev/null`, stderr is
+    /// captured). A relative program path containing `/` is resolved against the
+    /// harness's working directory; a bare name is looked up in `PATH`.
+    ///
+    /// # Errors
+    /// [`TargetError::BadCommand`], [`TargetError::Spawn`].
+    pub fn spawn(spec: &LaunchSpec) -> Result<Self, TargetError> {
+        let words = split_command(&spec.command)?;
+        let (program, args) = words.split_first().ok_or_else(|| TargetError::BadCommand {
+            command: spec.command.clone(),
+            reason: "empty command".into(),
+        })?;
+        // A relative program path with a `/` means "relative to where the harness runs",
+        // not to the target's fresh working directory.
+        let program_path = Path::new(program);
+        let program_path = if program.contains('/') && program_path.is_relative() {
+            std::env::current_dir()
+                .map(|cwd| cwd.join(program_path))
+                .unwrap_or_else(|_| program_path.to_path_buf())
+        } else {
+            program_path.to_path_buf()
+        };
+        let mut command = Command::new(&program_path);
+        command
+            .args(args)
+            .envs(spec.env.iter().map(|(k, v)| (k, v)))
+            .current_dir(&spec.cwd)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .process_group(0)
+            .kill_on_drop(true);
+        let mut child = command.spawn().map_err(|source| TargetError::Spawn {
+            program: program.clone(),
+            source,
+        })?;
+        let pid = child.id().ok_or_else(|| TargetError::Spawn {
+            program: program.clone(),
+            source: std::io::Error::other("the process exited before its id was read"),
+        })?;
+        let pgid = Pid::from_raw(i32::try_from(pid).unwrap_or(i32::MAX));
+        let tail = Arc::new(Mutex::new(StderrTail::default()));
+        let secret_seen = Arc::new(AtomicBool::new(false));
+        let stderr_task = child.stderr.take().map(|stderr| {
+            tokio::spawn(read_stderr(
+                stderr,
+                tail.clone(),
+                StreamScanner::new(&spec.secret),
+                secret_seen.clone(),
+            ))
+        });
+        Ok(Self {
+            child,
+            pgid,
+            tail,
+            secret_seen,
+            stderr_task,
+            exit: None,
+            stopped: false,
+        })
+    }
+
+    /// The process (and process group) ID.
+    pub fn pid(&self) -> i32 {
+        self.pgid.as_raw()
+    }
+
+    /// The current stderr tail.
+    pub fn stderr_tail(&self) -> String {
+        self.tail.lock().map(|t| t.text()).unwrap_or_default()
+    }
+
+    /// Whether the secret of the [`LaunchSpec`] has appeared on stderr so far.
+    pub fn secret_leaked(&self) -> bool {
+        self.secret_seen.load(Ordering::SeqCst)
+    }
+
+    /// The exit status, if the process has exited (non-blocking).
+    pub fn try_exit(&mut self) -> Option<ExitStatus> {
+        if self.exit.is_none() {
+            self.exit = self.child.try_wait().ok().flatten();
+        }
+        self.exit
+    }
+
+    /// Waits for `ready` while watching the process: the first of readiness, exit and
+    /// `deadline` decides.
+    ///
+    /// # Errors
+    /// [`TargetError::ExitedEarly`], [`TargetError::StartupTimeout`], or
+    /// [`TargetError::NotReady`] carrying `ready`'s own error.
+    pub async fn await_ready<T, E: std::fmt::Display>(
+        &mut self,
+        ready: impl Future<Output = Result<T, E>>,
+        deadline: Duration,
+    ) -> Result<T, TargetError> {
+        let outcome = tokio::select! {
+            result = ready => Ok(result),
+            status = self.child.wait() => Err(status),
+            () = tokio::time::sleep(deadline) => {
+                return Err(TargetError::StartupTimeout { after: deadline, stderr: self.stderr_tail() });
+            }
+        };
+        match outcome {
+            Ok(Ok(value)) => Ok(value),
+            Ok(Err(e)) => Err(TargetError::NotReady {
+                reason: e.to_string(),
+                stderr: self.stderr_tail(),
+            }),
+            Err(status) => {
+                let status = match status {
+                    Ok(s) => {
+                        self.exit = Some(s);
+                        s.to_string()
+                    }
+                    Err(e) => format!("wait failed: {e}"),
+                };
+                self.drain_stderr().await;
+                Err(TargetError::ExitedEarly {
+                    status,
+                    stderr: self.stderr_tail(),
+                })
+            }
+        }
+    }
+
+    /// Waits (bounded) until the stderr reader has seen end-of-file.
+    async fn drain_stderr(&mut self) {
+        if let Some(task) = self.stderr_task.as_mut()
+            && tokio::time::timeout(STDERR_DRAIN_BOUND, task).await.is_ok()
+        {
+            self.stderr_task = None;
+        }
+    }
+
+    /// Stops the target: `SIGTERM` to the process group, up to [`TERM_GRACE`] for the
+    /// process to exit, then `SIGKILL` to the whole group (stragglers included), reaps
+    /// the process and drains stderr. Idempotent. Returns the exit status when known.
+    pub async fn shutdown(&mut self) -> Option<ExitStatus> {
+        if self.stopped {
+            return self.exit;
+        }
+        self.stopped = true;
+        if self.try_exit().is_none() {
+            let _ = killpg(self.pgid, Signal::SIGTERM);
+            if let Ok(Ok(status)) = tokio::time::timeout(TERM_GRACE, self.child.wait()).await {
+                self.exit = Some(status);
+            }
+        }
+        // The leader may be gone while others of its group live on: always kill the group.
+        let _ = killpg(self.pgid, Signal::SIGKILL);
+        if self.exit.is_none()
+            && let Ok(Ok(status)) = tokio::time::timeout(TERM_GRACE, self.child.wait()).await
+        {
+            self.exit = Some(status);
+        }
+        self.drain_stderr().await;
+        self.exit
+    }
+}
+
+impl Drop for Target {
+    fn drop(&mut self) {
+        if !self.stopped {
+            let _ = killpg(self.pgid, Signal::SIGKILL);
+        }
+        if let Some(task) = self.stderr_task.take() {
+            task.abort();
+        }
+    }
+}
+
+/// Splits a command line like a POSIX shell (quotes, backslashes; no expansion).
+///
+/// # Errors
+/// [`TargetError::BadCommand`] on unbalanced quotes or an empty command.
+pub fn split_command(command: &str) -> Result<Vec<String>, TargetError> {
+    let words = shell_words::split(command).map_err(|e| TargetError::BadCommand {
+        command: command.to_string(),
+        reason: e.to_string(),
+    })?;
+    if words.is_empty() {
+        return Err(TargetError::BadCommand {
+            command: command.to_string(),
+            reason: "empty command".into(),
+        });
+    }
+    Ok(words)
+}
+
+async fn read_stderr(
+    mut stderr: ChildStderr,
+    tail: Arc<Mutex<StderrTail>>,
+    mut scanner: StreamScanner,
+    secret_seen: Arc<AtomicBool>,
+) {
+    let mut buf = vec![0u8; 8 * 1024];
+    loop {
+        match stderr.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => {
+                if scanner.feed(&buf[..n]) {
+                    secret_seen.store(true, Ordering::SeqCst);
+                }
+                if let Ok(mut tail) = tail.lock() {
+                    tail.push(&buf[..n]);
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(command: &str, secret: &str) -> (RunDir, LaunchSpec) {
+        let run = RunDir::new().unwrap();
+        let spec = LaunchSpec {
+            command: command.into(),
+            env: vec![("CONTRACT_TEST_VALUE".into(), "from-env".into())],
+            cwd: run.cwd(),
+            secret: secret.into(),
+        };
+        (run, spec)
+    }
+
+    #[test]
+    fn tail_keeps_last_lines_and_bytes() {
+        let mut tail = StderrTail::default();
+        for i in 0..100 {
+            tail.push(format!("line {i}\n").as_bytes());
+        }
+        tail.push(b"partial");
+        let text = tail.text();
+        assert!(text.starts_with("line 37\n"), "{text}");
+        assert!(text.ends_with("line 99\npartial"));
+        let mut tail = StderrTail::default();
+        tail.push(&vec![b'x'; 40 * 1024]);
+        tail.push(b"\nshort\n");
+        let text = tail.text();
+        assert!(text.len() <= STDERR_TAIL_BYTES + 8);
+        assert!(text.ends_with("short"));
+    }
+
+    #[test]
+    fn ansi_colours_are_stripped() {
+        assert_eq!(
+            strip_ansi("\u{1b}[2mtime\u{1b}[0m \u{1b}[32m INFO\u{1b}[0m x"),
+            "time  INFO x"
+        );
+        let mut tail = StderrTail::default();
+        tail.push(b"\x1b[31merror\x1b[0m\n");
+        assert_eq!(tail.text(), "error");
+    }
+
+    #[test]
+    fn scanner_finds_secret_across_chunks() {
+        let mut s = StreamScanner::new("secret-123");
+        assert!(!s.feed(b"hello secr"));
+        assert!(s.feed(b"et-123 there"));
+        let mut s = StreamScanner::new("abc");
+        assert!(!s.feed(b"ab"));
+        assert!(!s.feed(b"xc"));
+    }
+
+    #[test]
+    fn command_splitting() {
+        assert_eq!(
+            split_command("bin/x runtime --flag 'a b' \"c d\"").unwrap(),
+            vec!["bin/x", "runtime", "--flag", "a b", "c d"]
+        );
+        assert_eq!(
+            split_command("  ").unwrap_err().code(),
+            "bad_target_command"
+        );
+        assert_eq!(
+            split_command("x 'open").unwrap_err().code(),
+            "bad_target_command"
+        );
+    }
+
+    #[test]
+    fn socket_path_limit_names_the_path() {
+        let long = PathBuf::from(format!("/tmp/{}", "a".repeat(120)));
+        let err = check_socket_path(&long).unwrap_err();
+        assert_eq!(err.code(), "socket_path_too_long");
+        assert!(err.to_string().contains(&long.display().to_string()));
+        let run = RunDir::new().unwrap();
+        assert!(check_socket_path(&run.control_socket()).is_ok());
+    }
+
+    #[test]
+    fn seed_rejects_escaping_paths() {
+        let run = RunDir::new().unwrap();
+        let files = [("a/b.txt".to_string(), "hi".to_string())];
+        let dirs = ["empty/nested".to_string()];
+        run.seed_workspace(files.iter().map(|(a, b)| (a, b)), dirs.iter())
+            .unwrap();
+        assert_eq!(
+            std::fs::read_to_string(run.workspace().join("a/b.txt")).unwrap(),
+            "hi"
+        );
+        assert!(run.workspace().join("empty/nested").is_dir());
+        let bad = ["../x".to_string(), "/etc/x".to_string()];
+        for b in &bad {
+            let err = run
+                .seed_workspace(std::iter::empty(), std::iter::once(b))
+                .unwrap_err();
+            assert_eq!(err.code(), "bad_seed_path");
+        }
+    }
+
+    #[tokio::test]
+    async fn early_exit_reports_stderr_tail() {
+        let (_run, spec) = spec(
+            "sh -c 'echo \"starting $CONTRACT_TEST_VALUE\" >&2; echo boom >&2; exit 3'",
+            "",
+        );
+        let mut target = Target::spawn(&spec).unwrap();
+        let never = std::future::pending::<Result<(), String>>();
+        let err = target
+            .await_ready(never, Duration::from_secs(10))
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), "exited_early");
+        let text = err.to_string();
+        assert!(text.contains("starting from-env\nboom"), "{text}");
+        assert!(text.contains("exit status: 3"), "{text}");
+        target.shutdown().await;
+    }
+
+    /// Whether `pid` is gone (no such process, or a zombie awaiting its reaper), waiting
+    /// up to 2 s: a `SIGKILL`ed process dies when next scheduled, and there is no event
+    /// to await for a process that is not our child.
+    async fn gone_within_2s(pid: i32) -> bool {
+        let dead = || {
+            nix::sys::signal::kill(Pid::from_raw(pid), None).is_err()
+                || std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                    .map(|s| s.contains(") Z "))
+                    .unwrap_or(true)
+        };
+        for _ in 0..200 {
+            if dead() {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        dead()
+    }
+
+    #[tokio::test]
+    async fn startup_timeout() {
+        let (_run, spec) = spec("sleep 300", "");
+        let mut target = Target::spawn(&spec).unwrap();
+        let err = target
+            .await_ready(
+                std::future::pending::<Result<(), String>>(),
+                Duration::from_millis(200),
+            )
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), "startup_timeout");
+        target.shutdown().await;
+    }
+
+    #[tokio::test]
+    async fn shutdown_kills_the_whole_group() {
+        // The shell ignores SIGTERM (so does its child, which inherits SIG_IGN): both
+        // must be SIGKILLed after the grace period.
+        let (run, spec) = spec(
+            "sh -c 'trap \"\" TERM; sleep 300 & echo $! > child.pid.tmp; mv child.pid.tmp child.pid; wait'",
+            "",
+        );
+        let mut target = Target::spawn(&spec).unwrap();
+        let pid_file = run.cwd().join("child.pid");
+        let ready = async {
+            loop {
+                if let Ok(text) = std::fs::read_to_string(&pid_file) {
+                    return text.trim().parse::<i32>().map_err(|e| e.to_string());
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        };
+        let child_pid = target
+            .await_ready(ready, Duration::from_secs(10))
+            .await
+            .unwrap();
+        let status = target.shutdown().await;
+        assert!(status.is_some());
+        assert!(
+            gone_within_2s(child_pid).await,
+            "grandchild {child_pid} survived the group kill"
+        );
+    }
+
+    #[tokio::test]
+    async fn readiness_wins() {
+        let (_run, spec) = spec("sleep 300", "");
+        let mut target = Target::spawn(&spec).unwrap();
+        let value = target
+            .await_ready(async { Ok::<_, String>(7) }, Duration::from_secs(5))
+            .await
+            .unwrap();
+        assert_eq!(value, 7);
+        assert!(target.shutdown().await.is_some());
+        assert!(!target.secret_leaked());
+    }
+
+    #[tokio::test]
+    async fn secret_on_stderr_is_detected() {
+        let (_run, spec) = spec("sh -c 'echo leaking s3cr3t-value >&2'", "s3cr3t-value");
+        let mut target = Target::spawn(&spec).unwrap();
+        let err = target
+            .await_ready(
+                std::future::pending::<Result<(), String>>(),
+                Duration::from_secs(10),
+            )
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), "exited_early");
+        assert!(target.secret_leaked());
+        assert!(target.stderr_tail().contains("leaking"));
+    }
+
+    #[tokio::test]
+    async fn drop_kills_the_group() {
+        let (_run, spec) = spec("sleep 300", "");
+        let target = Target::spawn(&spec).unwrap();
+        let pid = target.pid();
+        drop(target);
+        assert!(gone_within_2s(pid).await);
+    }
+}

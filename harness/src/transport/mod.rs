@@ -1,0 +1,89 @@
+//! Transports over which the harness plays a peer.
+//!
+//! * [`http`]: the **scripted Core** HTTP server (`127.0.0.1:0`) that turns every incoming
+//!   request into an [`http::IncomingRequest`] event the family driver answers in order,
+//!   including the WebSocket upgrade.
+//! * [`ws`]: one upgraded WebSocket connection ([`ws::WsConnection`]): a bounded event queue
+//!   of what the peer sent, plus send / raw send / close / abrupt drop.
+//!
+//! This module owns sockets, tasks and every size and queue bound on them. It must never
+//! interpret frames (no schema checks, no matching, no placeholders: that is the family
+//! driver's job), never decide a response on its own (the driver scripts every answer),
+//! and never panic on what a peer sends: a target may send anything.
+
+pub mod http;
+pub mod ws;
+
+use std::time::Duration;
+
+/// Largest HTTP request body the scripted Core reads (bytes). A bootstrap body is a few
+/// dozen bytes; anything over this is reported to the driver as
+/// [`http::RequestBody::TooLarge`] instead of being buffered.
+pub const HTTP_BODY_MAX_BYTES: usize = 64 * 1024;
+
+/// Capacity of the scripted Core's request queue (requests waiting for the driver). When
+/// it is full the server stops answering new requests until the driver consumes one.
+pub const HTTP_QUEUE_CAPACITY: usize = 16;
+
+/// Most TCP connections the scripted Core serves at once; further connections wait in the
+/// listen backlog.
+pub const HTTP_CONNECTIONS_MAX: usize = 16;
+
+/// Capacity of one WebSocket connection's event queue (messages the driver has not read
+/// yet). When full, the connection stops reading from the socket (TCP back-pressure).
+pub const WS_EVENT_QUEUE_CAPACITY: usize = 32;
+
+/// Largest message the harness itself will send (bytes): twice the protocol's transport
+/// bound, so that a scenario can send an oversized message on purpose.
+pub const WS_OUTGOING_MAX_BYTES: usize =
+    2 * contract_impl::core_runtime::wire::limits::TRANSPORT_FRAME_MAX_BYTES;
+
+/// Failure of a transport operation. Every variant has a stable [`code`](Self::code).
+#[derive(Debug, thiserror::Error)]
+pub enum TransportError {
+    /// The scripted Core could not bind its listening socket.
+    #[error("cannot bind the scripted Core on 127.0.0.1:0: {0}")]
+    Bind(#[source] std::io::Error),
+    /// The scripted Core's server task has stopped (no more requests can arrive).
+    #[error("the scripted Core has stopped")]
+    Stopped,
+    /// The driver tried to upgrade a request that is not a WebSocket upgrade request.
+    #[error("the request is not a WebSocket upgrade request: {0}")]
+    NotUpgradable(String),
+    /// The HTTP upgrade was answered with 101 but the connection did not complete it.
+    #[error("the WebSocket upgrade did not complete: {0}")]
+    UpgradeFailed(String),
+    /// The driver asked for a status code HTTP cannot carry.
+    #[error("invalid HTTP status {0}")]
+    InvalidStatus(u16),
+    /// A message the harness was asked to send exceeds [`WS_OUTGOING_MAX_BYTES`].
+    #[error("outgoing message of {size} bytes exceeds the {limit}-byte bound")]
+    OutgoingTooLarge {
+        /// Size of the message (bytes).
+        size: usize,
+        /// The bound (bytes).
+        limit: usize,
+    },
+    /// Writing to the WebSocket failed (the peer is gone or the socket broke).
+    #[error("WebSocket send failed: {0}")]
+    Send(String),
+    /// A transport operation did not finish in time.
+    #[error("timed out after {}ms", .0.as_millis())]
+    Timeout(Duration),
+}
+
+impl TransportError {
+    /// Stable machine-readable code.
+    pub fn code(&self) -> &'static str {
+        match self {
+            TransportError::Bind(_) => "bind_failed",
+            TransportError::Stopped => "core_stopped",
+            TransportError::NotUpgradable(_) => "not_upgradable",
+            TransportError::UpgradeFailed(_) => "upgrade_failed",
+            TransportError::InvalidStatus(_) => "invalid_status",
+            TransportError::OutgoingTooLarge { .. } => "outgoing_too_large",
+            TransportError::Send(_) => "send_failed",
+            TransportError::Timeout(_) => "timeout",
+        }
+    }
+}
