@@ -3,7 +3,7 @@
 //! A [`WsConnection`] owns an upgraded (or, later, client-side) WebSocket. A reader task
 //! polls the socket continuously (so pings are answered and close replies go out even
 //! while the driver is busy or writing) and turns what the peer sends into [`WsEvent`]s
-//! on a bounded queue ([`WS_EVENT_QUEUE_CAPACITY`](super::WS_EVENT_QUEUE_CAPACITY)); the
+//! on a bounded queue ([`WS_EVENT_QUEUE_CAPACITY`]); the
 //! driver reads them with [`WsConnection::recv`] and writes with the `send_*` methods.
 //!
 //! Every bound is explicit ([`ws_config`]): incoming messages and frames are limited to
