@@ -31,13 +31,18 @@
 //! rewrite every `1`); every value under a *generated key* (e.g. `executor_id`) not
 //! bound to a placeholder becomes an alias `"<key#n>"` numbered in first-seen order, and
 //! every other string equal to an aliased value gets the same alias; object keys are
-//! sorted at every level.
+//! sorted at every level. A string longer than [`LONG_STRING_MAX_BYTES`] (a base64 read
+//! result, an exported archive) is replaced by a stable summary
+//! `"<string: N bytes, sha256 XXXXXXXXXXXXXXXX>"` (the first 16 hex digits of the
+//! SHA-256 of its UTF-8 bytes), even when bound to a placeholder, so a golden stays
+//! readable while a reviewer still sees any change of the value.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
 use serde_json::{Map, Value};
+use sha2::{Digest as _, Sha256};
 use similar::TextDiff;
 
 use crate::bind::Bindings;
@@ -53,15 +58,18 @@ pub enum EntryKind {
     Frame,
     /// A WebSocket close (code and reason) or a dropped connection.
     Close,
+    /// The target process exited (`{exit_code}` or `{signal}`).
+    Exit,
 }
 
 impl EntryKind {
-    /// Short name (`http_request`, `frame`, `close`).
+    /// Short name (`http_request`, `frame`, `close`, `exit`).
     pub fn as_str(self) -> &'static str {
         match self {
             EntryKind::HttpRequest => "http_request",
             EntryKind::Frame => "frame",
             EntryKind::Close => "close",
+            EntryKind::Exit => "exit",
         }
     }
 }
@@ -96,6 +104,28 @@ impl Recording {
     pub fn push(&mut self, entry: GoldenEntry) {
         self.entries.push(entry);
     }
+}
+
+/// Longest string (bytes) a golden shows verbatim; longer ones are summarized by
+/// [`summarize_long_string`].
+pub const LONG_STRING_MAX_BYTES: usize = 512;
+
+/// Hex digits of the SHA-256 a long-string summary shows.
+const SUMMARY_SHA256_HEX_DIGITS: usize = 16;
+
+/// The golden summary of a string longer than [`LONG_STRING_MAX_BYTES`]:
+/// `<string: N bytes, sha256 XXXXXXXXXXXXXXXX>` (length in bytes, the first 16 hex digits
+/// of the SHA-256 of the UTF-8 bytes); `None` for a string short enough to show.
+pub fn summarize_long_string(text: &str) -> Option<String> {
+    if text.len() <= LONG_STRING_MAX_BYTES {
+        return None;
+    }
+    let digest = Sha256::digest(text.as_bytes());
+    let mut hex = String::with_capacity(SUMMARY_SHA256_HEX_DIGITS);
+    for byte in digest.iter().take(SUMMARY_SHA256_HEX_DIGITS / 2) {
+        let _ = write!(hex, "{byte:02x}");
+    }
+    Some(format!("<string: {} bytes, sha256 {hex}>", text.len()))
 }
 
 /// Keys whose values the target generates (IDs, handles) and which goldens alias.
@@ -215,7 +245,10 @@ impl Normalizer<'_> {
             Value::Array(items) => {
                 Value::Array(items.iter().map(|v| self.normalize(v, key)).collect())
             }
-            Value::String(_) => {
+            Value::String(text) => {
+                if let Some(summary) = summarize_long_string(text) {
+                    return Value::String(summary);
+                }
                 if let Some(name) = self.bindings.name_of(value) {
                     return Value::String(format!("${name}"));
                 }
@@ -609,6 +642,50 @@ mod tests {
             CORE_RUNTIME_GENERATED_KEYS,
         );
         assert_eq!(text, EXPECTED);
+    }
+
+    #[test]
+    fn long_strings_are_summarized() {
+        assert_eq!(
+            summarize_long_string(&"a".repeat(LONG_STRING_MAX_BYTES)),
+            None
+        );
+        let long = "a".repeat(LONG_STRING_MAX_BYTES + 1);
+        // sha256("a" * 513) starts with these 16 hex digits (computed independently).
+        let expected_hex = "02425c0f5b0dabf3";
+        assert_eq!(
+            summarize_long_string(&long).unwrap(),
+            format!("<string: 513 bytes, sha256 {expected_hex}>")
+        );
+        // A one-character change shows as a different summary.
+        let mut changed = long.clone();
+        changed.replace_range(0..1, "b");
+        assert_ne!(
+            summarize_long_string(&long),
+            summarize_long_string(&changed)
+        );
+
+        let mut b = Bindings::new();
+        b.bind("data", json!(long)).unwrap();
+        let mut r = Recording::new();
+        r.push(GoldenEntry {
+            step: 3,
+            label: "runtime frame".into(),
+            kind: EntryKind::Frame,
+            body: json!({"type": "workspace_read_result", "id": "op-1", "payload": {
+                "data": long, "other": [changed], "status": "ok"
+            }}),
+        });
+        let text = render(&scenario(), Side::Runtime, &r, &b, &[]);
+        assert!(
+            text.contains(&format!(
+                "\"data\": \"<string: 513 bytes, sha256 {expected_hex}>\""
+            )),
+            "{text}"
+        );
+        assert!(text.contains("\"<string: 513 bytes, sha256 "), "{text}");
+        assert!(!text.contains(&"a".repeat(100)), "{text}");
+        assert!(!text.contains("$data"), "{text}");
     }
 
     #[test]

@@ -4,7 +4,10 @@
 //! object keys the scenario writes must be present and match (keys it leaves out are
 //! ignored here and checked by [`schema_check`] instead); arrays match element-wise with
 //! equal length; scalars must be equal; a placeholder matches any value and binds it
-//! (see [`crate::bind`]); `$absent` under a key requires the key to be missing.
+//! (see [`crate::bind`]); `$absent` under a key requires the key to be missing; the
+//! object `{$generated: {seed, offset?, size}}` matches a base64 string whose decoded
+//! bytes are exactly `size` bytes of generated workspace content from `offset`
+//! ([`GeneratedContent`]), so a scenario can check a 1 MiB read without pasting it.
 //!
 //! A match is all-or-nothing: bindings are made on a scratch copy and committed only when
 //! the whole frame matched, so a failed attempt (e.g. while trying `any_order`
@@ -19,6 +22,105 @@ use contract_impl::wire::WireError;
 use serde_json::Value;
 
 use crate::bind::{Bindings, Placeholder, Token, parse_token};
+use crate::scenario::GeneratedContent;
+
+/// The key of the generated-content pattern `{$generated: {seed, offset?, size}}`.
+pub const GENERATED_MARKER: &str = "$generated";
+
+/// A parsed `{$generated: {seed, offset?, size}}` pattern.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GeneratedPattern {
+    /// Seed of the generated file.
+    pub seed: u64,
+    /// First byte expected.
+    pub offset: u64,
+    /// Number of bytes expected.
+    pub size: u64,
+}
+
+impl GeneratedPattern {
+    /// Parses `pattern` when it is a generated-content pattern: `Ok(None)` when it is not
+    /// one (not an object with the single key [`GENERATED_MARKER`]).
+    ///
+    /// # Errors
+    /// A message naming what is wrong with the pattern's arguments.
+    pub fn parse(pattern: &Value) -> Result<Option<Self>, String> {
+        let Value::Object(map) = pattern else {
+            return Ok(None);
+        };
+        let Some(args) = map.get(GENERATED_MARKER) else {
+            return Ok(None);
+        };
+        if map.len() != 1 {
+            return Err(format!(
+                "`{GENERATED_MARKER}` must be the only key of its mapping"
+            ));
+        }
+        let Value::Object(args) = args else {
+            return Err(format!(
+                "`{GENERATED_MARKER}` needs a mapping {{seed, offset?, size}}"
+            ));
+        };
+        if let Some(key) = args
+            .keys()
+            .find(|k| !["seed", "offset", "size"].contains(&k.as_str()))
+        {
+            return Err(format!(
+                "`{GENERATED_MARKER}`: unknown key `{key}` (expected seed, offset, size)"
+            ));
+        }
+        let number = |key: &str, default: Option<u64>| match args.get(key) {
+            Some(v) => v.as_u64().ok_or_else(|| {
+                format!("`{GENERATED_MARKER}.{key}` must be a non-negative integer")
+            }),
+            None => default.ok_or_else(|| format!("`{GENERATED_MARKER}` needs `{key}`")),
+        };
+        let pattern = Self {
+            seed: number("seed", None)?,
+            offset: number("offset", Some(0))?,
+            size: number("size", None)?,
+        };
+        if pattern.size > crate::scenario::GENERATED_FILE_MAX_BYTES {
+            return Err(format!(
+                "`{GENERATED_MARKER}.size` exceeds the {}-byte bound of a generated file",
+                crate::scenario::GENERATED_FILE_MAX_BYTES
+            ));
+        }
+        Ok(Some(pattern))
+    }
+
+    /// Whether `actual` is the base64 (standard alphabet, padded) of exactly these bytes;
+    /// `Err` says why not.
+    fn check(&self, actual: &Value) -> Result<(), String> {
+        use base64::Engine as _;
+        let Value::String(text) = actual else {
+            return Err(format!(
+                "expected a base64 string, got {}",
+                type_name(actual)
+            ));
+        };
+        let bytes = base64::engine::general_purpose::STANDARD
+            .decode(text)
+            .map_err(|e| format!("not valid base64: {e}"))?;
+        if bytes.len() as u64 != self.size {
+            return Err(format!(
+                "expected {} bytes of generated content, got {} bytes",
+                self.size,
+                bytes.len()
+            ));
+        }
+        let mut expected = vec![0u8; bytes.len()];
+        GeneratedContent::at(self.seed, self.offset).fill(&mut expected);
+        match bytes.iter().zip(&expected).position(|(a, b)| a != b) {
+            None => Ok(()),
+            Some(i) => Err(format!(
+                "byte {i} differs from the generated content (seed {}, file offset {})",
+                self.seed,
+                self.offset + i as u64
+            )),
+        }
+    }
+}
 
 /// Why an emitted value does not match the scenario's pattern.
 #[derive(Debug, Clone, PartialEq)]
@@ -33,6 +135,10 @@ pub struct Mismatch {
     pub reason: String,
 }
 
+/// Most characters of one value a [`Mismatch`] message shows (a 1 MiB payload must not
+/// flood a failure report).
+pub const MISMATCH_VALUE_MAX_CHARS: usize = 1024;
+
 impl fmt::Display for Mismatch {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
@@ -40,13 +146,24 @@ impl fmt::Display for Mismatch {
             "at {}: {}; expected {}",
             self.path,
             self.reason,
-            compact(&self.expected)
+            bounded(&self.expected)
         )?;
         match &self.actual {
-            Some(actual) => write!(f, ", got {}", compact(actual)),
+            Some(actual) => write!(f, ", got {}", bounded(actual)),
             None => write!(f, ", got nothing"),
         }
     }
+}
+
+/// A value for a failure message: a long string as its golden summary (length and
+/// SHA-256 prefix), anything else compact JSON cut at [`MISMATCH_VALUE_MAX_CHARS`].
+fn bounded(value: &Value) -> String {
+    if let Value::String(text) = value
+        && let Some(summary) = crate::golden::summarize_long_string(text)
+    {
+        return summary;
+    }
+    crate::transport::ws::truncate(&compact(value), MISMATCH_VALUE_MAX_CHARS)
 }
 
 impl std::error::Error for Mismatch {}
@@ -180,6 +297,15 @@ fn match_at(
             },
         },
         Value::Object(pattern) => {
+            match GeneratedPattern::parse(expected) {
+                Ok(Some(generated)) => {
+                    return generated
+                        .check(actual)
+                        .map_err(|reason| mismatch(path, expected, Some(actual), reason));
+                }
+                Err(reason) => return Err(mismatch(path, expected, Some(actual), reason)),
+                Ok(None) => {}
+            }
             let Value::Object(map) = actual else {
                 return Err(mismatch(
                     path,
@@ -243,6 +369,71 @@ pub fn schema_check(frame: &Value, direction: Direction) -> Result<(), WireError
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn generated_pattern_matches_exact_content() {
+        use base64::Engine as _;
+        let mut content = vec![0u8; 40];
+        GeneratedContent::new(7).fill(&mut content);
+        let encode = |b: &[u8]| base64::engine::general_purpose::STANDARD.encode(b);
+        let mut b = Bindings::new();
+        let pat = |offset: u64, size: u64| json!({"data": {"$generated": {"seed": 7, "offset": offset, "size": size}}});
+        match_frame(&pat(0, 40), &json!({"data": encode(&content)}), &mut b).unwrap();
+        // From an offset that is not a word boundary.
+        match_frame(
+            &pat(13, 20),
+            &json!({"data": encode(&content[13..33])}),
+            &mut b,
+        )
+        .unwrap();
+        match_frame(
+            &json!({"data": {"$generated": {"seed": 7, "size": 3}}}),
+            &json!({"data": encode(&content[..3])}),
+            &mut b,
+        )
+        .unwrap();
+        let err = match_frame(
+            &pat(0, 40),
+            &json!({"data": encode(&content[..39])}),
+            &mut b,
+        )
+        .unwrap_err();
+        assert_eq!(err.path, "$.data");
+        assert_eq!(
+            err.reason,
+            "expected 40 bytes of generated content, got 39 bytes"
+        );
+        let mut wrong = content.clone();
+        wrong[17] ^= 1;
+        let err = match_frame(&pat(0, 40), &json!({"data": encode(&wrong)}), &mut b).unwrap_err();
+        assert!(err.reason.starts_with("byte 17 differs"), "{}", err.reason);
+        let err = match_frame(&pat(0, 1), &json!({"data": "!!"}), &mut b).unwrap_err();
+        assert!(err.reason.starts_with("not valid base64"), "{}", err.reason);
+        let err = match_frame(&pat(0, 1), &json!({"data": 5}), &mut b).unwrap_err();
+        assert_eq!(err.reason, "expected a base64 string, got number");
+        for bad in [
+            json!({"$generated": {"seed": 7}}),
+            json!({"$generated": {"seed": -1, "size": 1}}),
+            json!({"$generated": {"seed": 7, "size": 1, "sise": 1}}),
+            json!({"$generated": {"seed": 7, "size": 1}, "other": 1}),
+            json!({"$generated": 3}),
+        ] {
+            assert!(GeneratedPattern::parse(&bad).is_err(), "{bad}");
+        }
+        assert_eq!(GeneratedPattern::parse(&json!({"a": 1})), Ok(None));
+    }
+
+    #[test]
+    fn long_values_are_bounded_in_messages() {
+        let long = "A".repeat(4000);
+        let mut b = Bindings::new();
+        let err = match_frame(&json!({"d": "short"}), &json!({"d": long}), &mut b).unwrap_err();
+        let text = err.to_string();
+        assert!(text.contains("got <string: 4000 bytes, sha256 "), "{text}");
+        assert!(text.len() < 200, "{text}");
+        let err = match_frame(&json!({"d": 1}), &json!({"d": [long]}), &mut b).unwrap_err();
+        assert!(err.to_string().len() < MISMATCH_VALUE_MAX_CHARS + 200);
+    }
 
     #[test]
     fn absent_marker_requires_a_missing_key() {

@@ -10,7 +10,9 @@
 //!   environment, captures stderr into a bounded [`StderrTail`] (last
 //!   [`STDERR_TAIL_LINES`] lines, at most [`STDERR_TAIL_BYTES`]) and scans every stderr
 //!   byte for a secret. [`Target::await_ready`] races a readiness future against the
-//!   process exiting and the start-up deadline. [`Target::shutdown`] sends `SIGTERM` to
+//!   process exiting and the start-up deadline ([`Target::await_ready_or_exit`] reports
+//!   an exit as an outcome instead of an error, for scenarios that expect one);
+//!   [`Target::wait_exit`] awaits the exit itself. [`Target::shutdown`] sends `SIGTERM` to
 //!   the group, waits up to [`TERM_GRACE`], then `SIGKILL`s the group; dropping a
 //!   [`Target`] that was not shut down `SIGKILL`s the group at once (failure and panic
 //!   paths included).
@@ -33,6 +35,8 @@ use tokio::io::AsyncReadExt;
 use tokio::process::{Child, ChildStderr, Command};
 use tokio::task::JoinHandle;
 
+use crate::scenario::GeneratedContent;
+
 /// Most stderr lines kept for failure messages.
 pub const STDERR_TAIL_LINES: usize = 64;
 /// Most stderr bytes kept for failure messages (longer lines are cut).
@@ -45,6 +49,9 @@ pub const UNIX_SOCKET_PATH_MAX_BYTES: usize = 107;
 /// Bound on waiting for the stderr reader to reach end-of-file after the target exited
 /// (a grandchild that left the process group could keep the pipe open).
 const STDERR_DRAIN_BOUND: Duration = Duration::from_secs(1);
+
+/// Size of the buffer generated content is written through (bytes).
+const GENERATED_CHUNK_BYTES: usize = 64 * 1024;
 
 /// Failure to prepare, launch or stop a target. Every variant has a stable
 /// [`code`](Self::code); messages name the path, command or deadline involved.
@@ -92,6 +99,17 @@ pub enum TargetError {
     /// A workspace seed path that is absolute or escapes the workspace.
     #[error("workspace seed path {0:?} must be relative and stay inside the workspace")]
     BadSeedPath(String),
+    /// A generated workspace file larger than
+    /// [`GENERATED_FILE_MAX_BYTES`](crate::scenario::GENERATED_FILE_MAX_BYTES).
+    #[error("generated workspace file {path:?}: {size} bytes exceed the {max}-byte bound")]
+    SeedTooLarge {
+        /// The file's workspace-relative path.
+        path: String,
+        /// The requested size.
+        size: u64,
+        /// The bound.
+        max: u64,
+    },
     /// The target exited before it was ready.
     #[error("target exited before it was ready ({status}); stderr tail:\n{stderr}")]
     ExitedEarly {
@@ -108,6 +126,9 @@ pub enum TargetError {
         /// The stderr tail.
         stderr: String,
     },
+    /// Waiting for the target process failed (an OS error, not an exit).
+    #[error("waiting for the target process failed: {0}")]
+    WaitFailed(#[source] std::io::Error),
     /// The readiness check itself failed (e.g. a malformed hello line).
     #[error("target readiness failed: {reason}; stderr tail:\n{stderr}")]
     NotReady {
@@ -127,9 +148,11 @@ impl TargetError {
             TargetError::RunDir { .. } => "run_dir_failed",
             TargetError::SocketPathTooLong { .. } => "socket_path_too_long",
             TargetError::BadSeedPath(_) => "bad_seed_path",
+            TargetError::SeedTooLarge { .. } => "seed_too_large",
             TargetError::ExitedEarly { .. } => "exited_early",
             TargetError::StartupTimeout { .. } => "startup_timeout",
             TargetError::NotReady { .. } => "not_ready",
+            TargetError::WaitFailed(_) => "wait_failed",
         }
     }
 }
@@ -247,6 +270,61 @@ impl RunDir {
                 std::fs::create_dir_all(parent).map_err(io(parent))?;
             }
             std::fs::write(&path, contents).map_err(io(&path))?;
+        }
+        Ok(())
+    }
+
+    /// Creates the workspace file `path` with `size` bytes of [`GeneratedContent`] from
+    /// `seed`, written in bounded chunks (never held in memory whole), with parent
+    /// directories as needed.
+    ///
+    /// # Errors
+    /// [`TargetError::BadSeedPath`]; [`TargetError::SeedTooLarge`] over
+    /// [`GENERATED_FILE_MAX_BYTES`](crate::scenario::GENERATED_FILE_MAX_BYTES);
+    /// [`TargetError::RunDir`] on I/O failure.
+    pub fn write_generated(&self, path: &str, size: u64, seed: u64) -> Result<(), TargetError> {
+        use std::io::Write as _;
+        let max = crate::scenario::GENERATED_FILE_MAX_BYTES;
+        if size > max {
+            return Err(TargetError::SeedTooLarge {
+                path: path.to_string(),
+                size,
+                max,
+            });
+        }
+        let full = self.workspace().join(safe_relative(path)?);
+        let io = |p: &Path| {
+            let p = p.to_path_buf();
+            move |source| TargetError::RunDir { path: p, source }
+        };
+        if let Some(parent) = full.parent() {
+            std::fs::create_dir_all(parent).map_err(io(parent))?;
+        }
+        let file = std::fs::File::create(&full).map_err(io(&full))?;
+        let mut out = std::io::BufWriter::new(file);
+        let mut content = GeneratedContent::new(seed);
+        let mut buf = vec![0u8; GENERATED_CHUNK_BYTES];
+        let mut left = size;
+        while left > 0 {
+            let n = usize::try_from(left).map_or(buf.len(), |l| l.min(buf.len()));
+            content.fill(&mut buf[..n]);
+            out.write_all(&buf[..n]).map_err(io(&full))?;
+            left -= n as u64;
+        }
+        out.flush().map_err(io(&full))?;
+        Ok(())
+    }
+
+    /// Writes every generated file of a scenario's workspace seed.
+    ///
+    /// # Errors
+    /// As [`RunDir::write_generated`].
+    pub fn seed_generated(
+        &self,
+        files: &[crate::scenario::GeneratedFile],
+    ) -> Result<(), TargetError> {
+        for file in files {
+            self.write_generated(&file.path, file.size, file.seed)?;
         }
         Ok(())
     }
@@ -401,6 +479,15 @@ pub struct LaunchSpec {
     pub secret: String,
 }
 
+/// What happened first while a target was starting ([`Target::await_ready_or_exit`]).
+#[derive(Debug)]
+pub enum Startup<T> {
+    /// The readiness future completed first, with this value.
+    Ready(T),
+    /// The process exited first, with this status.
+    Exited(ExitStatus),
+}
+
 /// A running target process in its own process group.
 #[derive(Debug)]
 pub struct Target {
@@ -510,6 +597,27 @@ impl Target {
         ready: impl Future<Output = Result<T, E>>,
         deadline: Duration,
     ) -> Result<T, TargetError> {
+        match self.await_ready_or_exit(ready, deadline).await? {
+            Startup::Ready(value) => Ok(value),
+            Startup::Exited(status) => Err(TargetError::ExitedEarly {
+                status: status.to_string(),
+                stderr: self.stderr_tail(),
+            }),
+        }
+    }
+
+    /// As [`Self::await_ready`], but an exit before readiness is an outcome
+    /// ([`Startup::Exited`], stderr drained) rather than an error: for scenarios that
+    /// expect the target to refuse to start.
+    ///
+    /// # Errors
+    /// [`TargetError::StartupTimeout`], [`TargetError::NotReady`],
+    /// [`TargetError::ExitedEarly`] when waiting for the process itself failed.
+    pub async fn await_ready_or_exit<T, E: std::fmt::Display>(
+        &mut self,
+        ready: impl Future<Output = Result<T, E>>,
+        deadline: Duration,
+    ) -> Result<Startup<T>, TargetError> {
         let outcome = tokio::select! {
             result = ready => Ok(result),
             status = self.child.wait() => Err(status),
@@ -518,26 +626,43 @@ impl Target {
             }
         };
         match outcome {
-            Ok(Ok(value)) => Ok(value),
+            Ok(Ok(value)) => Ok(Startup::Ready(value)),
             Ok(Err(e)) => Err(TargetError::NotReady {
                 reason: e.to_string(),
                 stderr: self.stderr_tail(),
             }),
-            Err(status) => {
-                let status = match status {
-                    Ok(s) => {
-                        self.exit = Some(s);
-                        s.to_string()
-                    }
-                    Err(e) => format!("wait failed: {e}"),
-                };
+            Err(Ok(status)) => {
+                self.exit = Some(status);
+                self.drain_stderr().await;
+                Ok(Startup::Exited(status))
+            }
+            Err(Err(e)) => {
                 self.drain_stderr().await;
                 Err(TargetError::ExitedEarly {
-                    status,
+                    status: format!("wait failed: {e}"),
                     stderr: self.stderr_tail(),
                 })
             }
         }
+    }
+
+    /// Waits (unbounded: race it against a deadline) for the process to exit, then for
+    /// its stderr to reach end-of-file (bounded), so [`Self::stderr_tail`] is complete.
+    /// Returns at once when the exit is already known. Cancel-safe.
+    ///
+    /// # Errors
+    /// [`TargetError::WaitFailed`].
+    pub async fn wait_exit(&mut self) -> Result<ExitStatus, TargetError> {
+        let status = match self.exit {
+            Some(status) => status,
+            None => {
+                let status = self.child.wait().await.map_err(TargetError::WaitFailed)?;
+                self.exit = Some(status);
+                status
+            }
+        };
+        self.drain_stderr().await;
+        Ok(status)
     }
 
     /// Waits (bounded) until the stderr reader has seen end-of-file.
@@ -725,6 +850,109 @@ mod tests {
                 .unwrap_err();
             assert_eq!(err.code(), "bad_seed_path");
         }
+    }
+
+    #[test]
+    fn generated_content_is_deterministic_and_chunk_independent() {
+        // Cross-checked with an independent implementation of docs/scenario-format.md.
+        let mut first = [0u8; 16];
+        GeneratedContent::new(7).fill(&mut first);
+        assert_eq!(
+            first,
+            [
+                0xd7, 0x0d, 0x32, 0x59, 0xe4, 0xe1, 0xcb, 0x63, 0x36, 0x36, 0x95, 0xef, 0xb0, 0x51,
+                0x56, 0x9e
+            ]
+        );
+        let mut whole = vec![0u8; 100];
+        GeneratedContent::new(7).fill(&mut whole);
+        let mut pieces = vec![0u8; 100];
+        let mut g = GeneratedContent::new(7);
+        for chunk in pieces.chunks_mut(3) {
+            g.fill(chunk);
+        }
+        assert_eq!(whole, pieces);
+        let mut other = vec![0u8; 100];
+        GeneratedContent::new(8).fill(&mut other);
+        assert_ne!(whole, other);
+        // Seed 8 is seed 7 shifted by one word.
+        assert_eq!(whole[8..], other[..92]);
+        // The seed addition wraps.
+        let mut wrap = [0u8; 16];
+        GeneratedContent::new(u64::MAX).fill(&mut wrap);
+        assert_eq!(wrap[8..], GeneratedContent::splitmix64(0).to_le_bytes());
+    }
+
+    #[test]
+    fn generated_files_are_written_and_bounded() {
+        let run = RunDir::new().unwrap();
+        let size = GENERATED_CHUNK_BYTES as u64 * 2 + 5;
+        run.seed_generated(&[
+            crate::scenario::GeneratedFile {
+                path: "big/data.bin".into(),
+                size,
+                seed: 7,
+            },
+            crate::scenario::GeneratedFile {
+                path: "empty.bin".into(),
+                size: 0,
+                seed: 0,
+            },
+        ])
+        .unwrap();
+        let written = std::fs::read(run.workspace().join("big/data.bin")).unwrap();
+        let mut expected = vec![0u8; written.len()];
+        GeneratedContent::new(7).fill(&mut expected);
+        assert_eq!(written.len() as u64, size);
+        assert_eq!(written, expected);
+        assert_eq!(
+            std::fs::metadata(run.workspace().join("empty.bin"))
+                .unwrap()
+                .len(),
+            0
+        );
+        let too_big = crate::scenario::GENERATED_FILE_MAX_BYTES + 1;
+        let err = run.write_generated("x", too_big, 0).unwrap_err();
+        assert_eq!(err.code(), "seed_too_large");
+        assert!(!run.workspace().join("x").exists());
+        assert_eq!(
+            run.write_generated("../x", 1, 0).unwrap_err().code(),
+            "bad_seed_path"
+        );
+    }
+
+    #[tokio::test]
+    async fn exit_before_readiness_can_be_an_outcome() {
+        let (_run, spec) = spec("sh -c 'echo refusing >&2; exit 3'", "");
+        let mut target = Target::spawn(&spec).unwrap();
+        let started = target
+            .await_ready_or_exit(
+                std::future::pending::<Result<(), String>>(),
+                Duration::from_secs(10),
+            )
+            .await
+            .unwrap();
+        let Startup::Exited(status) = started else {
+            panic!("expected an exit");
+        };
+        assert_eq!(status.code(), Some(3));
+        assert_eq!(target.stderr_tail(), "refusing");
+        // The exit is remembered.
+        assert_eq!(target.wait_exit().await.unwrap().code(), Some(3));
+        assert_eq!(target.shutdown().await.and_then(|s| s.code()), Some(3));
+    }
+
+    #[tokio::test]
+    async fn wait_exit_collects_the_whole_stderr() {
+        let (_run, spec) = spec("sh -c 'echo one >&2; echo two >&2; exit 0'", "");
+        let mut target = Target::spawn(&spec).unwrap();
+        let status = tokio::time::timeout(Duration::from_secs(10), target.wait_exit())
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(status.success());
+        assert_eq!(target.stderr_tail(), "one\ntwo");
+        target.shutdown().await;
     }
 
     #[tokio::test]

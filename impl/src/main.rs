@@ -3,7 +3,11 @@
 //! ```text
 //! contract-impl runtime [--core-url URL] [--device-id ID] [--config FILE]
 //!                       [--control-socket PATH] [--workspace DIR] [--adapter controlled]
+//! contract-impl runtime [--core-url URL] [--device-id ID] [--config FILE] [--workspace DIR]
+//!                       --adapter command --command-program PROGRAM [--command-arg ARG]...
+//!                       [--command-cwd DIR] [--command-stdin close|open]
 //! contract-impl schema core_runtime
+//! contract-impl core serve|credential …   (see docs/core-api.md)
 //! ```
 //!
 //! `runtime` runs the Core ↔ Runtime daemon through the launch contract of
@@ -13,14 +17,24 @@
 //! **only** from `CONTRACT_DAEMON_CREDENTIAL`: it has no flag (so it never shows in a
 //! process listing) and is never printed.
 //!
+//! `--adapter controlled` (the default) needs `--control-socket`. `--adapter command`
+//! runs a real Harness: the local program `PROGRAM` (a path, or a name looked up in
+//! `PATH`) once per Turn, with the arguments `--command-arg` gives in order (no shell),
+//! in the workspace directory unless `--command-cwd` names another, with stdin closed
+//! after the Turn input (`--command-stdin close`, the default) or kept open for active
+//! input (`open`); at most `limits.active_executions` programs run at once. See
+//! `contract_impl::core_runtime::adapter::command`. With it, the registered agent kinds
+//! are the adapter's own declaration (kind `command`); `agent_kinds` in the launch
+//! configuration is ignored, so a configuration can never over-declare the program.
+//!
 //! Logs go to stderr through `tracing` (`RUST_LOG`, default `info`).
 //!
 //! # Exit codes
 //! | code | meaning |
 //! |---|---|
 //! | 0 | `device_shutdown` completed (every Executor closed, WebSocket closed 1000); or `schema` printed |
-//! | 1 | runtime failure: the workspace cannot be bound, the controlled adapter cannot connect |
-//! | 2 | usage error (missing or invalid arguments, missing credential) |
+//! | 1 | runtime failure: the workspace cannot be bound, the controlled adapter cannot connect, the command adapter's program or working directory is unusable |
+//! | 2 | usage error (missing or invalid arguments, missing credential, `--control-socket` missing with `--adapter controlled`, `--command-program` missing with `--adapter command`) |
 //! | 3 | invalid launch configuration, including `invalid_capability_declaration` (the message names the key or field) |
 //!
 //! A permanent connection rejection (`incompatible_version`, 401, 403) does not exit:
@@ -32,6 +46,7 @@ use std::sync::Arc;
 
 use clap::{Parser, Subcommand, ValueEnum};
 use contract_impl::core_runtime::adapter::HarnessAdapter;
+use contract_impl::core_runtime::adapter::command::{CommandAdapter, CommandConfig, StdinMode};
 use contract_impl::core_runtime::adapter::controlled::ControlledAdapter;
 use contract_impl::core_runtime::daemon::{self, ConnectOptions, Credential, RuntimeConfig};
 use contract_impl::core_runtime::workspace::Workspace;
@@ -61,6 +76,8 @@ struct Cli {
 enum Command {
     /// Run the Core ↔ Runtime daemon (docs/launch-contract.md).
     Runtime(RuntimeArgs),
+    /// Run Core (`core serve`) or administer daemon credentials (`core credential …`).
+    Core(contract_impl::core_runtime::gateway::cli::CoreArgs),
     /// Print a protocol's JSON Schema.
     Schema {
         /// The protocol family.
@@ -80,6 +97,16 @@ enum Family {
 enum AdapterKind {
     /// The controlled Harness adapter, driven over the control channel.
     Controlled,
+    /// The command adapter: runs `--command-program` once per Turn.
+    Command,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum CommandStdin {
+    /// Close stdin after the Turn input (the program sees EOF).
+    Close,
+    /// Keep stdin open for active input.
+    Open,
 }
 
 #[derive(Debug, clap::Args)]
@@ -93,15 +120,28 @@ struct RuntimeArgs {
     /// Launch configuration (JSON); absent = every spec default.
     #[arg(long, env = "CONTRACT_RUNTIME_CONFIG")]
     config: Option<PathBuf>,
-    /// Unix socket of the controlled adapter's control channel.
+    /// Unix socket of the controlled adapter's control channel (required with
+    /// `--adapter controlled`).
     #[arg(long, env = "CONTRACT_CONTROL_SOCKET")]
-    control_socket: PathBuf,
+    control_socket: Option<PathBuf>,
     /// Workspace directory the Runtime is bound to.
     #[arg(long, env = "CONTRACT_WORKSPACE")]
     workspace: PathBuf,
     /// Harness adapter.
     #[arg(long, value_enum, default_value = "controlled")]
     adapter: AdapterKind,
+    /// Program the command adapter runs per Turn (a path, or a name found in PATH).
+    #[arg(long)]
+    command_program: Option<PathBuf>,
+    /// One argument of the program (repeat in order; no shell is involved).
+    #[arg(long = "command-arg", allow_hyphen_values = true)]
+    command_args: Vec<std::ffi::OsString>,
+    /// Working directory of the program (default: the workspace directory).
+    #[arg(long)]
+    command_cwd: Option<PathBuf>,
+    /// Stdin of the program after the Turn input.
+    #[arg(long, value_enum, default_value = "close")]
+    command_stdin: CommandStdin,
 }
 
 fn main() -> ExitCode {
@@ -123,6 +163,7 @@ fn main() -> ExitCode {
             }
         }
         Command::Runtime(args) => runtime(args),
+        Command::Core(args) => contract_impl::core_runtime::gateway::cli::run(args),
     }
 }
 
@@ -145,7 +186,7 @@ fn runtime(args: RuntimeArgs) -> ExitCode {
         Some(path) => RuntimeConfig::load(path),
         None => Ok(RuntimeConfig::default()),
     };
-    let config = match config {
+    let mut config = match config {
         Ok(config) => config,
         Err(err) => {
             eprintln!("error: {} ({})", err, err.code());
@@ -172,15 +213,45 @@ fn runtime(args: RuntimeArgs) -> ExitCode {
     runtime.block_on(async move {
         let adapter: Arc<dyn HarnessAdapter> = match args.adapter {
             AdapterKind::Controlled => {
-                match ControlledAdapter::connect(&args.control_socket, config.agent_kinds.clone())
-                    .await
+                let Some(control_socket) = &args.control_socket else {
+                    eprintln!("error: --adapter controlled needs --control-socket (or CONTRACT_CONTROL_SOCKET)");
+                    return ExitCode::from(EXIT_USAGE);
+                };
+                match ControlledAdapter::connect(control_socket, config.agent_kinds.clone()).await
                 {
                     Ok(adapter) => adapter,
                     Err(err) => {
                         eprintln!(
                             "error: cannot connect the controlled adapter to {}: {err}",
-                            args.control_socket.display()
+                            control_socket.display()
                         );
+                        return ExitCode::from(EXIT_FAILURE);
+                    }
+                }
+            }
+            AdapterKind::Command => {
+                let Some(program) = &args.command_program else {
+                    eprintln!("error: --adapter command needs --command-program");
+                    return ExitCode::from(EXIT_USAGE);
+                };
+                let cwd = args
+                    .command_cwd
+                    .clone()
+                    .unwrap_or_else(|| workspace.root().to_path_buf());
+                let mut command = CommandConfig::new(program, cwd);
+                command.args = args.command_args.clone();
+                command.stdin = match args.command_stdin {
+                    CommandStdin::Close => StdinMode::Close,
+                    CommandStdin::Open => StdinMode::Open,
+                };
+                command.max_processes = config.limits.active_executions;
+                match CommandAdapter::new(command) {
+                    Ok(adapter) => {
+                        config.agent_kinds = adapter.declarations();
+                        adapter
+                    }
+                    Err(err) => {
+                        eprintln!("error: command adapter: {err} ({})", err.code());
                         return ExitCode::from(EXIT_FAILURE);
                     }
                 }

@@ -21,6 +21,11 @@
 //! | `send_bytes` | one raw text/binary message, no schema check |
 //! | `expect_close` | the next event must be a Close (code/reason checked when given) or, when neither is given, a dropped connection |
 //! | `api:` | skipped (Core is not the target) |
+//! | `expect_exit` | the target process must exit within the step deadline (a dropped WebSocket is expected; a frame, Close or HTTP request first fails); exit code and stderr substring checked when given; records `{exit_code}` (or `{signal}`) as `target exit` |
+//!
+//! When `expect_exit` is the **first** step, an exit before readiness is not a launch
+//! failure: the run proceeds to the step, which checks the exit. A target that became
+//! ready instead fails that step.
 //!
 //! Every HTTP request and WebSocket message the target sends is checked for the daemon
 //! credential (URL, body, frame) and the target's stderr is scanned for it; any sighting
@@ -47,9 +52,10 @@ use crate::bind::Bindings;
 use crate::golden::{EntryKind, GoldenEntry, Recording};
 use crate::matcher::{match_frame, schema_check};
 use crate::scenario::model::{
-    BootstrapStep, ConnectStep, HttpResponseSpec, Party, RawMessage, Scenario, Side, Step,
+    BootstrapStep, ConnectStep, ExitCodeSpec, HttpResponseSpec, Party, RawMessage, Scenario, Side,
+    Step,
 };
-use crate::target::{LaunchSpec, RunDir, Target};
+use crate::target::{LaunchSpec, RunDir, Startup, Target};
 use crate::transport::TransportError;
 use crate::transport::http::{BOOTSTRAP_PATH, IncomingRequest, RequestBody, ScriptedCore, WS_PATH};
 use crate::transport::ws::{WsConnection, WsEvent, truncate};
@@ -205,17 +211,21 @@ pub async fn drive(scenario: &Scenario, side: Side, opts: &DriveOptions) -> Driv
         ));
         return outcome;
     }
-    let mut launched = match launch_runtime(scenario, opts).await {
+    let exit_first = matches!(scenario.steps.first(), Some(Step::ExpectExit { .. }));
+    let launched = match launch_runtime(scenario, opts, exit_first).await {
         Ok(launched) => launched,
         Err(message) => {
             outcome.failure = Some(fail("launch", message));
             return outcome;
         }
     };
+    let run_dir = launched.run_dir;
     let mut session = Session {
         core: launched.core,
         ws: None,
+        ready_instead_of_exit: exit_first && launched.control.is_some(),
         control: launched.control,
+        target: launched.target,
         bindings: Bindings::new(),
         recording: Recording::new(),
         credential: launched.credential,
@@ -242,13 +252,14 @@ pub async fn drive(scenario: &Scenario, side: Side, opts: &DriveOptions) -> Driv
         ws,
         control,
         core,
+        mut target,
         ..
     } = session;
     drop(ws);
     drop(control);
     drop(core);
-    let exit = launched.target.shutdown().await;
-    if failure.is_none() && launched.target.secret_leaked() {
+    let exit = target.shutdown().await;
+    if failure.is_none() && target.secret_leaked() {
         failure = Some(fail(
             "end of run",
             "the daemon credential appeared on the target's stderr (it must never be logged)"
@@ -258,9 +269,9 @@ pub async fn drive(scenario: &Scenario, side: Side, opts: &DriveOptions) -> Driv
     outcome.failure = failure;
     outcome.recording = recording;
     outcome.bindings = bindings;
-    outcome.stderr_tail = launched.target.stderr_tail();
+    outcome.stderr_tail = target.stderr_tail();
     outcome.exit = exit.map(|s| s.to_string());
-    drop(launched.run_dir);
+    drop(run_dir);
     outcome
 }
 
@@ -268,17 +279,27 @@ struct Launched {
     run_dir: RunDir,
     target: Target,
     core: ScriptedCore,
-    control: ControlChannel,
+    /// `None` only when the target exited before readiness and the scenario expects it.
+    control: Option<ControlChannel>,
     credential: String,
 }
 
 /// Prepares the run directory, the scripted Core and the control socket, launches the
-/// target and waits for its hello.
-async fn launch_runtime(scenario: &Scenario, opts: &DriveOptions) -> Result<Launched, String> {
+/// target and waits for its hello. With `exit_allowed` (the first step is
+/// `expect_exit`), an exit before readiness is not an error: the result then has no
+/// control channel.
+async fn launch_runtime(
+    scenario: &Scenario,
+    opts: &DriveOptions,
+    exit_allowed: bool,
+) -> Result<Launched, String> {
     let run_dir = RunDir::new().map_err(|e| e.to_string())?;
     if let Some(seed) = &scenario.config.workspace {
         run_dir
             .seed_workspace(seed.files.iter(), seed.dirs.iter())
+            .map_err(|e| e.to_string())?;
+        run_dir
+            .seed_generated(&seed.generated)
             .map_err(|e| e.to_string())?;
     }
     let mut config = default_launch_config();
@@ -316,11 +337,19 @@ async fn launch_runtime(scenario: &Scenario, opts: &DriveOptions) -> Result<Laun
         secret: credential.clone(),
     };
     let mut target = Target::spawn(&spec).map_err(|e| e.to_string())?;
-    let control = match target
-        .await_ready(listener.accept(), opts.startup_timeout)
-        .await
-    {
-        Ok(control) => control,
+    let started = if exit_allowed {
+        target
+            .await_ready_or_exit(listener.accept(), opts.startup_timeout)
+            .await
+    } else {
+        target
+            .await_ready(listener.accept(), opts.startup_timeout)
+            .await
+            .map(Startup::Ready)
+    };
+    let control = match started {
+        Ok(Startup::Ready(control)) => Some(control),
+        Ok(Startup::Exited(_)) => None,
         Err(e) => {
             target.shutdown().await;
             return Err(e.to_string());
@@ -354,7 +383,11 @@ impl Event {
 struct Session {
     core: ScriptedCore,
     ws: Option<WsConnection>,
-    control: ControlChannel,
+    /// `None` when the target exited before readiness (a first `expect_exit` step).
+    control: Option<ControlChannel>,
+    /// The first step is `expect_exit`, yet the target became ready.
+    ready_instead_of_exit: bool,
+    target: Target,
     bindings: Bindings,
     recording: Recording,
     credential: String,
@@ -443,6 +476,7 @@ impl Session {
             }
             Step::ExpectClose { code, reason } => self.expect_close(*code, reason.as_deref()).await,
             Step::Api(_) => Ok(()),
+            Step::ExpectExit { code, stderr } => self.expect_exit(*code, stderr).await,
         }
     }
 
@@ -599,8 +633,10 @@ impl Session {
             .map(Duration::from_millis)
             .unwrap_or(ADAPTER_DEFAULT_TIMEOUT);
         let wait = self.step_timeout.max(adapter_wait + CONTROL_GRACE);
-        let result = self
-            .control
+        let control = self.control.as_mut().ok_or_else(|| {
+            "the target has no control channel (it exited before it was ready)".to_string()
+        })?;
+        let result = control
             .request(op, &args, wait)
             .await
             .map_err(|e| format!("{e} ({})", e.code()))?;
@@ -916,6 +952,83 @@ impl Session {
             Some(other) => Err(format!("expected {expected}, got {}", other.describe())),
             None => Err(self.nothing(&expected)),
         }
+    }
+
+    async fn expect_exit(&mut self, code: Option<ExitCodeSpec>, stderr: &[String]) -> StepResult {
+        let expected = match code {
+            Some(c) => format!("the target to exit with {c}"),
+            None => "the target to exit".to_string(),
+        };
+        if self.ready_instead_of_exit {
+            return Err(format!(
+                "expected {expected} before it was ready, but it became ready instead (its \
+                 controlled adapter connected and said hello); a target must refuse an invalid \
+                 launch configuration by exiting non-zero and naming the problem on stderr"
+            ));
+        }
+        let deadline = Instant::now() + self.step_timeout;
+        let status = loop {
+            // Biased towards the connections: what the target emitted before it exited is
+            // reported rather than hidden by the exit.
+            let event = tokio::select! {
+                biased;
+                event = ws_recv(&mut self.ws) => match event {
+                    // The connection ending is what an exiting target does.
+                    Some(WsEvent::Eof) | None => {
+                        self.ws = None;
+                        continue;
+                    }
+                    Some(event) => Event::Ws(event),
+                },
+                request = self.core.next_request() => match request {
+                    Some(request) => Event::Http(request),
+                    None => return Err("the scripted Core stopped unexpectedly".into()),
+                },
+                status = self.target.wait_exit() => break status.map_err(|e| e.to_string())?,
+                () = tokio::time::sleep_until(deadline) => {
+                    return Err(format!(
+                        "expected {expected} within {}, it is still running",
+                        show_duration(self.step_timeout)
+                    ));
+                }
+            };
+            self.check_credential(&event)?;
+            if let Event::Ws(WsEvent::Text(text)) = &event
+                && let Ok(value) = parse_strict(text.as_bytes())
+            {
+                self.record("runtime frame", EntryKind::Frame, value);
+            }
+            let hint = match &event {
+                Event::Ws(WsEvent::Close { .. }) => " (expect it with `expect_close` first)",
+                _ => "",
+            };
+            return Err(format!(
+                "expected {expected}, got {}{hint}",
+                event.describe()
+            ));
+        };
+        let body = match (
+            status.code(),
+            std::os::unix::process::ExitStatusExt::signal(&status),
+        ) {
+            (Some(c), _) => json!({"exit_code": c}),
+            (None, Some(sig)) => json!({"signal": sig}),
+            (None, None) => json!({"exit_code": Value::Null}),
+        };
+        self.record("target exit", EntryKind::Exit, body);
+        if let Some(c) = code
+            && !c.matches(status.code())
+        {
+            return Err(format!("expected {expected}, it ended with {status}"));
+        }
+        let tail = self.target.stderr_tail();
+        if let Some(needle) = stderr.iter().find(|n| !tail.contains(n.as_str())) {
+            return Err(format!(
+                "expected the target's stderr to contain {needle:?}; it ended with {status} and \
+                 its stderr tail does not"
+            ));
+        }
+        Ok(())
     }
 }
 
@@ -1239,6 +1352,126 @@ mod tests {
         assert!(text.contains("(launch)"), "{text}");
         assert!(text.contains("exited before it was ready"), "{text}");
         assert!(text.contains("fake runtime: refusing to start"), "{text}");
+    }
+
+    #[tokio::test]
+    async fn expected_exit_before_readiness_passes() {
+        let outcome = drive_fake(
+            "exit",
+            vec![Step::ExpectExit {
+                code: Some(ExitCodeSpec::Exact(4)),
+                stderr: vec!["refusing".into(), "to start".into()],
+            }],
+        )
+        .await;
+        assert!(
+            outcome.failure.is_none(),
+            "{}\n{}",
+            failure(&outcome),
+            outcome.stderr_tail
+        );
+        let entries = &outcome.recording.entries;
+        assert_eq!(entries.len(), 1);
+        assert_eq!(entries[0].label, "target exit");
+        assert_eq!(entries[0].kind, EntryKind::Exit);
+        assert_eq!(entries[0].body, json!({"exit_code": 4}));
+        let outcome = drive_fake(
+            "exit",
+            vec![Step::ExpectExit {
+                code: Some(ExitCodeSpec::NonZero),
+                stderr: vec![],
+            }],
+        )
+        .await;
+        assert!(outcome.failure.is_none(), "{}", failure(&outcome));
+    }
+
+    #[tokio::test]
+    async fn expected_exit_checks_code_and_stderr() {
+        let outcome = drive_fake(
+            "exit",
+            vec![Step::ExpectExit {
+                code: Some(ExitCodeSpec::Exact(3)),
+                stderr: vec![],
+            }],
+        )
+        .await;
+        let text = failure(&outcome);
+        assert!(
+            text.contains("step 1 (expect_exit): expected the target to exit with code 3, it ended with exit status: 4"),
+            "{text}"
+        );
+        let outcome = drive_fake(
+            "exit",
+            vec![Step::ExpectExit {
+                code: None,
+                stderr: vec!["refusing".into(), "invalid_capability_declaration".into()],
+            }],
+        )
+        .await;
+        let text = failure(&outcome);
+        assert!(
+            text.contains(
+                "expected the target's stderr to contain \"invalid_capability_declaration\""
+            ),
+            "{text}"
+        );
+    }
+
+    #[tokio::test]
+    async fn ready_instead_of_exit_fails_the_step() {
+        let outcome = drive_fake(
+            "ok",
+            vec![Step::ExpectExit {
+                code: Some(ExitCodeSpec::NonZero),
+                stderr: vec![],
+            }],
+        )
+        .await;
+        let text = failure(&outcome);
+        assert!(
+            text.contains("step 1 (expect_exit)") && text.contains("became ready instead"),
+            "{text}"
+        );
+        assert!(outcome.recording.entries.is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_target_that_keeps_running_fails_expect_exit() {
+        let outcome = drive_fake(
+            "ok",
+            vec![
+                Step::Handshake {
+                    heartbeat_interval_ms: None,
+                },
+                Step::ExpectExit {
+                    code: Some(ExitCodeSpec::Exact(0)),
+                    stderr: vec![],
+                },
+            ],
+        )
+        .await;
+        let text = failure(&outcome);
+        assert!(
+            text.contains("step 2 (expect_exit): expected the target to exit with code 0 within 1500ms, it is still running"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn merge_passes_nulls_through() {
+        let mut base = default_launch_config();
+        deep_merge(
+            &mut base,
+            &json!({"agent_kinds": [{"agent_kind": "k", "available": true, "capabilities": {"resume": null}}], "timers": null}),
+        );
+        assert_eq!(
+            base["agent_kinds"][0]["capabilities"]["resume"],
+            Value::Null
+        );
+        assert_eq!(base["timers"], Value::Null);
+        let text = serde_json::to_string(&base).unwrap();
+        assert!(text.contains("\"resume\":null"), "{text}");
     }
 
     #[tokio::test]

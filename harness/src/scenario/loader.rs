@@ -17,7 +17,8 @@ use serde_json::{Map, Value};
 use serde_saphyr::{Location, Spanned};
 
 use super::model::{
-    BootstrapStep, ConnectStep, Party, RawMessage, Scenario, ScenarioConfig, Side, Step,
+    BootstrapStep, ConnectStep, ExitCodeSpec, Party, RawMessage, Scenario, ScenarioConfig, Side,
+    Step,
 };
 use super::validation::{self, Spans, StepSpan};
 
@@ -192,6 +193,7 @@ enum RawStep {
     SendBytes(RawBytes),
     ExpectClose(RawClose),
     Api(Value),
+    ExpectExit(RawExit),
 }
 
 /// An Envelope as written in a scenario: `type`, `id`, `payload`, optional `trace`.
@@ -237,6 +239,79 @@ struct RawClose {
     code: Option<u16>,
     #[serde(default)]
     reason: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawExit {
+    #[serde(default)]
+    code: Option<RawExitCode>,
+    #[serde(default)]
+    stderr: Option<OneOrMany>,
+}
+
+/// `code: <integer>` or `code: nonzero`.
+struct RawExitCode(ExitCodeSpec);
+
+impl<'de> Deserialize<'de> for RawExitCode {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Visitor;
+        impl serde::de::Visitor<'_> for Visitor {
+            type Value = RawExitCode;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("an exit code (0..=255) or `nonzero`")
+            }
+            fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<RawExitCode, E> {
+                i32::try_from(v)
+                    .map(|c| RawExitCode(ExitCodeSpec::Exact(c)))
+                    .map_err(|_| E::custom(format!("exit code {v} is outside 0..=255")))
+            }
+            fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<RawExitCode, E> {
+                i32::try_from(v)
+                    .map(|c| RawExitCode(ExitCodeSpec::Exact(c)))
+                    .map_err(|_| E::custom(format!("exit code {v} is outside 0..=255")))
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<RawExitCode, E> {
+                if v == "nonzero" {
+                    Ok(RawExitCode(ExitCodeSpec::NonZero))
+                } else {
+                    Err(E::custom(format!(
+                        "invalid exit code `{v}` (use an integer or `nonzero`)"
+                    )))
+                }
+            }
+        }
+        deserializer.deserialize_any(Visitor)
+    }
+}
+
+/// One string or a list of strings.
+struct OneOrMany(Vec<String>);
+
+impl<'de> Deserialize<'de> for OneOrMany {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Visitor;
+        impl<'de> serde::de::Visitor<'de> for Visitor {
+            type Value = OneOrMany;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a string or a list of strings")
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<OneOrMany, E> {
+                Ok(OneOrMany(vec![v.to_string()]))
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> Result<OneOrMany, A::Error> {
+                let mut out = Vec::new();
+                while let Some(item) = seq.next_element::<String>()? {
+                    out.push(item);
+                }
+                Ok(OneOrMany(out))
+            }
+        }
+        deserializer.deserialize_any(Visitor)
+    }
 }
 
 #[derive(Deserialize)]
@@ -376,6 +451,10 @@ impl Converter<'_> {
                 reason: c.reason,
             },
             RawStep::Api(v) => Step::Api(v),
+            RawStep::ExpectExit(e) => Step::ExpectExit {
+                code: e.code.map(|c| c.0),
+                stderr: e.stderr.map(|s| s.0).unwrap_or_default(),
+            },
         };
         Some((step, span))
     }
@@ -494,6 +573,7 @@ pub fn load_family(dir: &Path, family: &str) -> Result<Vec<Scenario>, Vec<LoadEr
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::scenario::model::GeneratedFile;
     use serde_json::json;
 
     const VALID: &str = r#"family: core_runtime
@@ -746,6 +826,178 @@ steps:
             &format!("{base}  - core: {{ type: device_shutdown, id: a, payload: {{ x: ~ }} }}\n"),
         );
         assert!(err.contains("null at $.payload.x"), "{err}");
+    }
+
+    #[test]
+    fn expect_exit_parses_codes_and_stderr() {
+        let base = "family: core_runtime\nname: x\nsummary: s\ncovers: [CR-A-001]\nsteps:\n";
+        let (_dir, result) = load(
+            "x",
+            &format!(
+                "{base}  - expect_exit: {{ code: 3, stderr: invalid_capability_declaration }}\n"
+            ),
+        );
+        assert_eq!(
+            result.unwrap().steps,
+            vec![Step::ExpectExit {
+                code: Some(ExitCodeSpec::Exact(3)),
+                stderr: vec!["invalid_capability_declaration".into()],
+            }]
+        );
+        let (_dir, result) = load(
+            "x",
+            &format!(
+                "{base}  - handshake: {{}}\n  - expect_exit: {{ code: nonzero, stderr: [a, b] }}\n"
+            ),
+        );
+        assert_eq!(
+            result.unwrap().steps[1],
+            Step::ExpectExit {
+                code: Some(ExitCodeSpec::NonZero),
+                stderr: vec!["a".into(), "b".into()],
+            }
+        );
+        let (_dir, result) = load("x", &format!("{base}  - expect_exit: {{}}\n"));
+        assert_eq!(
+            result.unwrap().steps,
+            vec![Step::ExpectExit {
+                code: None,
+                stderr: vec![]
+            }]
+        );
+        assert!(ExitCodeSpec::NonZero.matches(Some(3)));
+        assert!(!ExitCodeSpec::NonZero.matches(Some(0)));
+        assert!(!ExitCodeSpec::NonZero.matches(None));
+        assert!(ExitCodeSpec::Exact(0).matches(Some(0)));
+    }
+
+    #[test]
+    fn expect_exit_errors_are_located() {
+        let base = "family: core_runtime\nname: x\nsummary: s\ncovers: [CR-A-001]\nsteps:\n";
+        let err = load_err("x", &format!("{base}  - expect_exit: {{ code: some }}\n"));
+        assert!(
+            err.contains("x.yaml:6:") && err.contains("invalid exit code `some`"),
+            "{err}"
+        );
+        let err = load_err("x", &format!("{base}  - expect_exit: {{ code: 300 }}\n"));
+        assert!(
+            err.contains("x.yaml:6:5: expect_exit: exit code 300 is outside 0..=255"),
+            "{err}"
+        );
+        let err = load_err("x", &format!("{base}  - expect_exit: {{ stderr: \"\" }}\n"));
+        assert!(err.contains("must not be empty"), "{err}");
+        let err = load_err("x", &format!("{base}  - expect_exit: {{ cod: 1 }}\n"));
+        assert!(err.contains("x.yaml:6:20: unknown field `cod`"), "{err}");
+        let err = load_err(
+            "x",
+            &format!("{base}  - expect_exit: {{ code: 0 }}\n  - silence: 1s\n"),
+        );
+        assert!(
+            err.contains("x.yaml:6:5: expect_exit must be the last step"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn generated_files_parse_and_are_bounded() {
+        let head = "family: core_runtime\nname: x\nsummary: s\ncovers: [CR-A-001]\n";
+        let steps = "steps:\n  - handshake: {}\n";
+        let (_dir, result) = load(
+            "x",
+            &format!(
+                "{head}config:\n  workspace:\n    generated: [ {{ path: big.bin, size: 2097152, seed: 7 }}, {{ path: d/empty, size: 0 }} ]\n{steps}"
+            ),
+        );
+        let s = result.unwrap();
+        let generated = &s.config.workspace.as_ref().unwrap().generated;
+        assert_eq!(
+            generated,
+            &vec![
+                GeneratedFile {
+                    path: "big.bin".into(),
+                    size: 2_097_152,
+                    seed: 7
+                },
+                GeneratedFile {
+                    path: "d/empty".into(),
+                    size: 0,
+                    seed: 0
+                },
+            ]
+        );
+        let err = load_err(
+            "x",
+            &format!(
+                "{head}config:\n  workspace:\n    generated: [ {{ path: a, size: 67108865 }} ]\n{steps}"
+            ),
+        );
+        assert!(
+            err.contains("x.yaml:6:3: config.workspace.generated[0] (`a`): size 67108865 exceeds"),
+            "{err}"
+        );
+        let five = (0..5)
+            .map(|i| format!("{{ path: f{i}, size: 67108864 }}"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let err = load_err(
+            "x",
+            &format!("{head}config:\n  workspace:\n    generated: [ {five} ]\n{steps}"),
+        );
+        assert!(err.contains("335544320 bytes in all exceed"), "{err}");
+        let err = load_err(
+            "x",
+            &format!(
+                "{head}config:\n  workspace:\n    files: {{ a: x }}\n    generated: [ {{ path: a, size: 1 }} ]\n{steps}"
+            ),
+        );
+        assert!(err.contains("`a` is seeded twice"), "{err}");
+        let err = load_err(
+            "x",
+            &format!(
+                "{head}config:\n  workspace:\n    generated: [ {{ path: ../a, size: 1 }} ]\n{steps}"
+            ),
+        );
+        assert!(err.contains("must be a relative path inside"), "{err}");
+        let err = load_err(
+            "x",
+            &format!(
+                "{head}config:\n  workspace:\n    generated: [ {{ path: a, size: 1, sed: 2 }} ]\n{steps}"
+            ),
+        );
+        assert!(err.contains("unknown field `sed`"), "{err}");
+    }
+
+    #[test]
+    fn generated_patterns_are_checked() {
+        let head = "family: core_runtime\nname: x\nsummary: s\ncovers: [CR-A-001]\n";
+        let frame = "  - runtime: { type: workspace_read_result, id: op-1, payload: { status: ok, truncated: true, data: { $generated: GEN } } }\n";
+        let ok = frame.replace("GEN", "{ seed: 7, size: 4 }");
+        let (_dir, result) = load("x", &format!("{head}sides: [runtime]\nsteps:\n{ok}"));
+        result.unwrap();
+        let err = load_err("x", &format!("{head}steps:\n{ok}"));
+        assert!(
+            err.contains("x.yaml:6:5:")
+                && err
+                    .contains("`$generated` at $.payload.data matches only what the target emits"),
+            "{err}"
+        );
+        let bad = frame.replace("GEN", "{ seed: 7 }");
+        let err = load_err("x", &format!("{head}sides: [runtime]\nsteps:\n{bad}"));
+        assert!(
+            err.contains("at $.payload.data: `$generated` needs `size`"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn nulls_in_launch_config_are_kept() {
+        let text = "family: core_runtime\nname: x\nsummary: s\ncovers: [CR-A-001]\nconfig:\n  runtime:\n    agent_kinds: [ { agent_kind: k, available: true, capabilities: { resume: null, usage: ~ } } ]\nsteps:\n  - expect_exit: {}\n";
+        let (_dir, result) = load("x", text);
+        let s = result.unwrap();
+        assert_eq!(
+            s.config.runtime.unwrap()["agent_kinds"][0]["capabilities"],
+            json!({"resume": null, "usage": null})
+        );
     }
 
     #[test]

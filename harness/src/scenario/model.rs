@@ -156,6 +156,83 @@ pub struct WorkspaceSeed {
     /// Relative paths of (empty) directories.
     #[serde(default)]
     pub dirs: Vec<String>,
+    /// Files of generated content (for size bounds that literal contents cannot reach).
+    #[serde(default)]
+    pub generated: Vec<GeneratedFile>,
+}
+
+/// Largest generated workspace file (`config.workspace.generated[].size`): 64 MiB.
+pub const GENERATED_FILE_MAX_BYTES: u64 = 64 * 1024 * 1024;
+
+/// Largest total size of a scenario's generated workspace files: 256 MiB.
+pub const GENERATED_TOTAL_MAX_BYTES: u64 = 256 * 1024 * 1024;
+
+/// One generated workspace file (`config.workspace.generated: [{path, size, seed?}]`):
+/// `size` bytes of deterministic content derived from `seed` (see [`GeneratedContent`]
+/// and `docs/scenario-format.md`).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GeneratedFile {
+    /// Workspace-relative path (parent directories are created).
+    pub path: String,
+    /// Size in bytes, at most [`GENERATED_FILE_MAX_BYTES`].
+    pub size: u64,
+    /// Seed of the content; default 0.
+    #[serde(default)]
+    pub seed: u64,
+}
+
+/// The deterministic content of a generated workspace file: the concatenation of the
+/// 8-byte little-endian words `splitmix64(seed + k)` for `k = 0, 1, 2, …` (wrapping
+/// addition), cut at the file's size. Documented in `docs/scenario-format.md` so a
+/// reviewer (or a third party) can reproduce any byte.
+#[derive(Debug, Clone)]
+pub struct GeneratedContent {
+    seed: u64,
+    word: u64,
+    /// Bytes of the current word already handed out (8 = fetch the next word).
+    used: usize,
+}
+
+impl GeneratedContent {
+    /// The content stream for `seed`, from its first byte.
+    pub fn new(seed: u64) -> Self {
+        Self::at(seed, 0)
+    }
+
+    /// The content stream for `seed`, from byte `offset`.
+    pub fn at(seed: u64, offset: u64) -> Self {
+        let word_index = offset / 8;
+        // `offset % 8` is below 8, so the cast cannot truncate.
+        let used = (offset % 8) as usize;
+        let first = seed.wrapping_add(word_index);
+        Self {
+            seed: first.wrapping_add(1),
+            word: Self::splitmix64(first),
+            used,
+        }
+    }
+
+    /// One step of SplitMix64 (Steele, Lea, Flood 2014) applied to `x`.
+    pub fn splitmix64(x: u64) -> u64 {
+        let mut z = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Fills `buf` with the next bytes of the stream.
+    pub fn fill(&mut self, buf: &mut [u8]) {
+        for byte in buf {
+            if self.used == 8 {
+                self.word = Self::splitmix64(self.seed);
+                self.seed = self.seed.wrapping_add(1);
+                self.used = 0;
+            }
+            *byte = self.word.to_le_bytes()[self.used];
+            self.used += 1;
+        }
+    }
 }
 
 /// One raw WebSocket message the harness sends as-is (`send_bytes:`).
@@ -258,6 +335,43 @@ pub enum Step {
     },
     /// `api:` — a call to Core's public API (performed only when Core is the target).
     Api(Value),
+    /// `expect_exit:` — the target process exits within the step deadline (with this exit
+    /// code, and with `stderr` contained in its stderr tail, when given). Always the last
+    /// step; as the first (and only) step it expects the target to refuse to start.
+    ExpectExit {
+        /// Expected exit code, when given.
+        code: Option<ExitCodeSpec>,
+        /// Substrings the target's stderr tail must each contain (empty: no check).
+        stderr: Vec<String>,
+    },
+}
+
+/// The exit code an `expect_exit` step expects: `code: 3` or `code: nonzero`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExitCodeSpec {
+    /// Exactly this code (0..=255).
+    Exact(i32),
+    /// Any code but 0 (a launch contract that only says "exit non-zero").
+    NonZero,
+}
+
+impl ExitCodeSpec {
+    /// Whether a process that exited with `code` (`None`: killed by a signal) matches.
+    pub fn matches(self, code: Option<i32>) -> bool {
+        match self {
+            ExitCodeSpec::Exact(want) => code == Some(want),
+            ExitCodeSpec::NonZero => code.is_some_and(|c| c != 0),
+        }
+    }
+}
+
+impl std::fmt::Display for ExitCodeSpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ExitCodeSpec::Exact(code) => write!(f, "code {code}"),
+            ExitCodeSpec::NonZero => f.write_str("a non-zero code"),
+        }
+    }
 }
 
 impl Step {
@@ -277,6 +391,7 @@ impl Step {
             Step::SendBytes(_) => "send_bytes",
             Step::ExpectClose { .. } => "expect_close",
             Step::Api(_) => "api",
+            Step::ExpectExit { .. } => "expect_exit",
         }
     }
 

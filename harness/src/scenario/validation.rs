@@ -5,7 +5,9 @@
 //! requirement IDs; `sides` is non-empty and distinct; placeholders are well-formed;
 //! frames are Envelopes of a known type sent in the right direction by the party that
 //! writes them; `native` ops are control-channel ops; `any_order` holds only frame steps
-//! of one party; durations, close codes and HTTP statuses are in range. It never reads
+//! of one party; durations, close codes and HTTP statuses are in range; `expect_exit` is
+//! the last step with an exit code in 0..=255; workspace seed paths stay inside the
+//! workspace, are seeded once, and generated files respect their size bounds. It never reads
 //! files (the loader passes the parsed scenario and its locations) and never touches
 //! sockets.
 
@@ -15,8 +17,12 @@ use contract_impl::core_runtime::wire::{Direction, MessageType};
 use serde_json::Value;
 use serde_saphyr::Location;
 
-use super::model::{Party, Scenario, Step};
+use super::model::{
+    ExitCodeSpec, GENERATED_FILE_MAX_BYTES, GENERATED_TOTAL_MAX_BYTES, Party, Scenario, Step,
+    WorkspaceSeed,
+};
 use crate::bind::malformed_placeholders;
+use crate::matcher::{GENERATED_MARKER, GeneratedPattern};
 
 /// Control-channel operations a `native:` step may name (`docs/control-channel.md`).
 pub const NATIVE_OPS: &[&str] = &[
@@ -30,6 +36,10 @@ pub const NATIVE_OPS: &[&str] = &[
     "await",
     "report",
 ];
+
+/// Longest `expect_exit.stderr` substring (bytes): the harness keeps a bounded stderr
+/// tail, so a longer needle could never be found.
+pub const EXPECT_EXIT_STDERR_MAX_BYTES: usize = 1024;
 
 /// Families whose frames are checked against the core-runtime message table.
 const CORE_RUNTIME: &str = "core_runtime";
@@ -139,10 +149,58 @@ impl Checker<'_> {
         }
     }
 
+    /// Checks every `{$generated: …}` pattern in `value`: well-formed, and only in frames
+    /// of the one side the scenario targets (the harness can match it, never send it).
+    fn generated_patterns(
+        &mut self,
+        location: Location,
+        what: &str,
+        party: Party,
+        value: &Value,
+        path: &str,
+    ) {
+        match GeneratedPattern::parse(value) {
+            Ok(Some(_)) => {
+                let only_target = self.scenario.sides.as_deref() == Some(&[party.side()][..]);
+                if !only_target {
+                    self.issue(
+                        Some(location),
+                        format!(
+                            "{what}: `{GENERATED_MARKER}` at {path} matches only what the target emits; use it in `{}` frames of a scenario with `sides: [{}]`",
+                            party.as_str(),
+                            party.side()
+                        ),
+                    );
+                }
+                return;
+            }
+            Err(reason) => {
+                self.issue(Some(location), format!("{what}: at {path}: {reason}"));
+                return;
+            }
+            Ok(None) => {}
+        }
+        match value {
+            Value::Array(items) => {
+                for (i, item) in items.iter().enumerate() {
+                    self.generated_patterns(location, what, party, item, &format!("{path}[{i}]"));
+                }
+            }
+            Value::Object(map) => {
+                for (k, v) in map {
+                    let sub = crate::matcher::child_path(path, k);
+                    self.generated_patterns(location, what, party, v, &sub);
+                }
+            }
+            _ => {}
+        }
+    }
+
     fn frame(&mut self, location: Location, party: Party, frame: &Value) {
         let what = format!("`{}` frame", party.as_str());
         self.placeholders(location, &what, frame);
         self.no_nulls(location, &what, frame, "$");
+        self.generated_patterns(location, &what, party, frame, "$");
         let kind = frame
             .get("type")
             .and_then(Value::as_str)
@@ -289,7 +347,74 @@ impl Checker<'_> {
                 }
                 self.placeholders(location, "api", v);
             }
+            Step::ExpectExit { code, stderr } => {
+                if let Some(ExitCodeSpec::Exact(code)) = code
+                    && !(0..=255).contains(code)
+                {
+                    self.issue(
+                        Some(location),
+                        format!("expect_exit: exit code {code} is outside 0..=255"),
+                    );
+                }
+                for needle in stderr {
+                    if needle.is_empty() {
+                        self.issue(
+                            Some(location),
+                            "expect_exit: a `stderr` substring must not be empty (leave `stderr` out to accept any stderr)",
+                        );
+                    } else if needle.len() > EXPECT_EXIT_STDERR_MAX_BYTES {
+                        self.issue(
+                            Some(location),
+                            format!(
+                                "expect_exit: a `stderr` substring is longer than {EXPECT_EXIT_STDERR_MAX_BYTES} bytes"
+                            ),
+                        );
+                    }
+                }
+            }
             _ => {}
+        }
+    }
+
+    fn workspace(&mut self, location: Option<Location>, ws: &WorkspaceSeed) {
+        let mut seeded = BTreeSet::new();
+        let generated = ws.generated.iter().map(|g| &g.path);
+        for p in ws.files.keys().chain(ws.dirs.iter()).chain(generated) {
+            let path = std::path::Path::new(p);
+            let escapes = path.is_absolute()
+                || path
+                    .components()
+                    .any(|c| !matches!(c, std::path::Component::Normal(_)));
+            if p.is_empty() || escapes {
+                self.issue(
+                    location,
+                    format!("config.workspace: `{p}` must be a relative path inside the workspace"),
+                );
+            }
+            if !seeded.insert(p.trim_end_matches('/')) {
+                self.issue(location, format!("config.workspace: `{p}` is seeded twice"));
+            }
+        }
+        let mut total: u64 = 0;
+        for (i, file) in ws.generated.iter().enumerate() {
+            if file.size > GENERATED_FILE_MAX_BYTES {
+                self.issue(
+                    location,
+                    format!(
+                        "config.workspace.generated[{i}] (`{}`): size {} exceeds the {GENERATED_FILE_MAX_BYTES}-byte bound of one generated file",
+                        file.path, file.size
+                    ),
+                );
+            }
+            total = total.saturating_add(file.size);
+        }
+        if total > GENERATED_TOTAL_MAX_BYTES {
+            self.issue(
+                location,
+                format!(
+                    "config.workspace.generated: {total} bytes in all exceed the {GENERATED_TOTAL_MAX_BYTES}-byte bound"
+                ),
+            );
         }
     }
 
@@ -381,19 +506,7 @@ pub fn validate(scenario: &Scenario, spans: &Spans) -> Vec<Issue> {
         }
     }
     if let Some(ws) = &scenario.config.workspace {
-        for p in ws.files.keys().chain(ws.dirs.iter()) {
-            let path = std::path::Path::new(p);
-            let escapes = path.is_absolute()
-                || path
-                    .components()
-                    .any(|c| !matches!(c, std::path::Component::Normal(_)));
-            if p.is_empty() || escapes {
-                c.issue(
-                    spans.config,
-                    format!("config.workspace: `{p}` must be a relative path inside the workspace"),
-                );
-            }
-        }
+        c.workspace(spans.config, ws);
     }
     if scenario.steps.is_empty() {
         c.issue(Some(spans.steps), "steps must not be empty");
@@ -404,6 +517,12 @@ pub fn validate(scenario: &Scenario, spans: &Spans) -> Vec<Issue> {
             .get(i)
             .map_or((spans.steps, &[][..]), |s| (s.location, &s.children[..]));
         c.step(loc, children, step);
+        if matches!(step, Step::ExpectExit { .. }) && i + 1 != scenario.steps.len() {
+            c.issue(
+                Some(loc),
+                "expect_exit must be the last step (nothing can happen after the target exited)",
+            );
+        }
     }
     c.issues
 }

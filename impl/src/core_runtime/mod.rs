@@ -2,9 +2,13 @@
 //!
 //! * [`wire`]: the single wire definition both sides use.
 //! * [`adapter`]: the Harness adapter contract and the controlled adapter.
+//! * [`store`]: Core's durable records (SQLite).
+//! * [`gateway`]: Core's server (machine-connection API, scheduling, public API).
 
 pub mod adapter;
 pub mod daemon;
+pub mod gateway;
+pub mod store;
 pub mod transfer;
 pub mod wire;
 pub mod workspace;

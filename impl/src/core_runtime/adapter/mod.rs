@@ -9,10 +9,13 @@
 //! Implementations:
 //! * [`controlled::ControlledAdapter`]: driven by a conformance harness over the
 //!   documented control channel (`docs/control-channel.md`).
+//! * [`command::CommandAdapter`]: a real Harness that runs a configured local program
+//!   per Turn (input on stdin, stdout lines as deltas, exit status as the outcome).
 //!
 //! An adapter must never block the dispatcher's receive loop: every method is async
 //! and the dispatcher bounds each call with the spec's timers.
 
+pub mod command;
 pub mod controlled;
 
 use async_trait::async_trait;

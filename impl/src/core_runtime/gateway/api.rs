@@ -1,0 +1,500 @@
+//! The public API: HTTP JSON under `/v1` (`docs/core-api.md`).
+//!
+//! Bodies are strict JSON (duplicate keys, `null` and unknown fields are refused).
+//! Errors are `{"error": "<code>", "message": "..."}` with a 4xx status for bad input
+//! and 5xx only for storage failures. Every write is one store transaction, so a
+//! refused request leaves nothing half-written.
+
+use std::sync::Arc;
+
+use axum::Json;
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::{Path, Query, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use super::admission::AgentDefinition;
+use super::turn::FrozenSession;
+use super::{Core, TurnMsg, now_ms};
+use crate::core_runtime::store::{
+    AgentRecord, EVENTS_PAGE_MAX, EnvironmentKind, EnvironmentRecord, InteractionKind,
+    InteractionState, SessionRecord, StoreError, TurnRecord, TurnState,
+};
+use crate::core_runtime::wire::limits::{INPUT_MESSAGES_MAX, TRANSPORT_FRAME_MAX_BYTES};
+use crate::core_runtime::wire::{
+    MessageInput, PermissionVerdict, PromptForUserChoiceDecision, Uuid, validate_question_answers,
+};
+use crate::wire::bounded::{BoundedString, BoundedVec};
+
+/// Bound on a public request body (bytes): an input must fit one transport frame.
+pub const BODY_MAX_BYTES: usize = TRANSPORT_FRAME_MAX_BYTES;
+
+/// Default page size of `GET /v1/turns/{id}/events`.
+pub const EVENTS_PAGE_DEFAULT: u32 = 100;
+
+/// A typed API error.
+#[derive(Debug)]
+pub struct ApiError {
+    status: StatusCode,
+    code: &'static str,
+    message: String,
+}
+
+impl ApiError {
+    fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            status,
+            code,
+            message: message.into(),
+        }
+    }
+    fn bad(code: &'static str, message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, code, message)
+    }
+    /// The stable error code.
+    pub fn code(&self) -> &'static str {
+        self.code
+    }
+}
+
+impl From<StoreError> for ApiError {
+    fn from(err: StoreError) -> Self {
+        let status = match &err {
+            StoreError::NotFound { .. } => StatusCode::NOT_FOUND,
+            StoreError::AlreadyExists { .. }
+            | StoreError::SessionBusy(_)
+            | StoreError::WriteReserved(_)
+            | StoreError::InvalidState(_) => StatusCode::CONFLICT,
+            StoreError::LimitReached(_) => StatusCode::TOO_MANY_REQUESTS,
+            StoreError::Database(_) | StoreError::Corrupt(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        };
+        Self::new(status, err.code(), err.to_string())
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        (
+            self.status,
+            Json(json!({ "error": self.code, "message": self.message })),
+        )
+            .into_response()
+    }
+}
+
+type ApiResult = Result<Response, ApiError>;
+
+fn parse<T: serde::de::DeserializeOwned>(body: &Bytes) -> Result<T, ApiError> {
+    if body.len() > BODY_MAX_BYTES {
+        return Err(ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "request_too_large",
+            format!("bodies are limited to {BODY_MAX_BYTES} bytes"),
+        ));
+    }
+    crate::wire::decode_strict(body)
+        .map_err(|e| ApiError::bad("invalid_request", format!("{e} ({})", e.code())))
+}
+
+fn created(value: Value) -> ApiResult {
+    Ok((StatusCode::CREATED, Json(value)).into_response())
+}
+
+fn accepted(value: Value) -> ApiResult {
+    Ok((StatusCode::ACCEPTED, Json(value)).into_response())
+}
+
+/// The public routes.
+pub fn routes() -> Router<Arc<Core>> {
+    Router::new()
+        .route("/v1/agents", post(create_agent))
+        .route("/v1/agents/{id}", get(get_agent))
+        .route("/v1/environments", post(create_environment))
+        .route("/v1/environments/{id}", get(get_environment))
+        .route("/v1/sessions", post(create_session))
+        .route("/v1/sessions/{id}", get(get_session))
+        .route("/v1/sessions/{id}/turns", post(create_turn))
+        .route("/v1/turns/{id}", get(get_turn))
+        .route("/v1/turns/{id}/events", get(get_events))
+        .route("/v1/turns/{id}/inputs", post(send_input).get(list_inputs))
+        .route("/v1/turns/{id}/cancel", post(cancel_turn))
+        .route("/v1/turns/{id}/interactions", get(list_interactions))
+        .route(
+            "/v1/turns/{id}/permissions/{request_id}",
+            post(answer_permission),
+        )
+        .route(
+            "/v1/turns/{id}/user_choices/{ask_id}",
+            post(answer_user_choice),
+        )
+        .route(
+            "/v1/turns/{id}/function_results/{call_id}",
+            post(answer_function),
+        )
+}
+
+async fn create_agent(State(core): State<Arc<Core>>, body: Bytes) -> ApiResult {
+    let definition: AgentDefinition = parse(&body)?;
+    let definition = definition.frozen();
+    let record = AgentRecord {
+        agent_id: Uuid::random().to_string(),
+        definition: serde_json::to_value(&definition)
+            .map_err(|e| ApiError::bad("invalid_request", e.to_string()))?,
+        created_at_ms: now_ms(),
+    };
+    let value = json!({ "agent_id": record.agent_id, "definition": record.definition, "created_at_ms": record.created_at_ms });
+    core.store.call(move |s| s.insert_agent(&record)).await?;
+    created(value)
+}
+
+async fn get_agent(State(core): State<Arc<Core>>, Path(id): Path<String>) -> ApiResult {
+    let a = core.store.call(move |s| s.agent(&id)).await?;
+    Ok(Json(json!({ "agent_id": a.agent_id, "definition": a.definition, "created_at_ms": a.created_at_ms })).into_response())
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CreateEnvironment {
+    #[serde(rename = "type")]
+    kind: String,
+    #[serde(default)]
+    environment_id: Option<String>,
+}
+
+fn environment_json(e: &EnvironmentRecord) -> Value {
+    json!({ "environment_id": e.environment_id, "type": e.kind.as_str(), "created_at_ms": e.created_at_ms })
+}
+
+async fn create_environment(State(core): State<Arc<Core>>, body: Bytes) -> ApiResult {
+    let req: CreateEnvironment = parse(&body)?;
+    let kind = EnvironmentKind::parse(&req.kind).ok_or_else(|| {
+        ApiError::bad(
+            "invalid_environment_type",
+            "type is none, openai_hosted or self_hosted",
+        )
+    })?;
+    let id = match req.environment_id {
+        Some(id) => Uuid::new(id).map_err(|e| ApiError::bad("invalid_environment_id", e))?,
+        None => Uuid::random(),
+    };
+    let record = EnvironmentRecord {
+        environment_id: id.to_string(),
+        kind,
+        created_at_ms: now_ms(),
+    };
+    let value = environment_json(&record);
+    core.store
+        .call(move |s| s.insert_environment(&record))
+        .await?;
+    created(value)
+}
+
+async fn get_environment(State(core): State<Arc<Core>>, Path(id): Path<String>) -> ApiResult {
+    let e = core.store.call(move |s| s.environment(&id)).await?;
+    Ok(Json(environment_json(&e)).into_response())
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CreateSession {
+    agent_id: String,
+    environment_id: String,
+}
+
+fn session_json(s: &SessionRecord) -> Value {
+    json!({
+        "session_id": s.session_id, "agent_id": s.agent_id, "environment_id": s.environment_id,
+        "configuration": s.frozen, "native_session_id": s.native_session_id,
+        "started_turns": s.started_turns, "created_at_ms": s.created_at_ms,
+    })
+}
+
+async fn create_session(State(core): State<Arc<Core>>, body: Bytes) -> ApiResult {
+    let req: CreateSession = parse(&body)?;
+    let (agent_id, env_id) = (req.agent_id.clone(), req.environment_id.clone());
+    let agent = core.store.call(move |s| s.agent(&agent_id)).await?;
+    let env = core.store.call(move |s| s.environment(&env_id)).await?;
+    let definition: AgentDefinition = serde_json::from_value(agent.definition).map_err(|e| {
+        ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "storage_corrupt",
+            e.to_string(),
+        )
+    })?;
+    let frozen = FrozenSession {
+        agent: definition,
+        environment_type: env.kind,
+    };
+    let record = SessionRecord {
+        session_id: Uuid::random().to_string(),
+        agent_id: req.agent_id,
+        environment_id: req.environment_id,
+        frozen: serde_json::to_value(&frozen)
+            .map_err(|e| ApiError::bad("invalid_request", e.to_string()))?,
+        native_session_id: None,
+        started_turns: 0,
+        created_at_ms: now_ms(),
+    };
+    let value = session_json(&record);
+    core.store.call(move |s| s.insert_session(&record)).await?;
+    created(value)
+}
+
+async fn get_session(State(core): State<Arc<Core>>, Path(id): Path<String>) -> ApiResult {
+    let s = core.store.call(move |s| s.session(&id)).await?;
+    Ok(Json(session_json(&s)).into_response())
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct InputBody {
+    input: BoundedVec<MessageInput, INPUT_MESSAGES_MAX>,
+}
+
+fn validate_input(input: &BoundedVec<MessageInput, INPUT_MESSAGES_MAX>) -> Result<Value, ApiError> {
+    if input.is_empty() || input.iter().any(|m| m.content.is_empty()) {
+        return Err(ApiError::bad(
+            "invalid_input",
+            "input needs at least one message, each with content",
+        ));
+    }
+    serde_json::to_value(input).map_err(|e| ApiError::bad("invalid_input", e.to_string()))
+}
+
+fn turn_json(t: &TurnRecord) -> Value {
+    json!({
+        "turn_id": t.turn_id, "session_id": t.session_id, "state": t.state.as_str(),
+        "run_id": t.run_id, "device_id": t.device_id, "input": t.input,
+        "input_cursor": t.input_cursor, "cancel_requested": t.cancel_requested,
+        "outcome": t.outcome.public(t.state),
+        "created_at_ms": t.created_at_ms, "updated_at_ms": t.updated_at_ms,
+    })
+}
+
+async fn create_turn(
+    State(core): State<Arc<Core>>,
+    Path(session_id): Path<String>,
+    body: Bytes,
+) -> ApiResult {
+    let req: InputBody = parse(&body)?;
+    let input = validate_input(&req.input)?;
+    let turn_id = Uuid::random().to_string();
+    let turn = core
+        .store
+        .call(move |s| s.create_turn(&turn_id, &session_id, &input, now_ms()))
+        .await?;
+    core.wake.notify_one();
+    created(turn_json(&turn))
+}
+
+async fn get_turn(State(core): State<Arc<Core>>, Path(id): Path<String>) -> ApiResult {
+    let t = core.store.call(move |s| s.turn(&id)).await?;
+    Ok(Json(turn_json(&t)).into_response())
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct EventsQuery {
+    #[serde(default)]
+    after_sequence: Option<u64>,
+    #[serde(default)]
+    limit: Option<u32>,
+}
+
+async fn get_events(
+    State(core): State<Arc<Core>>,
+    Path(id): Path<String>,
+    Query(q): Query<EventsQuery>,
+) -> ApiResult {
+    let limit = q.limit.unwrap_or(EVENTS_PAGE_DEFAULT);
+    if limit == 0 || limit > EVENTS_PAGE_MAX {
+        return Err(ApiError::bad(
+            "invalid_limit",
+            format!("limit is 1..={EVENTS_PAGE_MAX}"),
+        ));
+    }
+    let after = q.after_sequence.unwrap_or(0);
+    let events = core
+        .store
+        .call(move |s| s.events(&id, after, limit))
+        .await?;
+    let next = events.last().map_or(after, |e| e.sequence);
+    Ok(Json(json!({ "events": events, "next_after_sequence": next })).into_response())
+}
+
+async fn send_input(
+    State(core): State<Arc<Core>>,
+    Path(turn_id): Path<String>,
+    body: Bytes,
+) -> ApiResult {
+    let req: InputBody = parse(&body)?;
+    let input = validate_input(&req.input)?;
+    let input_id = format!("input-{}", Uuid::random());
+    let id = turn_id.clone();
+    let record = core
+        .store
+        .call(move |s| s.enqueue_input(&id, &input_id, &input, now_ms()))
+        .await?;
+    core.notify_turn(&turn_id, TurnMsg::Wake);
+    accepted(
+        json!({ "input_id": record.input_id, "position": record.position, "state": record.state.as_str() }),
+    )
+}
+
+async fn list_inputs(State(core): State<Arc<Core>>, Path(turn_id): Path<String>) -> ApiResult {
+    let id = turn_id.clone();
+    let turn = core.store.call(move |s| s.turn(&id)).await?;
+    let inputs = core.store.call(move |s| s.inputs(&turn_id)).await?;
+    Ok(Json(json!({ "input_cursor": turn.input_cursor, "inputs": inputs })).into_response())
+}
+
+async fn cancel_turn(State(core): State<Arc<Core>>, Path(turn_id): Path<String>) -> ApiResult {
+    let id = turn_id.clone();
+    let turn = core
+        .store
+        .call(move |s| s.request_cancel(&id, now_ms()))
+        .await?;
+    if turn.state == TurnState::Queued {
+        // Nothing was delivered: a claim can no longer happen (it requires no cancel request).
+        let id = turn_id.clone();
+        let outcome = turn.outcome.clone();
+        core.store
+            .call(move |s| s.finish_turn(&id, TurnState::Cancelled, &outcome, now_ms()))
+            .await?;
+    } else {
+        core.notify_turn(&turn_id, TurnMsg::Wake);
+    }
+    let t = core.store.call(move |s| s.turn(&turn_id)).await?;
+    accepted(turn_json(&t))
+}
+
+async fn list_interactions(
+    State(core): State<Arc<Core>>,
+    Path(turn_id): Path<String>,
+) -> ApiResult {
+    let id = turn_id.clone();
+    core.store.call(move |s| s.turn(&id)).await?;
+    let list = core.store.call(move |s| s.interactions(&turn_id)).await?;
+    Ok(Json(json!({ "interactions": list })).into_response())
+}
+
+/// Records an answer (`pending` → `delivering`) and hands it to the Turn task.
+async fn answer(
+    core: &Arc<Core>,
+    turn_id: String,
+    interaction_id: String,
+    kind: InteractionKind,
+    answer: Value,
+) -> ApiResult {
+    let running = core
+        .turns
+        .lock()
+        .map(|t| t.contains_key(&turn_id))
+        .unwrap_or(false);
+    let (t, i) = (turn_id.clone(), interaction_id.clone());
+    let record = core
+        .store
+        .call(move |s| s.interaction(&t, &i, kind))
+        .await?;
+    if record.state != InteractionState::Pending {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "already_answered",
+            format!("interaction is {}", record.state.as_str()),
+        ));
+    }
+    if !running {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "turn_not_active",
+            "the Turn's Run is not active on a connection",
+        ));
+    }
+    let delivery = format!("delivery-{}", Uuid::random());
+    let (t, i, d) = (turn_id.clone(), interaction_id.clone(), delivery.clone());
+    core.store
+        .call(move |s| s.answer_interaction(&t, &i, kind, &answer, &d))
+        .await?;
+    core.notify_turn(&turn_id, TurnMsg::Wake);
+    accepted(
+        json!({ "interaction_id": interaction_id, "delivery_id": delivery, "state": "delivering" }),
+    )
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PermissionBody {
+    decision: PermissionVerdict,
+}
+
+async fn answer_permission(
+    State(core): State<Arc<Core>>,
+    Path((turn_id, request_id)): Path<(String, String)>,
+    body: Bytes,
+) -> ApiResult {
+    let req: PermissionBody = parse(&body)?;
+    answer(
+        &core,
+        turn_id,
+        request_id,
+        InteractionKind::Permission,
+        json!({ "decision": req.decision }),
+    )
+    .await
+}
+
+async fn answer_user_choice(
+    State(core): State<Arc<Core>>,
+    Path((turn_id, ask_id)): Path<(String, String)>,
+    body: Bytes,
+) -> ApiResult {
+    let mut value: Value = parse(&body)?;
+    // Shared validation before anything is stored: the decision shape and the asked IDs.
+    let (t, i) = (turn_id.clone(), ask_id.clone());
+    let record = core
+        .store
+        .call(move |s| s.interaction(&t, &i, InteractionKind::UserChoice))
+        .await?;
+    let asked: Vec<crate::core_runtime::wire::Question> =
+        serde_json::from_value(record.request["questions"].clone()).unwrap_or_default();
+    if let Some(obj) = value.as_object_mut() {
+        obj.insert("delivery_id".into(), Value::String("validation".into()));
+    }
+    let decision: PromptForUserChoiceDecision =
+        crate::wire::strict::from_value_strict(value.clone())
+            .map_err(|e| ApiError::bad("invalid_decision", e.to_string()))?;
+    validate_question_answers(&asked, &decision)
+        .map_err(|e| ApiError::bad("invalid_decision", e.to_string()))?;
+    if let Some(obj) = value.as_object_mut() {
+        obj.remove("delivery_id");
+    }
+    answer(&core, turn_id, ask_id, InteractionKind::UserChoice, value).await
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FunctionBody {
+    output: BoundedString<{ crate::core_runtime::wire::limits::TEXT_MAX_BYTES }>,
+    #[serde(default)]
+    is_error: bool,
+}
+
+async fn answer_function(
+    State(core): State<Arc<Core>>,
+    Path((turn_id, call_id)): Path<(String, String)>,
+    body: Bytes,
+) -> ApiResult {
+    let req: FunctionBody = parse(&body)?;
+    answer(
+        &core,
+        turn_id,
+        call_id,
+        InteractionKind::Function,
+        json!({ "output": req.output.as_str(), "is_error": req.is_error }),
+    )
+    .await
+}

@@ -1,0 +1,462 @@
+//! The machine-connection API and the daemon WebSocket ("Ownership and connection").
+//!
+//! * `POST /api/v1/agent-daemon/bootstrap`: Bearer daemon credential + `{"device_id"}`
+//!   → `200 {"connection_url", "heartbeat_interval_ms"}`; otherwise `401
+//!   {"error":"invalid_credential"}`.
+//! * `GET /api/v1/agent-daemon/ws?device_id=…&version=…` + Bearer: `401` for a bad
+//!   credential, `426 {"error":"incompatible_version"}` unless `version` equals
+//!   [`WIRE_VERSION`] exactly; both before any upgrade or dispatch.
+//!
+//! A new connection of a device fences the old owner lease (the device's owner epoch
+//! is incremented durably), removes the old connection's Run and interaction routes
+//! (its Turns observe [`TurnMsg::ConnectionLost`]) and closes it; the new connection
+//! inherits nothing. Capabilities are unknown until the first heartbeat; an invalid
+//! heartbeat clears the snapshot and closes the transport with 1007 and the wire error
+//! code. Any other malformed frame closes with 1007 (1009 when over-size) and the code.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use axum::Json;
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::ws::{CloseFrame, Message as WsMessage, WebSocket, WebSocketUpgrade};
+use axum::extract::{Query, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use futures_util::{SinkExt, StreamExt};
+use serde::Deserialize;
+use serde_json::json;
+use tokio::sync::mpsc;
+
+use super::{Core, DEVICES_MAX, TurnMsg};
+use crate::core_runtime::daemon::connection::{WS_MAX_WRITE_BUFFER_BYTES, WS_WRITE_BUFFER_BYTES};
+use crate::core_runtime::wire::frame::decode_envelope;
+use crate::core_runtime::wire::limits::{TRANSPORT_FRAME_MAX_BYTES, WIRE_VERSION};
+use crate::core_runtime::wire::{AgentKindDeclaration, Direction, Frame, Message};
+use crate::wire::WireError;
+
+/// Bootstrap route.
+pub const BOOTSTRAP_PATH: &str = "/api/v1/agent-daemon/bootstrap";
+/// WebSocket route.
+pub const WS_PATH: &str = "/api/v1/agent-daemon/ws";
+/// Close code for a malformed frame or invalid heartbeat (RFC 6455 "invalid payload").
+pub const CLOSE_INVALID_PAYLOAD: u16 = 1007;
+/// Close code for an over-size frame (RFC 6455 "message too big").
+pub const CLOSE_TOO_BIG: u16 = 1009;
+/// Close code used when a replacement connection fences this one.
+pub const CLOSE_REPLACED: u16 = 1000;
+/// Close reason used when a replacement connection fences this one.
+pub const REPLACED_REASON: &str = "replaced";
+/// Bound on frames queued for one connection's writer.
+pub const OUTBOUND_QUEUE_MAX: usize = 256;
+/// Bound on routes one connection holds.
+pub const ROUTES_MAX: usize = 4096;
+/// Bound on a bootstrap request body (bytes).
+pub const BOOTSTRAP_BODY_MAX_BYTES: usize = 4096;
+
+static NEXT_CONNECTION: AtomicU64 = AtomicU64::new(1);
+
+/// What the writer task sends.
+#[derive(Debug)]
+pub enum Outgoing {
+    /// One encoded frame.
+    Text(String),
+    /// Close with code and reason, then stop.
+    Close(u16, String),
+}
+
+/// The kind of a route key (the spec's identities, "Envelope and identity").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum RouteKind {
+    /// Preparation request ID (`Envelope.id` of prepare/start/release/status).
+    Preparation,
+    /// Run ID (`Envelope.id` of Run events, cancel, active input, function frames).
+    Run,
+    /// Interaction ID (`request_id` / `ask_id`).
+    Interaction,
+    /// Transfer ID (`runtime_prepare`).
+    Transfer,
+}
+
+#[derive(Default)]
+struct ConnState {
+    snapshot: Option<Vec<AgentKindDeclaration>>,
+    routes: HashMap<(RouteKind, String), String>,
+    turns: HashSet<String>,
+    initialized: HashSet<String>,
+    closed: bool,
+}
+
+/// One physical daemon connection (the current owner of its device, until fenced).
+pub struct DeviceConnection {
+    /// Authenticated device.
+    pub device_id: String,
+    /// Process-local connection number.
+    pub conn_id: u64,
+    /// Owner epoch granted to this connection.
+    pub epoch: u64,
+    out: mpsc::Sender<Outgoing>,
+    state: Mutex<ConnState>,
+}
+
+impl DeviceConnection {
+    fn lock(&self) -> std::sync::MutexGuard<'_, ConnState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The admission snapshot: `None` before the first heartbeat (capabilities unknown).
+    pub fn snapshot(&self) -> Option<Vec<AgentKindDeclaration>> {
+        self.lock().snapshot.clone()
+    }
+
+    /// The declaration of `agent_kind` in the snapshot, if declared.
+    pub fn declaration(&self, agent_kind: &str) -> Option<AgentKindDeclaration> {
+        self.lock()
+            .snapshot
+            .as_ref()?
+            .iter()
+            .find(|d| d.agent_kind.as_str() == agent_kind)
+            .cloned()
+    }
+
+    /// Whether the connection was closed or fenced.
+    pub fn is_closed(&self) -> bool {
+        self.lock().closed
+    }
+
+    /// Queues a frame for the writer. `false` = the frame did not enter the queue
+    /// (connection closed); the caller must treat delivery as not attempted.
+    pub async fn send(&self, frame: &Frame) -> bool {
+        if self.is_closed() {
+            return false;
+        }
+        let text = match frame.encode() {
+            Ok(text) => text,
+            Err(err) => {
+                tracing::error!(code = err.code(), "cannot encode a frame: {err}");
+                return false;
+            }
+        };
+        self.out.send(Outgoing::Text(text)).await.is_ok()
+    }
+
+    /// Registers a route to a Turn; `false` when the connection is closed or full.
+    pub fn route(&self, kind: RouteKind, id: &str, turn_id: &str) -> bool {
+        let mut s = self.lock();
+        if s.closed || s.routes.len() >= ROUTES_MAX {
+            return false;
+        }
+        s.routes.insert((kind, id.to_string()), turn_id.to_string());
+        s.turns.insert(turn_id.to_string());
+        true
+    }
+
+    /// Removes every route of a Turn.
+    pub fn unroute_turn(&self, turn_id: &str) {
+        let mut s = self.lock();
+        s.routes.retain(|_, t| t != turn_id);
+        s.turns.remove(turn_id);
+    }
+
+    /// Whether `environment_id` was initialized on this connection.
+    pub fn initialized(&self, environment_id: &str) -> bool {
+        self.lock().initialized.contains(environment_id)
+    }
+
+    /// Records an initialized Environment.
+    pub fn mark_initialized(&self, environment_id: &str) {
+        let mut s = self.lock();
+        if s.initialized.len() < ROUTES_MAX {
+            s.initialized.insert(environment_id.to_string());
+        }
+    }
+
+    fn lookup(&self, kind: RouteKind, id: &str) -> Option<String> {
+        self.lock().routes.get(&(kind, id.to_string())).cloned()
+    }
+
+    /// Closes the connection: drops its routes and snapshot; returns the Turns that
+    /// were routed on it.
+    fn shut(&self) -> Vec<String> {
+        let mut s = self.lock();
+        s.closed = true;
+        s.snapshot = None;
+        s.routes.clear();
+        s.turns.drain().collect()
+    }
+}
+
+/// The machine-connection routes.
+pub fn routes() -> Router<Arc<Core>> {
+    Router::new()
+        .route(BOOTSTRAP_PATH, post(bootstrap))
+        .route(WS_PATH, get(upgrade))
+}
+
+fn error(status: StatusCode, code: &str) -> Response {
+    (status, Json(json!({ "error": code }))).into_response()
+}
+
+fn bearer(headers: &HeaderMap) -> Option<String> {
+    let value = headers.get(http::header::AUTHORIZATION)?.to_str().ok()?;
+    value.strip_prefix("Bearer ").map(str::to_string)
+}
+
+async fn authenticate(core: &Core, headers: &HeaderMap, device_id: &str) -> bool {
+    let Some(secret) = bearer(headers) else {
+        return false;
+    };
+    let device = device_id.to_string();
+    matches!(
+        core.store
+            .call(move |s| s.verify_credential(&device, &secret))
+            .await,
+        Ok(Some(_))
+    )
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct BootstrapRequest {
+    device_id: String,
+}
+
+async fn bootstrap(State(core): State<Arc<Core>>, headers: HeaderMap, body: Bytes) -> Response {
+    if body.len() > BOOTSTRAP_BODY_MAX_BYTES {
+        return error(StatusCode::PAYLOAD_TOO_LARGE, "request_too_large");
+    }
+    let request: BootstrapRequest = match crate::wire::decode_strict(&body) {
+        Ok(r) => r,
+        Err(_) => return error(StatusCode::BAD_REQUEST, "invalid_request"),
+    };
+    if !authenticate(&core, &headers, &request.device_id).await {
+        return error(StatusCode::UNAUTHORIZED, "invalid_credential");
+    }
+    let ws_base = core.base_url.replacen("http://", "ws://", 1);
+    Json(json!({
+        "connection_url": format!("{ws_base}{WS_PATH}"),
+        "heartbeat_interval_ms": core.config.timers.heartbeat_interval.as_millis() as u64,
+    }))
+    .into_response()
+}
+
+#[derive(Deserialize)]
+struct WsQuery {
+    device_id: Option<String>,
+    version: Option<String>,
+}
+
+async fn upgrade(
+    State(core): State<Arc<Core>>,
+    headers: HeaderMap,
+    Query(query): Query<WsQuery>,
+    ws: Result<WebSocketUpgrade, axum::extract::ws::rejection::WebSocketUpgradeRejection>,
+) -> Response {
+    let Some(device_id) = query.device_id else {
+        return error(StatusCode::BAD_REQUEST, "missing_device_id");
+    };
+    if !authenticate(&core, &headers, &device_id).await {
+        return error(StatusCode::UNAUTHORIZED, "invalid_credential");
+    }
+    if query.version.as_deref() != Some(WIRE_VERSION) {
+        return error(StatusCode::UPGRADE_REQUIRED, "incompatible_version");
+    }
+    let ws = match ws {
+        Ok(ws) => ws,
+        Err(rejection) => return rejection.into_response(),
+    };
+    let device = device_id.clone();
+    let epoch = match core.store.call(move |s| s.bump_owner_epoch(&device)).await {
+        Ok(epoch) => epoch,
+        Err(err) => {
+            tracing::error!(code = err.code(), "cannot fence the owner lease: {err}");
+            return error(StatusCode::SERVICE_UNAVAILABLE, "storage_error");
+        }
+    };
+    ws.max_message_size(TRANSPORT_FRAME_MAX_BYTES)
+        .max_frame_size(TRANSPORT_FRAME_MAX_BYTES)
+        .write_buffer_size(WS_WRITE_BUFFER_BYTES)
+        .max_write_buffer_size(WS_MAX_WRITE_BUFFER_BYTES)
+        .on_upgrade(move |socket| run_connection(core, device_id, epoch, socket))
+}
+
+/// Installs `conn` as its device's owner, fencing the previous one.
+fn install(core: &Core, conn: Arc<DeviceConnection>) -> Result<(), &'static str> {
+    let old = {
+        let mut devices = core.devices.lock().unwrap_or_else(|e| e.into_inner());
+        if !devices.contains_key(&conn.device_id) && devices.len() >= DEVICES_MAX {
+            return Err("too_many_devices");
+        }
+        devices.insert(conn.device_id.clone(), conn.clone())
+    };
+    if let Some(old) = old {
+        tracing::info!(device_id = %conn.device_id, old_epoch = old.epoch, new_epoch = conn.epoch, "replacement connection fences the old owner lease");
+        drop_connection(core, &old);
+        let _ = old
+            .out
+            .try_send(Outgoing::Close(CLOSE_REPLACED, REPLACED_REASON.into()));
+    }
+    Ok(())
+}
+
+/// Drops a connection's routes and tells its Turns the connection is gone.
+fn drop_connection(core: &Core, conn: &DeviceConnection) {
+    for turn in conn.shut() {
+        core.notify_turn(&turn, TurnMsg::ConnectionLost);
+    }
+    let mut devices = core.devices.lock().unwrap_or_else(|e| e.into_inner());
+    if devices
+        .get(&conn.device_id)
+        .is_some_and(|c| c.conn_id == conn.conn_id)
+    {
+        devices.remove(&conn.device_id);
+    }
+}
+
+async fn run_connection(core: Arc<Core>, device_id: String, epoch: u64, socket: WebSocket) {
+    let (mut sink, mut stream) = socket.split();
+    let (out, mut rx) = mpsc::channel::<Outgoing>(OUTBOUND_QUEUE_MAX);
+    let conn = Arc::new(DeviceConnection {
+        device_id,
+        conn_id: NEXT_CONNECTION.fetch_add(1, Ordering::Relaxed),
+        epoch,
+        out,
+        state: Mutex::new(ConnState::default()),
+    });
+    if let Err(code) = install(&core, conn.clone()) {
+        let _ = sink
+            .send(WsMessage::Close(Some(CloseFrame {
+                code: 1013,
+                reason: code.into(),
+            })))
+            .await;
+        return;
+    }
+    let writer = tokio::spawn(async move {
+        while let Some(item) = rx.recv().await {
+            match item {
+                Outgoing::Text(text) => {
+                    if sink.send(WsMessage::Text(text.into())).await.is_err() {
+                        return;
+                    }
+                }
+                Outgoing::Close(code, reason) => {
+                    let _ = sink
+                        .send(WsMessage::Close(Some(CloseFrame {
+                            code,
+                            reason: reason.into(),
+                        })))
+                        .await;
+                    return;
+                }
+            }
+        }
+    });
+    tracing::info!(device_id = %conn.device_id, epoch, "daemon connected");
+    while let Some(message) = stream.next().await {
+        let violation = match message {
+            Err(err) => {
+                tracing::warn!(device_id = %conn.device_id, "connection error: {err}");
+                break;
+            }
+            Ok(WsMessage::Text(text)) => dispatch(&core, &conn, text.as_bytes()),
+            Ok(WsMessage::Binary(_)) => Some((CLOSE_INVALID_PAYLOAD, "binary_message".to_string())),
+            Ok(WsMessage::Close(_)) => break,
+            Ok(_) => None,
+        };
+        if conn.is_closed() {
+            break;
+        }
+        if let Some((code, reason)) = violation {
+            tracing::warn!(device_id = %conn.device_id, close_code = code, %reason, "closing the daemon connection");
+            drop_connection(&core, &conn);
+            let _ = conn.out.send(Outgoing::Close(code, reason)).await;
+            break;
+        }
+    }
+    drop_connection(&core, &conn);
+    let _ = conn.out.try_send(Outgoing::Close(1000, String::new()));
+    let _ = writer.await;
+    core.wake.notify_one();
+    tracing::info!(device_id = %conn.device_id, epoch, "daemon connection ended");
+}
+
+/// Decodes and routes one Runtime frame; `Some((code, reason))` closes the transport.
+fn dispatch(core: &Arc<Core>, conn: &Arc<DeviceConnection>, bytes: &[u8]) -> Option<(u16, String)> {
+    let frame = match Frame::decode(bytes, Direction::RuntimeToCore) {
+        Ok(frame) => frame,
+        Err(err) => {
+            // An invalid heartbeat clears the admission snapshot (it proves no native
+            // outcome); every malformed frame closes the transport.
+            if decode_envelope(bytes).is_ok_and(|e| e.kind == "heartbeat") {
+                conn.lock().snapshot = None;
+            }
+            let code = if matches!(err, WireError::FrameTooLarge { .. }) {
+                CLOSE_TOO_BIG
+            } else {
+                CLOSE_INVALID_PAYLOAD
+            };
+            return Some((code, err.code().to_string()));
+        }
+    };
+    let route = |kind: RouteKind, id: &str| conn.lookup(kind, id);
+    let target = match &frame.message {
+        Message::Heartbeat(hb) => {
+            // The connection snapshot follows the latest valid heartbeat; admitted
+            // Turns keep the declaration they were admitted under.
+            conn.lock().snapshot = Some(hb.supported_agent_kinds.to_vec());
+            core.wake.notify_one();
+            return None;
+        }
+        Message::PreparationStatus(_) => route(RouteKind::Preparation, &frame.id),
+        Message::RuntimePrepareResult(_) => route(RouteKind::Transfer, &frame.id),
+        Message::PermissionCancel(_) => route(RouteKind::Interaction, &frame.id),
+        Message::InteractionDecisionAck(_) => {
+            route(RouteKind::Interaction, &frame.id).or_else(|| route(RouteKind::Run, &frame.id))
+        }
+        Message::Delta(_)
+        | Message::Thinking(_)
+        | Message::OutputMessage(_)
+        | Message::ToolCall(_)
+        | Message::Usage(_)
+        | Message::Error(_)
+        | Message::Done(_)
+        | Message::PermissionRequest(_)
+        | Message::PromptForUserChoice(_)
+        | Message::FunctionCall(_)
+        | Message::PromptSteerAck(_) => route(RouteKind::Run, &frame.id),
+        other => {
+            tracing::debug!(
+                kind = other.message_type().as_str(),
+                "frame of an operation Core did not start; ignored"
+            );
+            None
+        }
+    };
+    match target {
+        Some(turn_id) => {
+            let sender = core
+                .turns
+                .lock()
+                .ok()
+                .and_then(|t| t.get(&turn_id).cloned());
+            if let Some(tx) = sender
+                && let Err(mpsc::error::TrySendError::Full(_)) =
+                    tx.try_send(TurnMsg::Frame(Box::new(frame)))
+            {
+                // Subscriber overflow: close this Turn's subscription explicitly.
+                conn.unroute_turn(&turn_id);
+                tokio::spawn(async move {
+                    let _ = tx.send(TurnMsg::Overflow).await;
+                });
+            }
+        }
+        None => {
+            tracing::debug!(id = %frame.id, kind = frame.message.message_type().as_str(), "no route for frame; ignored")
+        }
+    }
+    None
+}

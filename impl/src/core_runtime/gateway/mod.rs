@@ -1,0 +1,171 @@
+//! Core's gateway: the machine-connection API, the daemon WebSocket, scheduling and
+//! the public API (`contract-impl core serve`).
+//!
+//! * [`admission`]: capability table, opt-in table, Agent definition (I/O-free).
+//! * [`config`]: Core's launch configuration (timers, engine profiles).
+//! * [`connection`]: bootstrap, WebSocket upgrade (exact version or 426), fencing of
+//!   the old owner lease, heartbeat snapshots, frame routing.
+//! * [`turn`]: the five-step Turn execution, active input, cancel, interactions.
+//! * [`api`]: the public HTTP JSON API under `/v1` (`docs/core-api.md`).
+//! * [`cli`]: `contract-impl core serve` and `core credential issue|revoke|list`.
+//!
+//! [`Core`] is the shared state; [`serve`] binds the listener and runs everything.
+
+pub mod admission;
+pub mod api;
+pub mod cli;
+pub mod config;
+pub mod connection;
+pub mod turn;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use tokio::sync::{Notify, mpsc};
+
+use crate::core_runtime::store::{CoreStore, StoreError};
+pub use config::{CoreConfig, CoreConfigError};
+pub use connection::DeviceConnection;
+
+/// Bound on concurrently connected devices.
+pub const DEVICES_MAX: usize = 1024;
+
+/// Bound on Turns executing at once (Core's active-Turn concurrency limit).
+pub const ACTIVE_TURNS_MAX: usize = 256;
+
+/// Queued Turns one scheduler pass looks at.
+pub const SCHEDULER_BATCH: u32 = 64;
+
+/// Longest the scheduler sleeps without a wake-up (a safety net: every state change
+/// that can make a Turn claimable wakes it explicitly).
+pub const SCHEDULER_IDLE: Duration = Duration::from_secs(1);
+
+/// Milliseconds since the Unix epoch (the store's clock).
+pub fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+/// The store shared by every task; calls run on the blocking pool.
+#[derive(Clone)]
+pub struct StoreHandle(Arc<Mutex<Box<dyn CoreStore>>>);
+
+impl StoreHandle {
+    /// Wraps a store.
+    pub fn new(store: Box<dyn CoreStore>) -> Self {
+        Self(Arc::new(Mutex::new(store)))
+    }
+
+    /// Runs `f` with the store on the blocking pool (each store call is one transaction).
+    ///
+    /// # Errors
+    /// `f`'s error, or [`StoreError::Database`] if the store lock was poisoned or the
+    /// blocking task failed.
+    pub async fn call<R, F>(&self, f: F) -> Result<R, StoreError>
+    where
+        R: Send + 'static,
+        F: FnOnce(&mut dyn CoreStore) -> Result<R, StoreError> + Send + 'static,
+    {
+        let inner = self.0.clone();
+        tokio::task::spawn_blocking(move || {
+            let mut guard = inner
+                .lock()
+                .map_err(|_| StoreError::Database("store lock poisoned".into()))?;
+            f(guard.as_mut())
+        })
+        .await
+        .map_err(|e| StoreError::Database(format!("store task failed: {e}")))?
+    }
+}
+
+/// A message to a running Turn task.
+#[derive(Debug)]
+pub enum TurnMsg {
+    /// A frame routed to this Turn (by preparation request ID, Run ID or interaction ID).
+    Frame(Box<crate::core_runtime::wire::Frame>),
+    /// The physical connection ended (closed, dropped or fenced by a replacement).
+    ConnectionLost,
+    /// The Turn's queue overflowed: frames were lost.
+    Overflow,
+    /// Durable state changed (cancel requested, input queued, interaction answered).
+    Wake,
+}
+
+/// Bound on frames queued for one Turn task before the subscription overflows.
+pub const TURN_QUEUE_MAX: usize = 1024;
+
+/// Shared Core state.
+pub struct Core {
+    /// Durable records.
+    pub store: StoreHandle,
+    /// Launch configuration.
+    pub config: CoreConfig,
+    /// The current connection of each device.
+    pub devices: Mutex<HashMap<String, Arc<DeviceConnection>>>,
+    /// Running Turn tasks by Turn ID.
+    pub turns: Mutex<HashMap<String, mpsc::Sender<TurnMsg>>>,
+    /// Wakes the scheduler.
+    pub wake: Notify,
+    /// Base URL (`http://127.0.0.1:<port>`), known once bound.
+    pub base_url: String,
+}
+
+impl Core {
+    /// Sends `msg` to a Turn task if it runs; `false` otherwise.
+    pub fn notify_turn(&self, turn_id: &str, msg: TurnMsg) -> bool {
+        let sender = self.turns.lock().ok().and_then(|t| t.get(turn_id).cloned());
+        match sender {
+            Some(tx) => tx.try_send(msg).is_ok(),
+            None => false,
+        }
+    }
+}
+
+/// Binds `listen`, recovers the store, starts the scheduler and serves until the
+/// process ends. `ready` is called with the base URL once listening.
+///
+/// # Errors
+/// Bind or recovery failures, as text.
+pub async fn serve(
+    listen: &str,
+    store: Box<dyn CoreStore>,
+    config: CoreConfig,
+    ready: impl FnOnce(&str),
+) -> Result<(), String> {
+    let listener = tokio::net::TcpListener::bind(listen)
+        .await
+        .map_err(|e| format!("cannot listen on {listen}: {e}"))?;
+    let addr = listener.local_addr().map_err(|e| e.to_string())?;
+    let store = StoreHandle::new(store);
+    let report = store
+        .call(|s| s.recover(now_ms()))
+        .await
+        .map_err(|e| format!("recovery failed: {e}"))?;
+    if report != Default::default() {
+        tracing::warn!(
+            delivery_unknown = report.delivery_unknown.len(),
+            stream_incomplete = report.stream_incomplete.len(),
+            inputs_unknown = report.inputs_unknown,
+            "restart recovery: unsettled work recorded as unknown, nothing replayed"
+        );
+    }
+    let core = Arc::new(Core {
+        store,
+        config,
+        devices: Mutex::new(HashMap::new()),
+        turns: Mutex::new(HashMap::new()),
+        wake: Notify::new(),
+        base_url: format!("http://{addr}"),
+    });
+    tokio::spawn(turn::scheduler(core.clone()));
+    let app = connection::routes()
+        .merge(api::routes())
+        .with_state(core.clone());
+    ready(&core.base_url);
+    axum::serve(listener, app)
+        .await
+        .map_err(|e| format!("server failed: {e}"))
+}

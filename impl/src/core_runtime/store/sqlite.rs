@@ -1,0 +1,1582 @@
+//! [`SqliteStore`]: [`CoreStore`] on embedded SQLite.
+//!
+//! The database is `core.sqlite3` in the data directory. It runs in WAL mode with
+//! `synchronous=FULL` (a committed transaction is on disk before `COMMIT` returns),
+//! foreign keys on, and a versioned schema: [`MIGRATIONS`] are applied in order inside
+//! one transaction each, recorded in `schema_migrations`. Every mutation runs in an
+//! `IMMEDIATE` transaction (the Session lock is the database write lock).
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use rusqlite::{Connection, OptionalExtension, Transaction, TransactionBehavior, params};
+use serde_json::Value;
+
+use super::credential::{acceptable_shape, digest_eq, hash_secret, listed_prefix};
+use super::outcome::{CoreErrorCode, TurnOutcome, TurnState};
+use super::*;
+
+/// File name of the database inside the data directory.
+pub const DATABASE_FILE: &str = "core.sqlite3";
+
+/// How long a writer waits for the database lock before failing.
+pub const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The schema, one migration per version (index + 1). Never edit a released entry:
+/// append a new one.
+pub const MIGRATIONS: &[&str] = &[r#"
+CREATE TABLE devices (
+    device_id TEXT PRIMARY KEY,
+    owner_epoch INTEGER NOT NULL DEFAULT 0,
+    created_at_ms INTEGER NOT NULL
+);
+CREATE TABLE credentials (
+    credential_id TEXT PRIMARY KEY,
+    device_id TEXT NOT NULL REFERENCES devices(device_id),
+    prefix TEXT NOT NULL,
+    secret_sha256 BLOB NOT NULL,
+    created_at_ms INTEGER NOT NULL,
+    revoked_at_ms INTEGER
+);
+CREATE INDEX credentials_device ON credentials(device_id);
+CREATE TABLE agents (
+    agent_id TEXT PRIMARY KEY,
+    definition TEXT NOT NULL,
+    created_at_ms INTEGER NOT NULL
+);
+CREATE TABLE environments (
+    environment_id TEXT PRIMARY KEY,
+    kind TEXT NOT NULL CHECK (kind IN ('none', 'openai_hosted', 'self_hosted')),
+    created_at_ms INTEGER NOT NULL
+);
+CREATE TABLE sessions (
+    session_id TEXT PRIMARY KEY,
+    agent_id TEXT NOT NULL REFERENCES agents(agent_id),
+    environment_id TEXT NOT NULL REFERENCES environments(environment_id),
+    frozen TEXT NOT NULL,
+    native_session_id TEXT,
+    started_turns INTEGER NOT NULL DEFAULT 0,
+    created_at_ms INTEGER NOT NULL
+);
+CREATE TABLE turns (
+    turn_id TEXT PRIMARY KEY,
+    session_id TEXT NOT NULL REFERENCES sessions(session_id),
+    state TEXT NOT NULL,
+    input TEXT NOT NULL,
+    run_id TEXT UNIQUE,
+    device_id TEXT,
+    owner_epoch INTEGER,
+    not_before_ms INTEGER NOT NULL,
+    input_cursor INTEGER NOT NULL DEFAULT 0,
+    outcome TEXT NOT NULL DEFAULT '{}',
+    cancel_requested INTEGER NOT NULL DEFAULT 0,
+    created_at_ms INTEGER NOT NULL,
+    updated_at_ms INTEGER NOT NULL
+);
+CREATE INDEX turns_state ON turns(state, not_before_ms, created_at_ms);
+CREATE INDEX turns_session ON turns(session_id, state);
+CREATE TABLE turn_events (
+    turn_id TEXT NOT NULL REFERENCES turns(turn_id),
+    sequence INTEGER NOT NULL,
+    kind TEXT NOT NULL,
+    payload TEXT NOT NULL,
+    recorded_at_ms INTEGER NOT NULL,
+    PRIMARY KEY (turn_id, sequence)
+);
+CREATE TABLE inputs (
+    input_id TEXT PRIMARY KEY,
+    turn_id TEXT NOT NULL REFERENCES turns(turn_id),
+    position INTEGER NOT NULL,
+    input TEXT NOT NULL,
+    state TEXT NOT NULL,
+    error_code TEXT,
+    created_at_ms INTEGER NOT NULL,
+    UNIQUE (turn_id, position)
+);
+CREATE TABLE interactions (
+    turn_id TEXT NOT NULL REFERENCES turns(turn_id),
+    interaction_id TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    request TEXT NOT NULL,
+    state TEXT NOT NULL,
+    answer TEXT,
+    delivery_id TEXT,
+    PRIMARY KEY (turn_id, kind, interaction_id)
+);
+CREATE TABLE write_reservations (
+    reservation_id TEXT PRIMARY KEY,
+    session_id TEXT NOT NULL REFERENCES sessions(session_id),
+    path TEXT NOT NULL,
+    size INTEGER NOT NULL,
+    sha256 TEXT NOT NULL,
+    state TEXT NOT NULL,
+    created_at_ms INTEGER NOT NULL
+);
+CREATE UNIQUE INDEX one_open_write_per_session ON write_reservations(session_id) WHERE state = 'reserved';
+"#];
+
+/// Core's records in one SQLite database.
+pub struct SqliteStore {
+    conn: Connection,
+    path: PathBuf,
+}
+
+impl std::fmt::Debug for SqliteStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SqliteStore")
+            .field("path", &self.path)
+            .finish()
+    }
+}
+
+fn corrupt(what: impl std::fmt::Display) -> StoreError {
+    StoreError::Corrupt(what.to_string())
+}
+
+fn to_json(value: &impl serde::Serialize) -> Result<String, StoreError> {
+    serde_json::to_string(value).map_err(corrupt)
+}
+
+fn from_json<T: serde::de::DeserializeOwned>(text: &str) -> Result<T, StoreError> {
+    serde_json::from_str(text).map_err(corrupt)
+}
+
+const TURN_COLUMNS: &str = "turn_id, session_id, state, input, run_id, device_id, owner_epoch, \
+     not_before_ms, input_cursor, outcome, cancel_requested, created_at_ms, updated_at_ms";
+
+type TurnRow = (
+    String,
+    String,
+    String,
+    String,
+    Option<String>,
+    Option<String>,
+    Option<i64>,
+    i64,
+    i64,
+    String,
+    i64,
+    i64,
+    i64,
+);
+
+fn turn_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<TurnRow> {
+    Ok((
+        row.get(0)?,
+        row.get(1)?,
+        row.get(2)?,
+        row.get(3)?,
+        row.get(4)?,
+        row.get(5)?,
+        row.get(6)?,
+        row.get(7)?,
+        row.get(8)?,
+        row.get(9)?,
+        row.get(10)?,
+        row.get(11)?,
+        row.get(12)?,
+    ))
+}
+
+fn turn_from_row(r: TurnRow) -> Result<TurnRecord, StoreError> {
+    Ok(TurnRecord {
+        turn_id: r.0,
+        session_id: r.1,
+        state: TurnState::parse(&r.2).ok_or_else(|| corrupt(format!("turn state `{}`", r.2)))?,
+        input: from_json(&r.3)?,
+        run_id: r.4,
+        device_id: r.5,
+        owner_epoch: r.6.map(|e| e as u64),
+        not_before_ms: r.7,
+        input_cursor: r.8 as u64,
+        outcome: from_json(&r.9)?,
+        cancel_requested: r.10 != 0,
+        created_at_ms: r.11,
+        updated_at_ms: r.12,
+    })
+}
+
+fn load_turn(tx: &Connection, turn_id: &str) -> Result<TurnRecord, StoreError> {
+    let row = tx
+        .query_row(
+            &format!("SELECT {TURN_COLUMNS} FROM turns WHERE turn_id = ?1"),
+            params![turn_id],
+            turn_row,
+        )
+        .optional()?
+        .ok_or_else(|| StoreError::NotFound {
+            kind: "turn",
+            id: turn_id.to_string(),
+        })?;
+    turn_from_row(row)
+}
+
+type InputRow = (String, String, i64, String, String, Option<String>, i64);
+
+fn input_from_row(r: InputRow) -> Result<InputRecord, StoreError> {
+    Ok(InputRecord {
+        input_id: r.0,
+        turn_id: r.1,
+        position: r.2 as u64,
+        input: from_json(&r.3)?,
+        state: InputState::parse(&r.4).ok_or_else(|| corrupt(format!("input state `{}`", r.4)))?,
+        error_code: r.5,
+        created_at_ms: r.6,
+    })
+}
+
+type InteractionRow = (
+    String,
+    String,
+    String,
+    String,
+    String,
+    Option<String>,
+    Option<String>,
+);
+
+fn interaction_from_row(r: InteractionRow) -> Result<InteractionRecord, StoreError> {
+    Ok(InteractionRecord {
+        turn_id: r.0,
+        interaction_id: r.1,
+        kind: InteractionKind::parse(&r.2).ok_or_else(|| corrupt("interaction kind"))?,
+        request: from_json(&r.3)?,
+        state: InteractionState::parse(&r.4).ok_or_else(|| corrupt("interaction state"))?,
+        answer: r.5.as_deref().map(from_json).transpose()?,
+        delivery_id: r.6,
+    })
+}
+
+/// Whether the Session has a Turn that is not terminal.
+fn session_has_active_turn(tx: &Transaction<'_>, session_id: &str) -> Result<bool, StoreError> {
+    Ok(tx
+        .query_row(
+            "SELECT 1 FROM turns WHERE session_id = ?1 AND state NOT IN ('completed','failed','cancelled') LIMIT 1",
+            params![session_id],
+            |_| Ok(()),
+        )
+        .optional()?
+        .is_some())
+}
+
+fn session_has_open_write(tx: &Transaction<'_>, session_id: &str) -> Result<bool, StoreError> {
+    Ok(tx
+        .query_row(
+            "SELECT 1 FROM write_reservations WHERE session_id = ?1 AND state = 'reserved'",
+            params![session_id],
+            |_| Ok(()),
+        )
+        .optional()?
+        .is_some())
+}
+
+fn write_state_str(state: WriteState) -> &'static str {
+    match state {
+        WriteState::Reserved => "reserved",
+        WriteState::Committed => "committed",
+        WriteState::Rejected => "rejected",
+    }
+}
+
+impl SqliteStore {
+    /// Opens (creating if needed) the database in `data_dir` and applies pending
+    /// migrations.
+    ///
+    /// # Errors
+    /// [`StoreError::Database`] when the directory or database cannot be opened, or a
+    /// migration fails; [`StoreError::Corrupt`] when the database has a newer schema.
+    pub fn open(data_dir: &Path) -> Result<Self, StoreError> {
+        std::fs::create_dir_all(data_dir)
+            .map_err(|e| StoreError::Database(format!("{}: {e}", data_dir.display())))?;
+        let path = data_dir.join(DATABASE_FILE);
+        let conn = Connection::open(&path)?;
+        conn.busy_timeout(BUSY_TIMEOUT)?;
+        let mode: String = conn.query_row("PRAGMA journal_mode=WAL", [], |r| r.get(0))?;
+        if !mode.eq_ignore_ascii_case("wal") {
+            return Err(StoreError::Database(format!(
+                "journal_mode is {mode}, not wal"
+            )));
+        }
+        conn.execute_batch("PRAGMA synchronous=FULL; PRAGMA foreign_keys=ON;")?;
+        let mut store = Self { conn, path };
+        store.migrate()?;
+        Ok(store)
+    }
+
+    /// The database file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The applied schema version.
+    ///
+    /// # Errors
+    /// Database failures.
+    pub fn schema_version(&self) -> Result<u32, StoreError> {
+        Ok(self.conn.query_row(
+            "SELECT COALESCE(MAX(version), 0) FROM schema_migrations",
+            [],
+            |r| r.get(0),
+        )?)
+    }
+
+    fn migrate(&mut self) -> Result<(), StoreError> {
+        self.conn.execute_batch(
+            "CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY)",
+        )?;
+        let current = self.schema_version()? as usize;
+        if current > MIGRATIONS.len() {
+            return Err(StoreError::Corrupt(format!(
+                "schema version {current} is newer than this build ({})",
+                MIGRATIONS.len()
+            )));
+        }
+        for (index, sql) in MIGRATIONS.iter().enumerate().skip(current) {
+            let tx = self
+                .conn
+                .transaction_with_behavior(TransactionBehavior::Immediate)?;
+            tx.execute_batch(sql)?;
+            tx.execute(
+                "INSERT INTO schema_migrations (version) VALUES (?1)",
+                params![index as i64 + 1],
+            )?;
+            tx.commit()?;
+        }
+        Ok(())
+    }
+
+    fn tx(&mut self) -> Result<Transaction<'_>, StoreError> {
+        Ok(self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)?)
+    }
+}
+
+impl CoreStore for SqliteStore {
+    fn add_credential(
+        &mut self,
+        credential_id: &str,
+        device_id: &str,
+        secret: &str,
+        now_ms: i64,
+    ) -> Result<String, StoreError> {
+        if !acceptable_shape(secret) {
+            return Err(StoreError::InvalidState(
+                "not acceptable as a daemon credential (Project/Core key, empty, or not visible ASCII)".into(),
+            ));
+        }
+        let hash = hash_secret(secret);
+        let tx = self.tx()?;
+        tx.execute(
+            "INSERT OR IGNORE INTO devices (device_id, created_at_ms) VALUES (?1, ?2)",
+            params![device_id, now_ms],
+        )?;
+        let existing: Option<String> = tx
+            .query_row(
+                "SELECT credential_id FROM credentials WHERE device_id = ?1 AND secret_sha256 = ?2 AND revoked_at_ms IS NULL",
+                params![device_id, hash.as_slice()],
+                |r| r.get(0),
+            )
+            .optional()?;
+        if let Some(id) = existing {
+            tx.commit()?;
+            return Ok(id);
+        }
+        tx.execute(
+            "INSERT INTO credentials (credential_id, device_id, prefix, secret_sha256, created_at_ms) VALUES (?1, ?2, ?3, ?4, ?5)",
+            params![credential_id, device_id, listed_prefix(secret), hash.as_slice(), now_ms],
+        )?;
+        tx.commit()?;
+        Ok(credential_id.to_string())
+    }
+
+    fn verify_credential(
+        &mut self,
+        device_id: &str,
+        presented: &str,
+    ) -> Result<Option<String>, StoreError> {
+        if !acceptable_shape(presented) {
+            return Ok(None);
+        }
+        let hash = hash_secret(presented);
+        let mut stmt = self.conn.prepare(
+            "SELECT credential_id, secret_sha256 FROM credentials WHERE device_id = ?1 AND revoked_at_ms IS NULL",
+        )?;
+        let rows = stmt
+            .query_map(params![device_id], |r| {
+                Ok((r.get::<_, String>(0)?, r.get::<_, Vec<u8>>(1)?))
+            })?
+            .collect::<Result<Vec<_>, _>>()?;
+        // Compare against every candidate without an early exit.
+        let mut found = None;
+        for (id, stored) in rows {
+            if digest_eq(&stored, &hash) && found.is_none() {
+                found = Some(id);
+            }
+        }
+        Ok(found)
+    }
+
+    fn revoke_credential(&mut self, credential_id: &str, now_ms: i64) -> Result<bool, StoreError> {
+        let tx = self.tx()?;
+        let n = tx.execute(
+            "UPDATE credentials SET revoked_at_ms = ?2 WHERE credential_id = ?1 AND revoked_at_ms IS NULL",
+            params![credential_id, now_ms],
+        )?;
+        tx.commit()?;
+        Ok(n == 1)
+    }
+
+    fn list_credentials(&mut self) -> Result<Vec<CredentialInfo>, StoreError> {
+        let mut stmt = self.conn.prepare(
+            "SELECT credential_id, device_id, prefix, created_at_ms, revoked_at_ms FROM credentials ORDER BY created_at_ms, credential_id",
+        )?;
+        let rows = stmt
+            .query_map([], |r| {
+                Ok(CredentialInfo {
+                    credential_id: r.get(0)?,
+                    device_id: r.get(1)?,
+                    prefix: r.get(2)?,
+                    created_at_ms: r.get(3)?,
+                    revoked_at_ms: r.get(4)?,
+                })
+            })?
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(rows)
+    }
+
+    fn bump_owner_epoch(&mut self, device_id: &str) -> Result<u64, StoreError> {
+        let tx = self.tx()?;
+        let n = tx.execute(
+            "UPDATE devices SET owner_epoch = owner_epoch + 1 WHERE device_id = ?1",
+            params![device_id],
+        )?;
+        if n != 1 {
+            return Err(StoreError::NotFound {
+                kind: "device",
+                id: device_id.to_string(),
+            });
+        }
+        let epoch: i64 = tx.query_row(
+            "SELECT owner_epoch FROM devices WHERE device_id = ?1",
+            params![device_id],
+            |r| r.get(0),
+        )?;
+        tx.commit()?;
+        Ok(epoch as u64)
+    }
+
+    fn insert_agent(&mut self, agent: &AgentRecord) -> Result<(), StoreError> {
+        let tx = self.tx()?;
+        let n = tx.execute(
+            "INSERT OR IGNORE INTO agents (agent_id, definition, created_at_ms) VALUES (?1, ?2, ?3)",
+            params![agent.agent_id, to_json(&agent.definition)?, agent.created_at_ms],
+        )?;
+        if n == 0 {
+            return Err(StoreError::AlreadyExists {
+                kind: "agent",
+                id: agent.agent_id.clone(),
+            });
+        }
+        tx.commit()?;
+        Ok(())
+    }
+
+    fn agent(&mut self, agent_id: &str) -> Result<AgentRecord, StoreError> {
+        let row: Option<(String, i64)> = self
+            .conn
+            .query_row(
+                "SELECT definition, created_at_ms FROM agents WHERE agent_id = ?1",
+                params![agent_id],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .optional()?;
+        let (definition, created_at_ms) = row.ok_or_else(|| StoreError::NotFound {
+            kind: "agent",
+            id: agent_id.to_string(),
+        })?;
+        Ok(AgentRecord {
+            agent_id: agent_id.to_string(),
+            definition: from_json(&definition)?,
+            created_at_ms,
+        })
+    }
+
+    fn insert_environment(&mut self, environment: &EnvironmentRecord) -> Result<(), StoreError> {
+        let tx = self.tx()?;
+        let n = tx.execute(
+            "INSERT OR IGNORE INTO environments (environment_id, kind, created_at_ms) VALUES (?1, ?2, ?3)",
+            params![
+                environment.environment_id,
+                environment.kind.as_str(),
+                environment.created_at_ms
+            ],
+        )?;
+        if n == 0 {
+            return Err(StoreError::AlreadyExists {
+                kind: "environment",
+                id: environment.environment_id.clone(),
+            });
+        }
+        tx.commit()?;
+        Ok(())
+    }
+
+    fn environment(&mut self, environment_id: &str) -> Result<EnvironmentRecord, StoreError> {
+        let row: Option<(String, i64)> = self
+            .conn
+            .query_row(
+                "SELECT kind, created_at_ms FROM environments WHERE environment_id = ?1",
+                params![environment_id],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .optional()?;
+        let (kind, created_at_ms) = row.ok_or_else(|| StoreError::NotFound {
+            kind: "environment",
+            id: environment_id.to_string(),
+        })?;
+        Ok(EnvironmentRecord {
+            environment_id: environment_id.to_string(),
+            kind: EnvironmentKind::parse(&kind).ok_or_else(|| corrupt("environment kind"))?,
+            created_at_ms,
+        })
+    }
+
+    fn insert_session(&mut self, session: &SessionRecord) -> Result<(), StoreError> {
+        let tx = self.tx()?;
+        for (table, column, kind, id) in [
+            ("agents", "agent_id", "agent", &session.agent_id),
+            (
+                "environments",
+                "environment_id",
+                "environment",
+                &session.environment_id,
+            ),
+        ] {
+            let found = tx
+                .query_row(
+                    &format!("SELECT 1 FROM {table} WHERE {column} = ?1"),
+                    params![id],
+                    |_| Ok(()),
+                )
+                .optional()?;
+            if found.is_none() {
+                return Err(StoreError::NotFound {
+                    kind,
+                    id: id.clone(),
+                });
+            }
+        }
+        let n = tx.execute(
+            "INSERT OR IGNORE INTO sessions (session_id, agent_id, environment_id, frozen, native_session_id, started_turns, created_at_ms) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+            params![
+                session.session_id,
+                session.agent_id,
+                session.environment_id,
+                to_json(&session.frozen)?,
+                session.native_session_id,
+                session.started_turns as i64,
+                session.created_at_ms
+            ],
+        )?;
+        if n == 0 {
+            return Err(StoreError::AlreadyExists {
+                kind: "session",
+                id: session.session_id.clone(),
+            });
+        }
+        tx.commit()?;
+        Ok(())
+    }
+
+    fn session(&mut self, session_id: &str) -> Result<SessionRecord, StoreError> {
+        type Row = (String, String, String, Option<String>, i64, i64);
+        let row: Option<Row> = self
+            .conn
+            .query_row(
+                "SELECT agent_id, environment_id, frozen, native_session_id, started_turns, created_at_ms FROM sessions WHERE session_id = ?1",
+                params![session_id],
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?)),
+            )
+            .optional()?;
+        let r = row.ok_or_else(|| StoreError::NotFound {
+            kind: "session",
+            id: session_id.to_string(),
+        })?;
+        Ok(SessionRecord {
+            session_id: session_id.to_string(),
+            agent_id: r.0,
+            environment_id: r.1,
+            frozen: from_json(&r.2)?,
+            native_session_id: r.3,
+            started_turns: r.4 as u64,
+            created_at_ms: r.5,
+        })
+    }
+
+    fn create_turn(
+        &mut self,
+        turn_id: &str,
+        session_id: &str,
+        input: &Value,
+        now_ms: i64,
+    ) -> Result<TurnRecord, StoreError> {
+        let tx = self.tx()?;
+        let exists = tx
+            .query_row(
+                "SELECT 1 FROM sessions WHERE session_id = ?1",
+                params![session_id],
+                |_| Ok(()),
+            )
+            .optional()?;
+        if exists.is_none() {
+            return Err(StoreError::NotFound {
+                kind: "session",
+                id: session_id.to_string(),
+            });
+        }
+        if session_has_active_turn(&tx, session_id)? {
+            return Err(StoreError::SessionBusy(session_id.to_string()));
+        }
+        if session_has_open_write(&tx, session_id)? {
+            return Err(StoreError::WriteReserved(session_id.to_string()));
+        }
+        tx.execute(
+            "INSERT INTO turns (turn_id, session_id, state, input, not_before_ms, created_at_ms, updated_at_ms) VALUES (?1, ?2, 'queued', ?3, ?4, ?4, ?4)",
+            params![turn_id, session_id, to_json(input)?, now_ms],
+        )?;
+        let turn = load_turn(&tx, turn_id)?;
+        tx.commit()?;
+        Ok(turn)
+    }
+
+    fn turn(&mut self, turn_id: &str) -> Result<TurnRecord, StoreError> {
+        load_turn(&self.conn, turn_id)
+    }
+
+    fn claimable_turns(&mut self, now_ms: i64, limit: u32) -> Result<Vec<TurnRecord>, StoreError> {
+        let mut stmt = self.conn.prepare(&format!(
+            "SELECT {TURN_COLUMNS} FROM turns WHERE state = 'queued' AND not_before_ms <= ?1 ORDER BY created_at_ms, turn_id LIMIT ?2"
+        ))?;
+        let rows = stmt
+            .query_map(params![now_ms, limit as i64], turn_row)?
+            .collect::<Result<Vec<_>, _>>()?;
+        rows.into_iter().map(turn_from_row).collect()
+    }
+
+    fn claim_turn(
+        &mut self,
+        turn_id: &str,
+        device_id: &str,
+        owner_epoch: u64,
+        run_id: &str,
+        now_ms: i64,
+    ) -> Result<bool, StoreError> {
+        let tx = self.tx()?;
+        let n = tx.execute(
+            "UPDATE turns SET state = 'claimed', device_id = ?2, owner_epoch = ?3, run_id = ?4, updated_at_ms = ?5 WHERE turn_id = ?1 AND state = 'queued' AND cancel_requested = 0",
+            params![turn_id, device_id, owner_epoch as i64, run_id, now_ms],
+        )?;
+        if n == 1 {
+            tx.execute(
+                "UPDATE sessions SET started_turns = started_turns + 1 WHERE session_id = (SELECT session_id FROM turns WHERE turn_id = ?1)",
+                params![turn_id],
+            )?;
+        }
+        tx.commit()?;
+        Ok(n == 1)
+    }
+
+    fn requeue_turn(
+        &mut self,
+        turn_id: &str,
+        not_before_ms: i64,
+        now_ms: i64,
+    ) -> Result<(), StoreError> {
+        let tx = self.tx()?;
+        let n = tx.execute(
+            "UPDATE turns SET state = 'queued', device_id = NULL, owner_epoch = NULL, run_id = NULL, not_before_ms = ?2, updated_at_ms = ?3 WHERE turn_id = ?1 AND state = 'claimed'",
+            params![turn_id, not_before_ms, now_ms],
+        )?;
+        if n != 1 {
+            return Err(StoreError::InvalidState(format!(
+                "turn `{turn_id}` is not claimed"
+            )));
+        }
+        // The claim did not start the Turn after all.
+        tx.execute(
+            "UPDATE sessions SET started_turns = started_turns - 1 WHERE session_id = (SELECT session_id FROM turns WHERE turn_id = ?1) AND started_turns > 0",
+            params![turn_id],
+        )?;
+        tx.commit()?;
+        Ok(())
+    }
+
+    fn advance_turn(
+        &mut self,
+        turn_id: &str,
+        to: TurnState,
+        now_ms: i64,
+    ) -> Result<(), StoreError> {
+        let from = match to {
+            TurnState::Starting => TurnState::Claimed,
+            TurnState::Running => TurnState::Starting,
+            other => {
+                return Err(StoreError::InvalidState(format!(
+                    "cannot advance to {}",
+                    other.as_str()
+                )));
+            }
+        };
+        let tx = self.tx()?;
+        let n = tx.execute(
+            "UPDATE turns SET state = ?2, updated_at_ms = ?4 WHERE turn_id = ?1 AND state = ?3",
+            params![turn_id, to.as_str(), from.as_str(), now_ms],
+        )?;
+        if n != 1 {
+            return Err(StoreError::InvalidState(format!(
+                "turn `{turn_id}` is not {}",
+                from.as_str()
+            )));
+        }
+        tx.commit()?;
+        Ok(())
+    }
+
+    fn request_cancel(&mut self, turn_id: &str, now_ms: i64) -> Result<TurnRecord, StoreError> {
+        let tx = self.tx()?;
+        let turn = load_turn(&tx, turn_id)?;
+        if turn.state.is_terminal() {
+            return Err(StoreError::InvalidState(format!(
+                "turn `{turn_id}` is {}",
+                turn.state.as_str()
+            )));
+        }
+        tx.execute(
+            "UPDATE turns SET cancel_requested = 1, updated_at_ms = ?2 WHERE turn_id = ?1",
+            params![turn_id, now_ms],
+        )?;
+        let turn = load_turn(&tx, turn_id)?;
+        tx.commit()?;
+        Ok(turn)
+    }
+
+    fn update_outcome(
+        &mut self,
+        turn_id: &str,
+        outcome: &TurnOutcome,
+        now_ms: i64,
+    ) -> Result<(), StoreError> {
+        let tx = self.tx()?;
+        let n = tx.execute(
+            "UPDATE turns SET outcome = ?2, updated_at_ms = ?3 WHERE turn_id = ?1 AND state NOT IN ('completed','failed','cancelled')",
+            params![turn_id, to_json(outcome)?, now_ms],
+        )?;
+        if n != 1 {
+            return Err(StoreError::InvalidState(format!(
+                "turn `{turn_id}` is terminal or missing"
+            )));
+        }
+        tx.commit()?;
+        Ok(())
+    }
+
+    fn finish_turn(
+        &mut self,
+        turn_id: &str,
+        state: TurnState,
+        outcome: &TurnOutcome,
+        now_ms: i64,
+    ) -> Result<(), StoreError> {
+        if !state.is_terminal() {
+            return Err(StoreError::InvalidState(format!(
+                "{} is not terminal",
+                state.as_str()
+            )));
+        }
+        let tx = self.tx()?;
+        let n = tx.execute(
+            "UPDATE turns SET state = ?2, outcome = ?3, updated_at_ms = ?4 WHERE turn_id = ?1 AND state NOT IN ('completed','failed','cancelled')",
+            params![turn_id, state.as_str(), to_json(outcome)?, now_ms],
+        )?;
+        if n != 1 {
+            return Err(StoreError::InvalidState(format!(
+                "turn `{turn_id}` is terminal or missing"
+            )));
+        }
+        tx.execute(
+            "UPDATE inputs SET state = 'not_delivered' WHERE turn_id = ?1 AND state = 'queued'",
+            params![turn_id],
+        )?;
+        tx.execute(
+            "UPDATE inputs SET state = 'unknown' WHERE turn_id = ?1 AND state = 'delivering'",
+            params![turn_id],
+        )?;
+        tx.execute(
+            "UPDATE interactions SET state = 'unknown' WHERE turn_id = ?1 AND state = 'delivering'",
+            params![turn_id],
+        )?;
+        if let Some(native) = &outcome.native_session_id {
+            tx.execute(
+                "UPDATE sessions SET native_session_id = ?2 WHERE session_id = (SELECT session_id FROM turns WHERE turn_id = ?1)",
+                params![turn_id, native],
+            )?;
+        }
+        tx.commit()?;
+        Ok(())
+    }
+
+    fn append_event(
+        &mut self,
+        turn_id: &str,
+        kind: &str,
+        payload: &Value,
+        now_ms: i64,
+    ) -> Result<u64, StoreError> {
+        let tx = self.tx()?;
+        let exists = tx
+            .query_row(
+                "SELECT 1 FROM turns WHERE turn_id = ?1",
+                params![turn_id],
+                |_| Ok(()),
+            )
+            .optional()?;
+        if exists.is_none() {
+            return Err(StoreError::NotFound {
+                kind: "turn",
+                id: turn_id.to_string(),
+            });
+        }
+        let last: i64 = tx.query_row(
+            "SELECT COALESCE(MAX(sequence), 0) FROM turn_events WHERE turn_id = ?1",
+            params![turn_id],
+            |r| r.get(0),
+        )?;
+        if last as u64 >= EVENTS_PER_TURN_MAX {
+            return Err(StoreError::LimitReached("events per turn"));
+        }
+        let sequence = last + 1;
+        tx.execute(
+            "INSERT INTO turn_events (turn_id, sequence, kind, payload, recorded_at_ms) VALUES (?1, ?2, ?3, ?4, ?5)",
+            params![turn_id, sequence, kind, to_json(payload)?, now_ms],
+        )?;
+        tx.commit()?;
+        Ok(sequence as u64)
+    }
+
+    fn events(
+        &mut self,
+        turn_id: &str,
+        after_sequence: u64,
+        limit: u32,
+    ) -> Result<Vec<TurnEvent>, StoreError> {
+        load_turn(&self.conn, turn_id)?;
+        let limit = limit.min(EVENTS_PAGE_MAX);
+        let mut stmt = self.conn.prepare(
+            "SELECT sequence, kind, payload, recorded_at_ms FROM turn_events WHERE turn_id = ?1 AND sequence > ?2 ORDER BY sequence LIMIT ?3",
+        )?;
+        let rows = stmt
+            .query_map(
+                params![
+                    turn_id,
+                    after_sequence.min(i64::MAX as u64) as i64,
+                    limit as i64
+                ],
+                |r| {
+                    Ok((
+                        r.get::<_, i64>(0)?,
+                        r.get::<_, String>(1)?,
+                        r.get::<_, String>(2)?,
+                        r.get::<_, i64>(3)?,
+                    ))
+                },
+            )?
+            .collect::<Result<Vec<_>, _>>()?;
+        rows.into_iter()
+            .map(|(sequence, kind, payload, recorded_at_ms)| {
+                Ok(TurnEvent {
+                    sequence: sequence as u64,
+                    kind,
+                    payload: from_json(&payload)?,
+                    recorded_at_ms,
+                })
+            })
+            .collect()
+    }
+
+    fn enqueue_input(
+        &mut self,
+        turn_id: &str,
+        input_id: &str,
+        input: &Value,
+        now_ms: i64,
+    ) -> Result<InputRecord, StoreError> {
+        let tx = self.tx()?;
+        let turn = load_turn(&tx, turn_id)?;
+        if turn.state.is_terminal() {
+            return Err(StoreError::InvalidState(format!(
+                "turn `{turn_id}` is {}",
+                turn.state.as_str()
+            )));
+        }
+        let count: i64 = tx.query_row(
+            "SELECT COUNT(*) FROM inputs WHERE turn_id = ?1",
+            params![turn_id],
+            |r| r.get(0),
+        )?;
+        if count as u64 >= INPUTS_PER_TURN_MAX {
+            return Err(StoreError::LimitReached("inputs per turn"));
+        }
+        let n = tx.execute(
+            "INSERT OR IGNORE INTO inputs (input_id, turn_id, position, input, state, created_at_ms) VALUES (?1, ?2, ?3, ?4, 'queued', ?5)",
+            params![input_id, turn_id, count, to_json(input)?, now_ms],
+        )?;
+        if n == 0 {
+            return Err(StoreError::AlreadyExists {
+                kind: "input",
+                id: input_id.to_string(),
+            });
+        }
+        tx.commit()?;
+        Ok(InputRecord {
+            input_id: input_id.to_string(),
+            turn_id: turn_id.to_string(),
+            position: count as u64,
+            input: input.clone(),
+            state: InputState::Queued,
+            error_code: None,
+            created_at_ms: now_ms,
+        })
+    }
+
+    fn inputs(&mut self, turn_id: &str) -> Result<Vec<InputRecord>, StoreError> {
+        let mut stmt = self.conn.prepare(
+            "SELECT input_id, turn_id, position, input, state, error_code, created_at_ms FROM inputs WHERE turn_id = ?1 ORDER BY position",
+        )?;
+        let rows = stmt
+            .query_map(params![turn_id], |r| {
+                Ok((
+                    r.get(0)?,
+                    r.get(1)?,
+                    r.get(2)?,
+                    r.get(3)?,
+                    r.get(4)?,
+                    r.get(5)?,
+                    r.get(6)?,
+                ))
+            })?
+            .collect::<Result<Vec<InputRow>, _>>()?;
+        rows.into_iter().map(input_from_row).collect()
+    }
+
+    fn set_input_state(
+        &mut self,
+        input_id: &str,
+        state: InputState,
+        error_code: Option<&str>,
+    ) -> Result<(), StoreError> {
+        let tx = self.tx()?;
+        let row: Option<(String, String, i64)> = tx
+            .query_row(
+                "SELECT turn_id, state, position FROM inputs WHERE input_id = ?1",
+                params![input_id],
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+            )
+            .optional()?;
+        let (turn_id, current, position) = row.ok_or_else(|| StoreError::NotFound {
+            kind: "input",
+            id: input_id.to_string(),
+        })?;
+        let current = InputState::parse(&current).ok_or_else(|| corrupt("input state"))?;
+        let allowed = match (current, state) {
+            (InputState::Queued, InputState::Delivering | InputState::NotDelivered) => true,
+            (InputState::Delivering, s) => s != InputState::Queued && s != InputState::Delivering,
+            (
+                InputState::Written,
+                InputState::Accepted
+                | InputState::Failed
+                | InputState::Rejected
+                | InputState::Unknown,
+            ) => true,
+            _ => false,
+        };
+        if !allowed {
+            return Err(StoreError::InvalidState(format!(
+                "input `{input_id}` cannot go from {} to {}",
+                current.as_str(),
+                state.as_str()
+            )));
+        }
+        tx.execute(
+            "UPDATE inputs SET state = ?2, error_code = ?3 WHERE input_id = ?1",
+            params![input_id, state.as_str(), error_code],
+        )?;
+        if state == InputState::Accepted {
+            // The cursor moves past the accepted input only, never backwards.
+            tx.execute(
+                "UPDATE turns SET input_cursor = MAX(input_cursor, ?2) WHERE turn_id = ?1",
+                params![turn_id, position + 1],
+            )?;
+        }
+        tx.commit()?;
+        Ok(())
+    }
+
+    fn record_interaction(&mut self, record: &InteractionRecord) -> Result<(), StoreError> {
+        let tx = self.tx()?;
+        tx.execute(
+            "INSERT OR IGNORE INTO interactions (turn_id, interaction_id, kind, request, state) VALUES (?1, ?2, ?3, ?4, ?5)",
+            params![
+                record.turn_id,
+                record.interaction_id,
+                record.kind.as_str(),
+                to_json(&record.request)?,
+                record.state.as_str()
+            ],
+        )?;
+        tx.commit()?;
+        Ok(())
+    }
+
+    fn interaction(
+        &mut self,
+        turn_id: &str,
+        interaction_id: &str,
+        kind: InteractionKind,
+    ) -> Result<InteractionRecord, StoreError> {
+        let row: Option<InteractionRow> = self
+            .conn
+            .query_row(
+                "SELECT turn_id, interaction_id, kind, request, state, answer, delivery_id FROM interactions WHERE turn_id = ?1 AND interaction_id = ?2 AND kind = ?3",
+                params![turn_id, interaction_id, kind.as_str()],
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?, r.get(6)?)),
+            )
+            .optional()?;
+        interaction_from_row(row.ok_or_else(|| StoreError::NotFound {
+            kind: "interaction",
+            id: interaction_id.to_string(),
+        })?)
+    }
+
+    fn interactions(&mut self, turn_id: &str) -> Result<Vec<InteractionRecord>, StoreError> {
+        let mut stmt = self.conn.prepare(
+            "SELECT turn_id, interaction_id, kind, request, state, answer, delivery_id FROM interactions WHERE turn_id = ?1 ORDER BY rowid",
+        )?;
+        let rows = stmt
+            .query_map(params![turn_id], |r| {
+                Ok((
+                    r.get(0)?,
+                    r.get(1)?,
+                    r.get(2)?,
+                    r.get(3)?,
+                    r.get(4)?,
+                    r.get(5)?,
+                    r.get(6)?,
+                ))
+            })?
+            .collect::<Result<Vec<InteractionRow>, _>>()?;
+        rows.into_iter().map(interaction_from_row).collect()
+    }
+
+    fn answer_interaction(
+        &mut self,
+        turn_id: &str,
+        interaction_id: &str,
+        kind: InteractionKind,
+        answer: &Value,
+        delivery_id: &str,
+    ) -> Result<(), StoreError> {
+        let tx = self.tx()?;
+        let n = tx.execute(
+            "UPDATE interactions SET state = 'delivering', answer = ?4, delivery_id = ?5 WHERE turn_id = ?1 AND interaction_id = ?2 AND kind = ?3 AND state = 'pending'",
+            params![turn_id, interaction_id, kind.as_str(), to_json(answer)?, delivery_id],
+        )?;
+        if n != 1 {
+            return Err(StoreError::InvalidState(format!(
+                "interaction `{interaction_id}` is not pending"
+            )));
+        }
+        tx.commit()?;
+        Ok(())
+    }
+
+    fn settle_interaction(
+        &mut self,
+        turn_id: &str,
+        interaction_id: &str,
+        kind: InteractionKind,
+        state: InteractionState,
+    ) -> Result<(), StoreError> {
+        let tx = self.tx()?;
+        let n = tx.execute(
+            "UPDATE interactions SET state = ?4 WHERE turn_id = ?1 AND interaction_id = ?2 AND kind = ?3",
+            params![turn_id, interaction_id, kind.as_str(), state.as_str()],
+        )?;
+        if n != 1 {
+            return Err(StoreError::NotFound {
+                kind: "interaction",
+                id: interaction_id.to_string(),
+            });
+        }
+        tx.commit()?;
+        Ok(())
+    }
+
+    fn reserve_write(&mut self, r: &WriteReservation) -> Result<(), StoreError> {
+        let tx = self.tx()?;
+        let exists = tx
+            .query_row(
+                "SELECT 1 FROM sessions WHERE session_id = ?1",
+                params![r.session_id],
+                |_| Ok(()),
+            )
+            .optional()?;
+        if exists.is_none() {
+            return Err(StoreError::NotFound {
+                kind: "session",
+                id: r.session_id.clone(),
+            });
+        }
+        if session_has_open_write(&tx, &r.session_id)? {
+            return Err(StoreError::WriteReserved(r.session_id.clone()));
+        }
+        if session_has_active_turn(&tx, &r.session_id)? {
+            return Err(StoreError::SessionBusy(r.session_id.clone()));
+        }
+        tx.execute(
+            "INSERT INTO write_reservations (reservation_id, session_id, path, size, sha256, state, created_at_ms) VALUES (?1, ?2, ?3, ?4, ?5, 'reserved', ?6)",
+            params![r.reservation_id, r.session_id, r.path, r.size as i64, r.sha256, r.created_at_ms],
+        )?;
+        tx.commit()?;
+        Ok(())
+    }
+
+    fn settle_write(&mut self, reservation_id: &str, state: WriteState) -> Result<(), StoreError> {
+        if state == WriteState::Reserved {
+            return Err(StoreError::InvalidState("settling needs a receipt".into()));
+        }
+        let tx = self.tx()?;
+        let n = tx.execute(
+            "UPDATE write_reservations SET state = ?2 WHERE reservation_id = ?1 AND state = 'reserved'",
+            params![reservation_id, write_state_str(state)],
+        )?;
+        if n != 1 {
+            return Err(StoreError::InvalidState(format!(
+                "reservation `{reservation_id}` is not reserved"
+            )));
+        }
+        tx.commit()?;
+        Ok(())
+    }
+
+    fn open_write(&mut self, session_id: &str) -> Result<Option<WriteReservation>, StoreError> {
+        type Row = (String, String, i64, String, i64);
+        let row: Option<Row> = self
+            .conn
+            .query_row(
+                "SELECT reservation_id, path, size, sha256, created_at_ms FROM write_reservations WHERE session_id = ?1 AND state = 'reserved'",
+                params![session_id],
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?)),
+            )
+            .optional()?;
+        Ok(row.map(|r| WriteReservation {
+            reservation_id: r.0,
+            session_id: session_id.to_string(),
+            path: r.1,
+            size: r.2 as u64,
+            sha256: r.3,
+            state: WriteState::Reserved,
+            created_at_ms: r.4,
+        }))
+    }
+
+    fn recover(&mut self, now_ms: i64) -> Result<RecoveryReport, StoreError> {
+        let tx = self.tx()?;
+        let mut report = RecoveryReport::default();
+        let mut stmt = tx.prepare(&format!(
+            "SELECT {TURN_COLUMNS} FROM turns WHERE state IN ('claimed','starting','running') ORDER BY created_at_ms"
+        ))?;
+        let rows = stmt
+            .query_map([], turn_row)?
+            .collect::<Result<Vec<_>, _>>()?;
+        drop(stmt);
+        for row in rows {
+            let mut turn = turn_from_row(row)?;
+            let code = if turn.state == TurnState::Running {
+                report.stream_incomplete.push(turn.turn_id.clone());
+                CoreErrorCode::EventStreamIncomplete
+            } else {
+                report.delivery_unknown.push(turn.turn_id.clone());
+                CoreErrorCode::DeliveryUnknown
+            };
+            turn.outcome.error_code = Some(code);
+            tx.execute(
+                "UPDATE turns SET state = 'failed', outcome = ?2, updated_at_ms = ?3 WHERE turn_id = ?1",
+                params![turn.turn_id, to_json(&turn.outcome)?, now_ms],
+            )?;
+            tx.execute(
+                "UPDATE inputs SET state = 'not_delivered' WHERE turn_id = ?1 AND state = 'queued'",
+                params![turn.turn_id],
+            )?;
+        }
+        report.inputs_unknown = tx.execute(
+            "UPDATE inputs SET state = 'unknown' WHERE state IN ('delivering')",
+            [],
+        )? as u64;
+        report.interactions_unknown = tx.execute(
+            "UPDATE interactions SET state = 'unknown' WHERE state = 'delivering'",
+            [],
+        )? as u64;
+        tx.commit()?;
+        Ok(report)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn seeded(dir: &Path) -> SqliteStore {
+        let mut s = SqliteStore::open(dir).unwrap();
+        s.insert_agent(&AgentRecord {
+            agent_id: "a1".into(),
+            definition: json!({"model": "m"}),
+            created_at_ms: 1,
+        })
+        .unwrap();
+        s.insert_environment(&EnvironmentRecord {
+            environment_id: "e1".into(),
+            kind: EnvironmentKind::SelfHosted,
+            created_at_ms: 1,
+        })
+        .unwrap();
+        s.insert_session(&SessionRecord {
+            session_id: "s1".into(),
+            agent_id: "a1".into(),
+            environment_id: "e1".into(),
+            frozen: json!({}),
+            native_session_id: None,
+            started_turns: 0,
+            created_at_ms: 1,
+        })
+        .unwrap();
+        s
+    }
+
+    #[test]
+    fn wal_full_and_versioned_schema() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = SqliteStore::open(dir.path()).unwrap();
+        assert_eq!(s.schema_version().unwrap() as usize, MIGRATIONS.len());
+        let mode: String = s
+            .conn
+            .query_row("PRAGMA journal_mode", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(mode, "wal");
+        let sync: i64 = s
+            .conn
+            .query_row("PRAGMA synchronous", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(sync, 2, "FULL");
+        drop(s);
+        // Reopening applies nothing twice.
+        let s = SqliteStore::open(dir.path()).unwrap();
+        assert_eq!(s.schema_version().unwrap() as usize, MIGRATIONS.len());
+    }
+
+    #[test]
+    fn credentials_are_hashed_verified_and_revoked() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = SqliteStore::open(dir.path()).unwrap();
+        let secret = super::super::credential::generate_secret();
+        let id = s.add_credential("cred_1", "dev", &secret, 1).unwrap();
+        assert_eq!(s.add_credential("cred_2", "dev", &secret, 2).unwrap(), id);
+        // Only the hash is stored.
+        let raw: Vec<u8> = s
+            .conn
+            .query_row("SELECT secret_sha256 FROM credentials", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(raw.len(), 32);
+        let dump: String = s
+            .conn
+            .query_row("SELECT group_concat(prefix) FROM credentials", [], |r| {
+                r.get(0)
+            })
+            .unwrap();
+        assert!(!dump.contains(&secret));
+        assert_eq!(
+            s.verify_credential("dev", &secret).unwrap(),
+            Some(id.clone())
+        );
+        assert_eq!(s.verify_credential("other", &secret).unwrap(), None);
+        assert_eq!(s.verify_credential("dev", "rcd_wrong").unwrap(), None);
+        assert!(s.add_credential("c", "dev", "proj_abc", 1).is_err());
+        assert!(s.add_credential("c", "dev", "core_abc", 1).is_err());
+        assert_eq!(s.verify_credential("dev", "proj_abc").unwrap(), None);
+        assert_eq!(s.list_credentials().unwrap().len(), 1);
+        assert!(s.revoke_credential(&id, 5).unwrap());
+        assert!(!s.revoke_credential(&id, 6).unwrap());
+        assert_eq!(s.verify_credential("dev", &secret).unwrap(), None);
+        assert_eq!(s.bump_owner_epoch("dev").unwrap(), 1);
+        assert_eq!(s.bump_owner_epoch("dev").unwrap(), 2);
+        assert!(s.bump_owner_epoch("nope").is_err());
+    }
+
+    #[test]
+    fn turn_lifecycle_cursor_and_events() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = seeded(dir.path());
+        let t = s.create_turn("t1", "s1", &json!([]), 10).unwrap();
+        assert_eq!(t.state, TurnState::Queued);
+        assert_eq!(
+            s.create_turn("t2", "s1", &json!([]), 10)
+                .unwrap_err()
+                .code(),
+            "session_busy"
+        );
+        assert_eq!(s.claimable_turns(10, 10).unwrap().len(), 1);
+        assert!(s.claim_turn("t1", "dev", 1, "run-1", 11).unwrap());
+        assert!(!s.claim_turn("t1", "dev", 1, "run-2", 11).unwrap());
+        assert_eq!(s.session("s1").unwrap().started_turns, 1);
+        s.requeue_turn("t1", 100, 12).unwrap();
+        assert!(s.claimable_turns(50, 10).unwrap().is_empty());
+        assert_eq!(s.session("s1").unwrap().started_turns, 0);
+        assert!(s.claim_turn("t1", "dev", 1, "run-1", 101).unwrap());
+        assert!(s.advance_turn("t1", TurnState::Running, 102).is_err());
+        s.advance_turn("t1", TurnState::Starting, 102).unwrap();
+        s.advance_turn("t1", TurnState::Running, 103).unwrap();
+        for i in 0..3 {
+            assert_eq!(
+                s.append_event("t1", "delta", &json!({"text": i}), 104)
+                    .unwrap(),
+                i + 1
+            );
+        }
+        let page = s.events("t1", 1, 10).unwrap();
+        assert_eq!(page.iter().map(|e| e.sequence).collect::<Vec<_>>(), [2, 3]);
+        let a = s.enqueue_input("t1", "in-a", &json!([]), 105).unwrap();
+        let b = s.enqueue_input("t1", "in-b", &json!([]), 105).unwrap();
+        assert_eq!((a.position, b.position), (0, 1));
+        s.set_input_state("in-a", InputState::Delivering, None)
+            .unwrap();
+        s.set_input_state("in-a", InputState::Written, None)
+            .unwrap();
+        // `written` does not move the cursor; `accepted` does.
+        assert_eq!(s.turn("t1").unwrap().input_cursor, 0);
+        s.set_input_state("in-a", InputState::Accepted, None)
+            .unwrap();
+        assert_eq!(s.turn("t1").unwrap().input_cursor, 1);
+        assert!(
+            s.set_input_state("in-a", InputState::Unknown, None)
+                .is_err()
+        );
+        let outcome = TurnOutcome {
+            native_outcome: Some(crate::core_runtime::wire::Outcome::Completed),
+            native_session_id: Some("ns-1".into()),
+            ..TurnOutcome::default()
+        };
+        s.finish_turn("t1", TurnState::Completed, &outcome, 106)
+            .unwrap();
+        assert!(
+            s.finish_turn("t1", TurnState::Failed, &outcome, 107)
+                .is_err()
+        );
+        assert_eq!(s.inputs("t1").unwrap()[1].state, InputState::NotDelivered);
+        assert_eq!(
+            s.session("s1").unwrap().native_session_id.as_deref(),
+            Some("ns-1")
+        );
+        assert!(s.enqueue_input("t1", "in-c", &json!([]), 108).is_err());
+    }
+
+    #[test]
+    fn write_reservation_blocks_successors_across_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let mut s = seeded(dir.path());
+            s.reserve_write(&WriteReservation {
+                reservation_id: "w1".into(),
+                session_id: "s1".into(),
+                path: "a.txt".into(),
+                size: 3,
+                sha256: "00".into(),
+                state: WriteState::Reserved,
+                created_at_ms: 1,
+            })
+            .unwrap();
+        }
+        let mut s = SqliteStore::open(dir.path()).unwrap();
+        s.recover(2).unwrap();
+        assert_eq!(s.open_write("s1").unwrap().unwrap().reservation_id, "w1");
+        assert_eq!(
+            s.create_turn("t1", "s1", &json!([]), 3).unwrap_err().code(),
+            "write_reserved"
+        );
+        s.settle_write("w1", WriteState::Committed).unwrap();
+        assert!(s.settle_write("w1", WriteState::Rejected).is_err());
+        s.create_turn("t1", "s1", &json!([]), 4).unwrap();
+    }
+
+    #[test]
+    fn interactions_are_routed_by_identity() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = seeded(dir.path());
+        s.create_turn("t1", "s1", &json!([]), 1).unwrap();
+        let rec = InteractionRecord {
+            turn_id: "t1".into(),
+            interaction_id: "perm-1".into(),
+            kind: InteractionKind::Permission,
+            request: json!({"tool_name": "shell"}),
+            state: InteractionState::Pending,
+            answer: None,
+            delivery_id: None,
+        };
+        s.record_interaction(&rec).unwrap();
+        s.record_interaction(&rec).unwrap();
+        assert!(
+            s.interaction("t1", "perm-1", InteractionKind::UserChoice)
+                .is_err()
+        );
+        s.answer_interaction(
+            "t1",
+            "perm-1",
+            InteractionKind::Permission,
+            &json!({"decision": "allow"}),
+            "d1",
+        )
+        .unwrap();
+        assert!(
+            s.answer_interaction(
+                "t1",
+                "perm-1",
+                InteractionKind::Permission,
+                &json!({}),
+                "d2"
+            )
+            .is_err()
+        );
+        s.settle_interaction(
+            "t1",
+            "perm-1",
+            InteractionKind::Permission,
+            InteractionState::Applied,
+        )
+        .unwrap();
+        assert_eq!(
+            s.interactions("t1").unwrap()[0].state,
+            InteractionState::Applied
+        );
+    }
+
+    #[test]
+    fn reopen_after_drop_keeps_everything_and_recovers_without_replay() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let mut s = seeded(dir.path());
+            s.create_turn("t1", "s1", &json!([{"role": "user"}]), 1)
+                .unwrap();
+            assert!(s.claim_turn("t1", "dev", 1, "run-1", 2).unwrap());
+            s.advance_turn("t1", TurnState::Starting, 3).unwrap();
+            s.advance_turn("t1", TurnState::Running, 4).unwrap();
+            s.append_event("t1", "delta", &json!({"text": "hi"}), 5)
+                .unwrap();
+            s.enqueue_input("t1", "in-1", &json!([]), 6).unwrap();
+            s.set_input_state("in-1", InputState::Delivering, None)
+                .unwrap();
+            s.insert_session(&SessionRecord {
+                session_id: "s2".into(),
+                agent_id: "a1".into(),
+                environment_id: "e1".into(),
+                frozen: json!({}),
+                native_session_id: None,
+                started_turns: 0,
+                created_at_ms: 1,
+            })
+            .unwrap();
+            s.create_turn("t2", "s2", &json!([]), 7).unwrap();
+        }
+        let mut s = SqliteStore::open(dir.path()).unwrap();
+        let report = s.recover(10).unwrap();
+        assert_eq!(report.stream_incomplete, vec!["t1".to_string()]);
+        assert_eq!(report.inputs_unknown, 1);
+        let t1 = s.turn("t1").unwrap();
+        assert_eq!(t1.state, TurnState::Failed);
+        assert_eq!(
+            t1.outcome.error_code,
+            Some(CoreErrorCode::EventStreamIncomplete)
+        );
+        assert_eq!(s.events("t1", 0, 10).unwrap().len(), 1);
+        assert_eq!(s.inputs("t1").unwrap()[0].state, InputState::Unknown);
+        // The never-dispatched Turn stays queued; nothing is re-sent.
+        assert_eq!(s.turn("t2").unwrap().state, TurnState::Queued);
+    }
+
+    /// Environment variable that turns the test binary into the child of the kill -9 test.
+    const CHILD_ENV: &str = "CONTRACT_STORE_KILL_CHILD_DIR";
+
+    /// The child half of [`kill_9_loses_no_committed_record`]: commits records, reports
+    /// each commit on stdout, then keeps committing until it is SIGKILLed.
+    #[test]
+    fn kill_9_child() {
+        let Ok(dir) = std::env::var(CHILD_ENV) else {
+            return;
+        };
+        use std::io::Write;
+        let mut s = seeded(Path::new(&dir));
+        s.create_turn("t1", "s1", &json!([]), 1).unwrap();
+        let mut out = std::io::stdout();
+        for i in 0u64.. {
+            let seq = s.append_event("t1", "delta", &json!({"i": i}), 2).unwrap();
+            writeln!(out, "committed {seq}").unwrap();
+            out.flush().unwrap();
+        }
+    }
+
+    #[test]
+    fn kill_9_loses_no_committed_record() {
+        use std::io::{BufRead, BufReader};
+        use std::process::{Command, Stdio};
+        let dir = tempfile::tempdir().unwrap();
+        let exe = std::env::current_exe().unwrap();
+        let mut child = Command::new(exe)
+            .args([
+                "--exact",
+                "core_runtime::store::sqlite::tests::kill_9_child",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env(CHILD_ENV, dir.path())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let mut last = 0u64;
+        for line in BufReader::new(stdout).lines() {
+            let line = line.unwrap();
+            if let Some(n) = line.strip_prefix("committed ") {
+                last = n.parse().unwrap();
+                if last >= 50 {
+                    break;
+                }
+            }
+        }
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(child.id() as i32),
+            nix::sys::signal::Signal::SIGKILL,
+        )
+        .unwrap();
+        let status = child.wait().unwrap();
+        assert!(!status.success());
+        assert!(last >= 50, "child reported {last} commits");
+        let mut s = SqliteStore::open(dir.path()).unwrap();
+        let events = s.events("t1", 0, EVENTS_PAGE_MAX).unwrap();
+        // Every commit the child reported is there, in order, without gaps.
+        assert!(events.len() as u64 >= last);
+        for (i, e) in events.iter().enumerate() {
+            assert_eq!(e.sequence, i as u64 + 1);
+        }
+        assert_eq!(s.turn("t1").unwrap().state, TurnState::Queued);
+    }
+}
