@@ -4,7 +4,8 @@
 # Everything the targets need is installed by ci/setup.sh (idempotent, registries only).
 
 CARGO   ?= cargo
-TARGET  := $(CURDIR)/target/debug
+# Honour CARGO_TARGET_DIR so the binaries run are the ones just built.
+TARGET  := $(or $(CARGO_TARGET_DIR),$(CURDIR)/target)/debug
 HARNESS := $(TARGET)/contract-harness
 IMPL    := $(TARGET)/contract-impl
 FAMILY  ?= core_runtime
