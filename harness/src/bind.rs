@@ -71,6 +71,10 @@ pub enum BindError {
 /// The reserved placeholder name of [`Placeholder::Absent`] (`$absent`).
 pub const ABSENT: &str = "absent";
 
+/// Object keys whose values the wire types as canonical UUIDs: a placeholder minted
+/// under one of them is a UUID, so that a frame the harness sends stays valid.
+pub const UUID_KEYS: &[&str] = &["session_id", "environment_id"];
+
 /// Whether `name` is a valid placeholder name (non-empty ASCII letters, digits, `_`).
 pub fn is_valid_name(name: &str) -> bool {
     !name.is_empty() && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
@@ -209,6 +213,33 @@ impl Bindings {
     /// [`BindError::Unbound`] for an unbound placeholder when `mint` is false;
     /// [`BindError::AnyInSent`] for `$_`; [`BindError::Malformed`].
     pub fn substitute(&mut self, template: &Value, mint: bool) -> Result<Value, BindError> {
+        self.substitute_at(template, mint, None)
+    }
+
+    /// Mints a value for `name` found under object key `key`: a canonical UUID
+    /// (`5e55a000-0000-4000-8000-<n as 12 hex digits>`) under a key the wire types as a
+    /// UUID ([`UUID_KEYS`]), else `<name>-<n>` ([`Bindings::mint`]).
+    fn mint_for(&mut self, name: &str, key: Option<&str>) -> Value {
+        if !key.is_some_and(|k| UUID_KEYS.contains(&k)) {
+            return self.mint(name);
+        }
+        loop {
+            self.minted += 1;
+            let candidate = Value::String(format!("5e55a000-0000-4000-8000-{:012x}", self.minted));
+            if self.name_of(&candidate).is_none() {
+                self.values.insert(name.to_string(), candidate.clone());
+                self.order.push(name.to_string());
+                return candidate;
+            }
+        }
+    }
+
+    fn substitute_at(
+        &mut self,
+        template: &Value,
+        mint: bool,
+        key: Option<&str>,
+    ) -> Result<Value, BindError> {
         Ok(match template {
             Value::String(s) => match parse_token(s)? {
                 Token::Literal(text) => Value::String(text.into_owned()),
@@ -216,20 +247,20 @@ impl Bindings {
                 Token::Placeholder(Placeholder::Absent) => return Err(BindError::AbsentInSent),
                 Token::Placeholder(Placeholder::Named(name)) => match self.values.get(&name) {
                     Some(v) => v.clone(),
-                    None if mint => self.mint(&name),
+                    None if mint => self.mint_for(&name, key),
                     None => return Err(BindError::Unbound(name)),
                 },
             },
             Value::Array(items) => Value::Array(
                 items
                     .iter()
-                    .map(|item| self.substitute(item, mint))
+                    .map(|item| self.substitute_at(item, mint, key))
                     .collect::<Result<_, _>>()?,
             ),
             Value::Object(map) => {
                 let mut out = Map::new();
                 for (k, v) in map {
-                    out.insert(k.clone(), self.substitute(v, mint)?);
+                    out.insert(k.clone(), self.substitute_at(v, mint, Some(k))?);
                 }
                 Value::Object(out)
             }
@@ -254,6 +285,24 @@ impl Bindings {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn uuid_keys_mint_uuids() {
+        let mut b = Bindings::new();
+        let sent = b
+            .substitute(
+                &json!({"session_id": "$s", "run_id": "$r", "list": [{"environment_id": "$e"}]}),
+                true,
+            )
+            .unwrap();
+        assert_eq!(sent["session_id"], "5e55a000-0000-4000-8000-000000000001");
+        assert_eq!(sent["run_id"], "r-2");
+        assert_eq!(
+            sent["list"][0]["environment_id"],
+            "5e55a000-0000-4000-8000-000000000003"
+        );
+        assert_eq!(b.name_of(&sent["session_id"]), Some("s"));
+    }
 
     #[test]
     fn tokens() {

@@ -54,6 +54,8 @@ use crate::scenario::{Scenario, Side};
 pub enum EntryKind {
     /// An HTTP request the target made (bootstrap POST, upgrade request).
     HttpRequest,
+    /// An HTTP answer the target gave (bootstrap, upgrade refusal, public API call).
+    HttpResponse,
     /// A WebSocket data frame.
     Frame,
     /// A WebSocket close (code and reason) or a dropped connection.
@@ -63,10 +65,11 @@ pub enum EntryKind {
 }
 
 impl EntryKind {
-    /// Short name (`http_request`, `frame`, `close`, `exit`).
+    /// Short name (`http_request`, `http_response`, `frame`, `close`, `exit`).
     pub fn as_str(self) -> &'static str {
         match self {
             EntryKind::HttpRequest => "http_request",
+            EntryKind::HttpResponse => "http_response",
             EntryKind::Frame => "frame",
             EntryKind::Close => "close",
             EntryKind::Exit => "exit",
@@ -552,6 +555,7 @@ mod tests {
 
     fn scenario() -> Scenario {
         Scenario {
+            pending: Default::default(),
             family: "core_runtime".into(),
             name: "prep".into(),
             summary: "s".into(),

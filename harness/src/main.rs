@@ -171,13 +171,22 @@ fn run(args: RunArgs) -> ExitCode {
         Ok(s) => s,
         Err(code) => return code,
     };
-    let runs: Vec<(Scenario, Side)> = scenarios
+    let (pending, runs): (Vec<Scenario>, Vec<Scenario>) = scenarios
         .into_iter()
         .filter(|s| s.runs_on(args.side))
         .filter(|s| args.filter.as_deref().is_none_or(|f| s.id().contains(f)))
-        .map(|s| (s, args.side))
-        .collect();
+        .partition(|s| s.pending_reason(args.side).is_some());
+    let runs: Vec<(Scenario, Side)> = runs.into_iter().map(|s| (s, args.side)).collect();
+    for s in &pending {
+        println!(
+            "PENDING {} [{}]: {}",
+            s.id(),
+            args.side,
+            s.pending_reason(args.side).unwrap_or("")
+        );
+    }
     if runs.is_empty()
+        && pending.is_empty()
         && let Some(filter) = &args.filter
     {
         eprintln!(
@@ -214,7 +223,15 @@ fn run(args: RunArgs) -> ExitCode {
     let results = runtime.block_on(runner::run_many(runs, &opts, jobs, |result| {
         println!("{}", report::console::result_line(result));
     }));
-    println!("{}", report::console::summary_line(&results));
+    println!(
+        "{}{}",
+        report::console::summary_line(&results),
+        if pending.is_empty() {
+            String::new()
+        } else {
+            format!(", {} pending (not run)", pending.len())
+        }
+    );
     if let Err(message) = write_reports(&args, &results) {
         eprintln!("{message}");
         return ExitCode::from(EXIT_USAGE);

@@ -246,6 +246,7 @@ mod tests {
 
     fn scen(name: &str, covers: &[&str]) -> Scenario {
         Scenario {
+            pending: Default::default(),
             family: "core_runtime".into(),
             name: name.into(),
             summary: "s".into(),

@@ -50,7 +50,7 @@ pub async fn run_scenario(scenario: &Scenario, side: Side, opts: &RunOptions) ->
     let (outcome, generated_keys): (DriveOutcome, &[&str]) = match scenario.family.as_str() {
         core_runtime::FAMILY => (
             core_runtime::drive(scenario, side, &drive_opts).await,
-            core_runtime::GENERATED_KEYS,
+            core_runtime::generated_keys(side),
         ),
         other => {
             return ScenarioResult::fail(

@@ -32,7 +32,7 @@ use std::time::Duration;
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
 use tokio::io::AsyncReadExt;
-use tokio::process::{Child, ChildStderr, Command};
+use tokio::process::{Child, ChildStderr, ChildStdout, Command};
 use tokio::task::JoinHandle;
 
 use crate::scenario::GeneratedContent;
@@ -477,6 +477,9 @@ pub struct LaunchSpec {
     pub cwd: PathBuf,
     /// A secret that must never appear on stderr (empty: no scan).
     pub secret: String,
+    /// Pipe stdout to the harness ([`Target::take_stdout`]) instead of `/dev/null`, for
+    /// targets that announce readiness on stdout.
+    pub capture_stdout: bool,
 }
 
 /// What happened first while a target was starting ([`Target::await_ready_or_exit`]).
@@ -501,8 +504,8 @@ pub struct Target {
 }
 
 impl Target {
-    /// Splits the command and starts it (stdin and stdout are `/dev/null`, stderr is
-    /// captured). A relative program path containing `/` is resolved against the
+    /// Splits the command and starts it (stdin is `/dev/null`; stdout is `/dev/null`
+    /// unless [`LaunchSpec::capture_stdout`]; stderr is captured). A relative program path containing `/` is resolved against the
     /// harness's working directory; a bare name is looked up in `PATH`.
     ///
     /// # Errors
@@ -529,7 +532,11 @@ impl Target {
             .envs(spec.env.iter().map(|(k, v)| (k, v)))
             .current_dir(&spec.cwd)
             .stdin(Stdio::null())
-            .stdout(Stdio::null())
+            .stdout(if spec.capture_stdout {
+                Stdio::piped()
+            } else {
+                Stdio::null()
+            })
             .stderr(Stdio::piped())
             .process_group(0)
             .kill_on_drop(true);
@@ -561,6 +568,23 @@ impl Target {
             exit: None,
             stopped: false,
         })
+    }
+
+    /// The target's stdout pipe, once (only with [`LaunchSpec::capture_stdout`]). Whoever
+    /// takes it must keep reading it, or a chatty target blocks on a full pipe.
+    pub fn take_stdout(&mut self) -> Option<ChildStdout> {
+        self.child.stdout.take()
+    }
+
+    /// Kills the whole process group with `SIGKILL` at once (no `SIGTERM`, no grace: a
+    /// crash), reaps the process and drains stderr. Returns the exit status.
+    ///
+    /// # Errors
+    /// [`TargetError::WaitFailed`].
+    pub async fn kill_now(&mut self) -> Result<ExitStatus, TargetError> {
+        let _ = killpg(self.pgid, Signal::SIGKILL);
+        self.stopped = true;
+        self.wait_exit().await
     }
 
     /// The process (and process group) ID.
@@ -762,6 +786,7 @@ mod tests {
             env: vec![("CONTRACT_TEST_VALUE".into(), "from-env".into())],
             cwd: run.cwd(),
             secret: secret.into(),
+            capture_stdout: false,
         };
         (run, spec)
     }

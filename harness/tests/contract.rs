@@ -8,7 +8,9 @@
 //!   process; a no-op when it is up to date) so the suite is self-sufficient.
 //! * Goldens: checked by default; `CONTRACT_GOLDEN=accept` writes them, `=pending`
 //!   writes `.pending` files for review.
-//! * Side `core` trials are listed but ignored until the Core target exists.
+//! * Side `core` trials run `contract-impl core serve`. A scenario side listed under the
+//!   scenario's `pending:` is listed but **ignored** (kind `[pending]`; the reasons are
+//!   printed on stderr before the run), so nothing not-yet-ported passes silently.
 //!
 //! Usual libtest arguments work: `cargo test -p contract-harness --test contract --
 //! handshake`, `--exact`, `--ignored`, `--test-threads N`, `--list`.
@@ -86,7 +88,10 @@ fn golden_mode() -> GoldenMode {
 fn target_cmd(side: Side) -> Result<String, Failed> {
     let bin = impl_binary()?;
     let quoted = shell_words::quote(&bin.display().to_string()).into_owned();
-    Ok(format!("{quoted} {}", side.as_str()))
+    Ok(match side {
+        Side::Runtime => format!("{quoted} runtime"),
+        Side::Core => format!("{quoted} core serve"),
+    })
 }
 
 fn main() {
@@ -95,6 +100,7 @@ fn main() {
     let scenarios_dir = root.join("scenarios");
     let golden_dir = root.join("golden");
     let mut trials = Vec::new();
+    let mut pending_reasons = Vec::new();
 
     for &family in FAMILIES {
         let loaded = load_family(&scenarios_dir, family);
@@ -133,6 +139,8 @@ fn main() {
 
         for scenario in scenarios {
             for side in scenario.target_sides() {
+                let pending = scenario.pending_reason(side).map(str::to_string);
+                let scenario_id = scenario.id();
                 let name = format!("{}::{}", scenario.id(), side.as_str());
                 let scenario = scenario.clone();
                 let golden_dir = golden_dir.clone();
@@ -156,11 +164,26 @@ fn main() {
                         Err(console::result_line(&result).into())
                     }
                 });
-                // Only the Runtime side has a driver so far.
-                trials.push(trial.with_ignored_flag(side != Side::Runtime));
+                // A pending side is listed as ignored; its reason goes to stderr.
+                trials.push(match pending {
+                    Some(reason) => {
+                        pending_reasons.push(format!(
+                            "pending (not run): {}::{}: {reason}",
+                            scenario_id,
+                            side.as_str()
+                        ));
+                        trial.with_kind("pending").with_ignored_flag(true)
+                    }
+                    None => trial,
+                });
             }
         }
     }
 
+    if !args.list {
+        for line in &pending_reasons {
+            eprintln!("{line}");
+        }
+    }
     libtest_mimic::run(&args, trials).exit();
 }

@@ -31,9 +31,9 @@
 //! credential (URL, body, frame) and the target's stderr is scanned for it; any sighting
 //! fails the run. Every step has a deadline (`step_timeout`).
 //!
-//! **Side `core`** (not yet implemented): the harness would play the Runtime, perform
-//! `api:` steps against the target Core and send the `runtime:` frames; [`drive`] reports
-//! it as a failure naming the missing side.
+//! **Side `core`**: [`drive`] hands the run to [`super::core_target`], where the harness
+//! plays the Runtime, performs `api:` steps against the target Core and sends the
+//! `runtime:` frames.
 //!
 //! This module never renders or compares goldens (it returns the [`Recording`] and the
 //! [`Bindings`]) and never prints.
@@ -84,7 +84,16 @@ const ADAPTER_DEFAULT_TIMEOUT: Duration = Duration::from_millis(5000);
 /// the adapter's `timeout` answer arrives before the harness gives up.
 const CONTROL_GRACE: Duration = Duration::from_secs(1);
 
-/// Keys whose values the target generates; goldens replace them by stable aliases.
+/// Keys whose values the target generates, per side: [`GENERATED_KEYS`] for a Runtime,
+/// [`super::core_target::CORE_GENERATED_KEYS`] for Core.
+pub fn generated_keys(side: Side) -> &'static [&'static str] {
+    match side {
+        Side::Runtime => GENERATED_KEYS,
+        Side::Core => super::core_target::CORE_GENERATED_KEYS,
+    }
+}
+
+/// Keys whose values a target Runtime generates; goldens replace them by stable aliases.
 pub const GENERATED_KEYS: &[&str] = &[
     "executor_id",
     "admission_handle",
@@ -204,12 +213,8 @@ pub async fn drive(scenario: &Scenario, side: Side, opts: &DriveOptions) -> Driv
         what: what.to_string(),
         message,
     };
-    if side != Side::Runtime {
-        outcome.failure = Some(fail(
-            "launch",
-            format!("side `{side}` of {FAMILY} is not implemented by this harness yet"),
-        ));
-        return outcome;
+    if side == Side::Core {
+        return super::core_target::drive(scenario, opts).await;
     }
     let exit_first = matches!(scenario.steps.first(), Some(Step::ExpectExit { .. }));
     let launched = match launch_runtime(scenario, opts, exit_first).await {
@@ -335,6 +340,7 @@ async fn launch_runtime(
         env,
         cwd: run_dir.cwd(),
         secret: credential.clone(),
+        capture_stdout: false,
     };
     let mut target = Target::spawn(&spec).map_err(|e| e.to_string())?;
     let started = if exit_allowed {
@@ -476,6 +482,9 @@ impl Session {
             }
             Step::ExpectClose { code, reason } => self.expect_close(*code, reason.as_deref()).await,
             Step::Api(_) => Ok(()),
+            Step::Crash => {
+                Err("crash restarts a target Core; the Runtime is the target here".into())
+            }
             Step::ExpectExit { code, stderr } => self.expect_exit(*code, stderr).await,
         }
     }
@@ -1186,6 +1195,7 @@ mod tests {
 
     fn scenario(steps: Vec<Step>) -> Scenario {
         Scenario {
+            pending: Default::default(),
             family: FAMILY.into(),
             name: "driver_test".into(),
             summary: String::new(),
@@ -1235,7 +1245,15 @@ mod tests {
                 },
                 Step::Native { op: "report".into(), args: json!({}), expect: Some(json!({"op": "report"})) },
                 Step::Silence(Duration::from_millis(50)),
-                Step::Api(json!({})),
+                Step::Api(crate::scenario::model::ApiStep {
+                    call: crate::scenario::model::ApiCall {
+                        method: "GET".into(),
+                        path: "/v1/turns/$t".into(),
+                        body: None,
+                    },
+                    expect: HttpResponseSpec { status: 200, body: None },
+                    poll: false,
+                }),
                 Step::HalfClose { code: None, reason: None },
             ],
         )

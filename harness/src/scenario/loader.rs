@@ -8,6 +8,7 @@
 //! [`Scenario`] model and running [`super::validation`]. It never runs a scenario, never
 //! touches sockets and never panics on bad input.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -17,8 +18,8 @@ use serde_json::{Map, Value};
 use serde_saphyr::{Location, Spanned};
 
 use super::model::{
-    BootstrapStep, ConnectStep, ExitCodeSpec, Party, RawMessage, Scenario, ScenarioConfig, Side,
-    Step,
+    ApiStep, BootstrapStep, ConnectStep, ExitCodeSpec, Party, RawMessage, Scenario, ScenarioConfig,
+    Side, Step,
 };
 use super::validation::{self, Spans, StepSpan};
 
@@ -173,6 +174,8 @@ struct RawScenario {
     sides: Option<Spanned<Vec<Side>>>,
     #[serde(default)]
     config: Option<Spanned<ScenarioConfig>>,
+    #[serde(default)]
+    pending: Option<Spanned<BTreeMap<Side, String>>>,
     steps: Spanned<Vec<Spanned<RawStep>>>,
 }
 
@@ -192,7 +195,8 @@ enum RawStep {
     HalfClose(RawClose),
     SendBytes(RawBytes),
     ExpectClose(RawClose),
-    Api(Value),
+    Api(ApiStep),
+    Crash(Empty),
     ExpectExit(RawExit),
 }
 
@@ -451,6 +455,7 @@ impl Converter<'_> {
                 reason: c.reason,
             },
             RawStep::Api(v) => Step::Api(v),
+            RawStep::Crash(Empty {}) => Step::Crash,
             RawStep::ExpectExit(e) => Step::ExpectExit {
                 code: e.code.map(|c| c.0),
                 stderr: e.stderr.map(|s| s.0).unwrap_or_default(),
@@ -488,6 +493,7 @@ pub fn parse_scenario(path: &Path, source: &str) -> Result<Scenario, Vec<LoadErr
         cover_items: raw.covers.value.iter().map(|c| c.referenced).collect(),
         sides: raw.sides.as_ref().map(|s| s.referenced),
         config: raw.config.as_ref().map(|c| c.referenced),
+        pending: raw.pending.as_ref().map(|p| p.referenced),
         steps: raw.steps.referenced,
         step_items: step_spans,
     };
@@ -499,6 +505,7 @@ pub fn parse_scenario(path: &Path, source: &str) -> Result<Scenario, Vec<LoadErr
         sides: raw.sides.map(|s| s.value),
         config: raw.config.map(|c| c.value).unwrap_or_default(),
         steps,
+        pending: raw.pending.map(|p| p.value).unwrap_or_default(),
         path: path.to_path_buf(),
     };
     let mut errors = conv.errors;
@@ -609,7 +616,8 @@ steps:
   - send_bytes: { base64: "AAE=" }
   - expect_close: { code: 1008 }
   - disconnect: {}
-  - api: { submit_turn: { session_id: s1 } }
+  - api: { call: { method: POST, path: /v1/sessions/$s1/turns, body: { input: [] } }, expect: { status: 201, body: { turn_id: $t1 } } }
+  - api: { call: { method: GET, path: /v1/turns/$t1 }, expect: { status: 200 }, poll: true }
 "#;
 
     /// Writes `text` as `<tmp>/core_runtime/<name>.yaml` and loads it.
@@ -632,6 +640,62 @@ steps:
     }
 
     #[test]
+    fn api_crash_and_pending_are_checked() {
+        let head = "family: core_runtime\nname: x\nsummary: s\ncovers: [CR-A-001]\n";
+        let (_dir, ok) = load(
+            "x",
+            &format!(
+                "{head}sides: [core]\npending: {{ core: \"not yet\" }}\nsteps:\n  - crash: {{}}\n  - api: {{ call: {{ method: GET, path: /v1/turns/$t }}, expect: {{ status: 200 }}, poll: true }}\n"
+            ),
+        );
+        let s = ok.unwrap();
+        assert_eq!(s.pending_reason(Side::Core), Some("not yet"));
+        assert_eq!(s.steps[0], Step::Crash);
+        let err = load_err("x", &format!("{head}steps:\n  - crash: {{}}\n"));
+        assert!(err.contains("crash restarts the target Core"), "{err}");
+        let err = load_err(
+            "x",
+            &format!(
+                "{head}steps:\n  - api: {{ call: {{ method: POST, path: /v1/agents }}, expect: {{ status: 201 }}, poll: true }}\n"
+            ),
+        );
+        assert!(err.contains("only for GET"), "{err}");
+        let err = load_err(
+            "x",
+            &format!(
+                "{head}steps:\n  - api: {{ call: {{ method: FETCH, path: agents }}, expect: {{ status: 201 }} }}\n"
+            ),
+        );
+        assert!(err.contains("method `FETCH`"), "{err}");
+        let err = load_err(
+            "x",
+            &format!(
+                "{head}steps:\n  - api: {{ call: {{ method: GET, path: agents }}, expect: {{ status: 200 }} }}\n"
+            ),
+        );
+        assert!(err.contains("must start with `/v1/`"), "{err}");
+        let err = load_err(
+            "x",
+            &format!(
+                "{head}steps:\n  - api: {{ call: {{ method: GET, path: /v1/x }}, expect: {{ status: 200 }}, retry: 3 }}\n"
+            ),
+        );
+        assert!(err.contains("retry"), "{err}");
+        let err = load_err(
+            "x",
+            &format!(
+                "{head}sides: [runtime]\npending: {{ core: \"x\" }}\nsteps:\n  - silence: 1ms\n"
+            ),
+        );
+        assert!(err.contains("does not run on"), "{err}");
+        let err = load_err(
+            "x",
+            &format!("{head}pending: {{ core: \" \" }}\nsteps:\n  - silence: 1ms\n"),
+        );
+        assert!(err.contains("say why"), "{err}");
+    }
+
+    #[test]
     fn valid_scenario_loads() {
         let (_dir, result) = load("sample", VALID);
         let s = result.unwrap();
@@ -644,7 +708,10 @@ steps:
         );
         let ws = s.config.workspace.as_ref().unwrap();
         assert_eq!(ws.files["src/main.py"], "print('hi')\n");
-        assert_eq!(s.steps.len(), 17);
+        assert_eq!(s.steps.len(), 18);
+        assert!(
+            matches!(&s.steps[17], Step::Api(api) if api.poll && api.call.path == "/v1/turns/$t1")
+        );
         assert_eq!(
             s.steps[0],
             Step::Handshake {

@@ -108,6 +108,10 @@ pub struct Scenario {
     pub config: ScenarioConfig,
     /// The ordered steps.
     pub steps: Vec<Step>,
+    /// Sides the scenario is meant to run on but cannot pass yet, with the reason
+    /// (`pending: {core: "..."}`). A pending side is listed, never run and never counted
+    /// as passed (the contract test marks it ignored; the CLI prints it as pending).
+    pub pending: BTreeMap<Side, String>,
     /// The file the scenario was loaded from.
     pub path: PathBuf,
 }
@@ -123,6 +127,11 @@ impl Scenario {
         self.sides
             .as_ref()
             .is_none_or(|sides| sides.contains(&side))
+    }
+
+    /// Why the scenario is pending on `side`, if it is (see [`Scenario::pending`]).
+    pub fn pending_reason(&self, side: Side) -> Option<&str> {
+        self.pending.get(&side).map(String::as_str)
     }
 
     /// The sides the scenario runs on, in [`Side::ALL`] order.
@@ -280,6 +289,38 @@ pub struct HttpResponseSpec {
     pub body: Option<Value>,
 }
 
+/// HTTP methods an `api:` call may use.
+pub const API_METHODS: &[&str] = &["GET", "POST", "PUT", "PATCH", "DELETE"];
+
+/// `api:` — one call to the target Core's public API and the answer it must give.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ApiStep {
+    /// The request.
+    pub call: ApiCall,
+    /// The expected answer.
+    pub expect: HttpResponseSpec,
+    /// Repeat the call (only `GET`, which is safe to repeat) until the answer matches,
+    /// within the step deadline: for state Core reaches asynchronously (a Turn becoming
+    /// `completed` after `done`). Default `false`: one call, which must match.
+    #[serde(default)]
+    pub poll: bool,
+}
+
+/// The request of an [`ApiStep`].
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ApiCall {
+    /// HTTP method, upper case (one of [`API_METHODS`]).
+    pub method: String,
+    /// Path under the base URL, starting with `/v1/`; placeholders are written as
+    /// whole path segments (`/v1/turns/$turn`) and substituted.
+    pub path: String,
+    /// JSON body (placeholders substituted, unbound ones minted).
+    #[serde(default)]
+    pub body: Option<Value>,
+}
+
 /// One scenario step.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Step {
@@ -334,7 +375,11 @@ pub enum Step {
         reason: Option<String>,
     },
     /// `api:` — a call to Core's public API (performed only when Core is the target).
-    Api(Value),
+    Api(ApiStep),
+    /// `crash:` — the target Core is killed with `SIGKILL` (its whole process group) and
+    /// started again with the same data directory and environment; the step ends when it
+    /// is ready again. Only for scenarios that run on side `core` alone.
+    Crash,
     /// `expect_exit:` — the target process exits within the step deadline (with this exit
     /// code, and with `stderr` contained in its stderr tail, when given). Always the last
     /// step; as the first (and only) step it expects the target to refuse to start.
@@ -391,6 +436,7 @@ impl Step {
             Step::SendBytes(_) => "send_bytes",
             Step::ExpectClose { .. } => "expect_close",
             Step::Api(_) => "api",
+            Step::Crash => "crash",
             Step::ExpectExit { .. } => "expect_exit",
         }
     }
@@ -403,6 +449,7 @@ impl Step {
                 format!("{party} frame {kind}")
             }
             Step::Native { op, .. } => format!("native {op}"),
+            Step::Api(api) => format!("api {} {}", api.call.method, api.call.path),
             Step::Silence(d) => format!("silence {}ms", d.as_millis()),
             Step::AnyOrder(steps) => format!("any_order of {} frames", steps.len()),
             other => other.keyword().to_string(),

@@ -18,8 +18,8 @@ use serde_json::Value;
 use serde_saphyr::Location;
 
 use super::model::{
-    ExitCodeSpec, GENERATED_FILE_MAX_BYTES, GENERATED_TOTAL_MAX_BYTES, Party, Scenario, Step,
-    WorkspaceSeed,
+    API_METHODS, ApiStep, ExitCodeSpec, GENERATED_FILE_MAX_BYTES, GENERATED_TOTAL_MAX_BYTES, Party,
+    Scenario, Side, Step, WorkspaceSeed,
 };
 use crate::bind::malformed_placeholders;
 use crate::matcher::{GENERATED_MARKER, GeneratedPattern};
@@ -61,6 +61,8 @@ pub struct Spans {
     pub sides: Option<Location>,
     /// `config`, when present.
     pub config: Option<Location>,
+    /// `pending`, when present.
+    pub pending: Option<Location>,
     /// `steps` list.
     pub steps: Location,
     /// Each top-level step (parallel to `Scenario::steps`).
@@ -341,12 +343,11 @@ impl Checker<'_> {
             | Step::ExpectClose {
                 reason: Some(r), ..
             } if r.len() > 123 => self.issue(Some(location), "close reason longer than 123 bytes"),
-            Step::Api(v) => {
-                if !v.is_object() {
-                    self.issue(Some(location), "api: the call must be a mapping");
-                }
-                self.placeholders(location, "api", v);
-            }
+            Step::Api(api) => self.api(location, api),
+            Step::Crash if self.scenario.sides.as_deref() != Some(&[Side::Core][..]) => self.issue(
+                Some(location),
+                "crash restarts the target Core: it needs `sides: [core]`",
+            ),
             Step::ExpectExit { code, stderr } => {
                 if let Some(ExitCodeSpec::Exact(code)) = code
                     && !(0..=255).contains(code)
@@ -415,6 +416,46 @@ impl Checker<'_> {
                     "config.workspace.generated: {total} bytes in all exceed the {GENERATED_TOTAL_MAX_BYTES}-byte bound"
                 ),
             );
+        }
+    }
+
+    fn api(&mut self, location: Location, api: &ApiStep) {
+        let call = &api.call;
+        if !API_METHODS.contains(&call.method.as_str()) {
+            self.issue(
+                Some(location),
+                format!(
+                    "api: method `{}` is not one of {}",
+                    call.method,
+                    API_METHODS.join(", ")
+                ),
+            );
+        }
+        if !call.path.starts_with("/v1/") || call.path.contains(['?', '#', ' ']) {
+            self.issue(
+                Some(location),
+                format!(
+                    "api: path `{}` must start with `/v1/` and hold no query, fragment or space",
+                    call.path
+                ),
+            );
+        }
+        for segment in call.path.split('/') {
+            self.placeholders(location, "api.call.path", &Value::String(segment.into()));
+        }
+        if api.poll && call.method != "GET" {
+            self.issue(
+                Some(location),
+                "api: `poll` repeats the call, so it is allowed only for GET",
+            );
+        }
+        if let Some(body) = &call.body {
+            // Not a frame: `null` may be sent on purpose (Core must refuse it).
+            self.placeholders(location, "api.call.body", body);
+        }
+        self.status(location, "api.expect", api.expect.status);
+        if let Some(body) = &api.expect.body {
+            self.placeholders(location, "api.expect.body", body);
         }
     }
 
@@ -507,6 +548,20 @@ pub fn validate(scenario: &Scenario, spans: &Spans) -> Vec<Issue> {
     }
     if let Some(ws) = &scenario.config.workspace {
         c.workspace(spans.config, ws);
+    }
+    for (side, reason) in &scenario.pending {
+        if !scenario.runs_on(*side) {
+            c.issue(
+                spans.pending,
+                format!("pending names side `{side}`, which the scenario does not run on"),
+            );
+        }
+        if reason.trim().is_empty() {
+            c.issue(
+                spans.pending,
+                format!("pending.{side}: say why the side is pending"),
+            );
+        }
     }
     if scenario.steps.is_empty() {
         c.issue(Some(spans.steps), "steps must not be empty");

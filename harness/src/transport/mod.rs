@@ -3,6 +3,8 @@
 //! * [`http`]: the **scripted Core** HTTP server (`127.0.0.1:0`) that turns every incoming
 //!   request into an [`http::IncomingRequest`] event the family driver answers in order,
 //!   including the WebSocket upgrade.
+//! * [`client`]: the harness as a client of a target Core: HTTP requests and the
+//!   WebSocket dial (side `core`).
 //! * [`ws`]: one upgraded WebSocket connection ([`ws::WsConnection`]): a bounded event queue
 //!   of what the peer sent, plus send / raw send / close / abrupt drop.
 //!
@@ -11,6 +13,7 @@
 //! driver's job), never decide a response on its own (the driver scripts every answer),
 //! and never panic on what a peer sends: a target may send anything.
 
+pub mod client;
 pub mod http;
 pub mod ws;
 
@@ -67,6 +70,16 @@ pub enum TransportError {
     /// Writing to the WebSocket failed (the peer is gone or the socket broke).
     #[error("WebSocket send failed: {0}")]
     Send(String),
+    /// An HTTP request or WebSocket dial of the client failed (bad URL, connection
+    /// refused, broken handshake).
+    #[error("client request failed: {0}")]
+    Client(String),
+    /// A response body exceeded the client's bound.
+    #[error("response body exceeds the {limit}-byte bound")]
+    ResponseTooLarge {
+        /// The bound (bytes).
+        limit: usize,
+    },
     /// A transport operation did not finish in time.
     #[error("timed out after {}ms", .0.as_millis())]
     Timeout(Duration),
@@ -83,6 +96,8 @@ impl TransportError {
             TransportError::InvalidStatus(_) => "invalid_status",
             TransportError::OutgoingTooLarge { .. } => "outgoing_too_large",
             TransportError::Send(_) => "send_failed",
+            TransportError::Client(_) => "client_failed",
+            TransportError::ResponseTooLarge { .. } => "response_too_large",
             TransportError::Timeout(_) => "timeout",
         }
     }

@@ -22,9 +22,16 @@
 //! # Errors
 //! [`WorkspaceError`]: every variant except [`WorkspaceError::Io`] is a safe refusal
 //! (nothing was read or changed, the daemon reports `refused` with
-//! [`WorkspaceError::code`]); `Io` is ambiguous (the daemon reports `unavailable`, and
-//! for reads stops that owner's later reads: "an interrupted or ambiguous read stays
-//! unknown and stops that owner's later reads").
+//! [`WorkspaceError::refusal_code`]); `Io` is ambiguous (the daemon reports
+//! `unavailable` with no error code, and for reads stops that owner's later reads: "an
+//! interrupted or ambiguous read stays unknown and stops that owner's later reads").
+//!
+//! Operating-system errors are classified by [`WorkspaceError::from`]: an `errno` that
+//! the kernel returns deterministically for the request itself, before any data moved
+//! (`ENOENT`, `ENOTDIR`, `EACCES`/`EPERM`, `ENAMETOOLONG`, `ELOOP`, `EISDIR`, `EINVAL`),
+//! is a safe refusal; anything else (`EIO`, `ENOMEM`, a failed close, …) is ambiguous.
+//! A byte offset the kernel cannot seek to (past the largest file offset) is past the
+//! end of the file: an empty read, not an error.
 
 use std::collections::HashSet;
 use std::ffi::OsString;
@@ -89,29 +96,30 @@ pub enum WorkspaceError {
     /// The export exceeds [`WORKSPACE_READ_RESULT_MAX_BYTES`] (1 MiB).
     #[error("result exceeds the 1 MiB bound")]
     ResultTooLarge,
-    /// Any other I/O failure. Ambiguous: the operation's effect is unknown.
+    /// Any other I/O failure (`EIO`, an interrupted transfer, a failed close, a failed
+    /// blocking task). Ambiguous: the operation's effect is unknown.
     #[error("i/o error: {0}")]
     Io(String),
 }
 
 impl WorkspaceError {
-    /// The bounded wire category.
+    /// The bounded wire category of a safe refusal; `None` for [`WorkspaceError::Io`].
     ///
-    /// `Io` is not a safe refusal: the daemon reports status `unavailable` for it (see
-    /// [`Self::is_safe_refusal`]). When a code must accompany it, the nearest bounded
-    /// category is `cleanup_unconfirmed` ("The native close could not be confirmed"):
-    /// the operation's outcome could not be confirmed. `EACCES` never reaches `Io`; it
+    /// `Io` is not a refusal: the daemon reports status `unavailable` for it ("an
+    /// interrupted or ambiguous read stays unknown") and no error code — no bounded
+    /// category names an unknown read outcome, and `cleanup_unconfirmed` ("The native
+    /// close could not be confirmed") would misname it. `EACCES` never reaches `Io`; it
     /// is [`WorkspaceError::PermissionDenied`].
-    pub fn code(&self) -> WorkspaceErrorCode {
-        match self {
+    pub fn refusal_code(&self) -> Option<WorkspaceErrorCode> {
+        Some(match self {
             Self::InvalidPath(_) => WorkspaceErrorCode::InvalidPath,
             Self::NotFound => WorkspaceErrorCode::NotFound,
             Self::WrongKind => WorkspaceErrorCode::WrongKind,
             Self::PermissionDenied => WorkspaceErrorCode::PermissionDenied,
             Self::ConflictingLimits => WorkspaceErrorCode::ConflictingLimits,
             Self::ResultTooLarge => WorkspaceErrorCode::ResultTooLarge,
-            Self::Io(_) => WorkspaceErrorCode::CleanupUnconfirmed,
-        }
+            Self::Io(_) => return None,
+        })
     }
 
     /// True when nothing was read or changed ("A safe native refusal carries no bytes");
@@ -126,13 +134,47 @@ impl WorkspaceError {
     }
 }
 
+/// Whether `e` is `ELOOP` (too many levels of symbolic links). `io::ErrorKind` has no
+/// stable variant for it, so the raw `errno` decides.
+fn is_symlink_loop(e: &io::Error) -> bool {
+    #[cfg(unix)]
+    {
+        e.raw_os_error() == Some(nix::errno::Errno::ELOOP as i32)
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = e;
+        false
+    }
+}
+
 impl From<io::Error> for WorkspaceError {
+    /// Classifies an operating-system error ("A safe native refusal carries no bytes;
+    /// an interrupted or ambiguous read stays unknown", "Workspace operations").
+    ///
+    /// Deterministic refusals — the kernel rejected the request itself, nothing was
+    /// transferred, and repeating it gives the same answer:
+    /// * `ENOENT`, `ENOTDIR` → [`WorkspaceError::NotFound`] (the path, or a parent of
+    ///   it, is not there as a directory);
+    /// * `EACCES`, `EPERM` → [`WorkspaceError::PermissionDenied`];
+    /// * `ENAMETOOLONG` (a component over the file system's name limit), `ELOOP` (a
+    ///   symbolic-link loop), `EINVAL` (the file system refuses the name or argument) →
+    ///   [`WorkspaceError::InvalidPath`];
+    /// * `EISDIR` → [`WorkspaceError::WrongKind`].
+    ///
+    /// Everything else (`EIO`, `ENOMEM`, `ENOSPC`, `EBADF`, …) is
+    /// [`WorkspaceError::Io`]: ambiguous.
     fn from(e: io::Error) -> Self {
+        if is_symlink_loop(&e) {
+            return Self::InvalidPath(format!("symbolic link loop: {e}"));
+        }
         match e.kind() {
             io::ErrorKind::NotFound | io::ErrorKind::NotADirectory => Self::NotFound,
             io::ErrorKind::PermissionDenied => Self::PermissionDenied,
-            // `ENAMETOOLONG`: a component over the file system's name limit.
-            io::ErrorKind::InvalidFilename => Self::InvalidPath(e.to_string()),
+            io::ErrorKind::InvalidFilename | io::ErrorKind::InvalidInput => {
+                Self::InvalidPath(e.to_string())
+            }
+            io::ErrorKind::IsADirectory => Self::WrongKind,
             _ => Self::Io(e.to_string()),
         }
     }
@@ -570,7 +612,20 @@ fn read_blocking(
     let size = meta.len();
     let cap = WORKSPACE_READ_RESULT_MAX_BYTES as u64;
     let limit = max_bytes.map_or(cap, |m| m.min(cap));
-    file.seek(SeekFrom::Start(offset))?;
+    if let Err(e) = file.seek(SeekFrom::Start(offset)) {
+        if e.kind() == io::ErrorKind::InvalidInput && offset >= size {
+            // `lseek` refuses (`EINVAL`) offsets above `i64::MAX` and past the largest
+            // file size the file system supports: past the end of this file whatever
+            // it does meanwhile. A deterministic empty read, not an ambiguous one.
+            close_confirmed(file)?;
+            return Ok(ByteRead {
+                data: Vec::new(),
+                truncated: false,
+                size,
+            });
+        }
+        return Err(e.into());
+    }
     let expected = size.saturating_sub(offset).min(limit);
     let mut data = Vec::with_capacity(usize::try_from(expected).unwrap_or(0));
     (&mut file).take(limit).read_to_end(&mut data)?;
@@ -587,11 +642,28 @@ fn read_blocking(
     } else {
         false
     };
+    close_confirmed(file)?;
     Ok(ByteRead {
         data,
         truncated,
         size,
     })
+}
+
+/// Closes `file` and reports the outcome ("A successful read requires … a confirmed
+/// native close", "Workspace operations"); dropping a `File` ignores close errors. A
+/// failed close is ambiguous ([`WorkspaceError::Io`]) whatever its `errno`.
+fn close_confirmed(file: File) -> Result<(), WorkspaceError> {
+    #[cfg(unix)]
+    {
+        nix::unistd::close(file)
+            .map_err(|e| WorkspaceError::Io(format!("closing the file failed: {e}")))
+    }
+    #[cfg(not(unix))]
+    {
+        drop(file);
+        Ok(())
+    }
 }
 
 // ---------------------------------------------------------------------------
@@ -1431,7 +1503,7 @@ mod tests {
                 assert!(p.starts_with(ws.root()));
             } else {
                 let err = got.unwrap_err();
-                assert_eq!(err.code(), WorkspaceErrorCode::InvalidPath);
+                assert_eq!(err.refusal_code(), Some(WorkspaceErrorCode::InvalidPath));
                 assert!(err.is_safe_refusal());
             }
         }
@@ -1513,8 +1585,8 @@ mod tests {
             Err(WorkspaceError::ConflictingLimits)
         );
         assert_eq!(
-            WorkspaceError::ConflictingLimits.code(),
-            WorkspaceErrorCode::ConflictingLimits
+            WorkspaceError::ConflictingLimits.refusal_code(),
+            Some(WorkspaceErrorCode::ConflictingLimits)
         );
     }
 
@@ -1626,8 +1698,8 @@ mod tests {
             Err(WorkspaceError::NotFound)
         );
         assert_eq!(
-            WorkspaceError::WrongKind.code(),
-            WorkspaceErrorCode::WrongKind
+            WorkspaceError::WrongKind.refusal_code(),
+            Some(WorkspaceErrorCode::WrongKind)
         );
     }
 
@@ -1985,8 +2057,8 @@ mod tests {
             Err(WorkspaceError::ResultTooLarge)
         );
         assert_eq!(
-            WorkspaceError::ResultTooLarge.code(),
-            WorkspaceErrorCode::ResultTooLarge
+            WorkspaceError::ResultTooLarge.refusal_code(),
+            Some(WorkspaceErrorCode::ResultTooLarge)
         );
 
         // Many small files: the bound is hit while building, not after.
@@ -2016,11 +2088,116 @@ mod tests {
     fn io_errors_are_ambiguous_except_access() {
         let denied = WorkspaceError::from(io::Error::from(io::ErrorKind::PermissionDenied));
         assert_eq!(denied, WorkspaceError::PermissionDenied);
-        assert_eq!(denied.code(), WorkspaceErrorCode::PermissionDenied);
+        assert_eq!(
+            denied.refusal_code(),
+            Some(WorkspaceErrorCode::PermissionDenied)
+        );
         assert!(denied.is_safe_refusal());
         let other = WorkspaceError::from(io::Error::other("disk on fire"));
         assert!(matches!(other, WorkspaceError::Io(_)));
         assert!(!other.is_safe_refusal());
-        assert_eq!(other.code(), WorkspaceErrorCode::CleanupUnconfirmed);
+        assert_eq!(other.refusal_code(), None);
+    }
+
+    /// Raw `errno` values and how they are classified: deterministic refusals are safe,
+    /// only genuinely ambiguous failures are `Io`.
+    #[cfg(unix)]
+    #[test]
+    fn deterministic_errno_values_are_safe_refusals() {
+        use nix::errno::Errno;
+        let classify =
+            |errno: Errno| WorkspaceError::from(io::Error::from_raw_os_error(errno as i32));
+        for errno in [Errno::ENAMETOOLONG, Errno::ELOOP, Errno::EINVAL] {
+            let err = classify(errno);
+            assert!(
+                matches!(err, WorkspaceError::InvalidPath(_)),
+                "{errno}: {err:?}"
+            );
+            assert_eq!(err.refusal_code(), Some(WorkspaceErrorCode::InvalidPath));
+        }
+        assert_eq!(classify(Errno::ENOENT), WorkspaceError::NotFound);
+        assert_eq!(classify(Errno::ENOTDIR), WorkspaceError::NotFound);
+        assert_eq!(classify(Errno::EISDIR), WorkspaceError::WrongKind);
+        assert_eq!(classify(Errno::EACCES), WorkspaceError::PermissionDenied);
+        assert_eq!(classify(Errno::EPERM), WorkspaceError::PermissionDenied);
+        for errno in [Errno::EIO, Errno::ENOMEM, Errno::EBADF, Errno::ENOSPC] {
+            let err = classify(errno);
+            assert!(matches!(err, WorkspaceError::Io(_)), "{errno}: {err:?}");
+            assert!(!err.is_safe_refusal());
+        }
+    }
+
+    /// Regression: an offset above `i64::MAX` (or past the file system's largest file)
+    /// made `lseek` fail with `EINVAL`, which was reported as an ambiguous read. It is
+    /// past the end of the file: no bytes, not truncated.
+    #[tokio::test]
+    async fn offsets_past_the_largest_file_offset_read_nothing() {
+        let (_d, ws) = setup();
+        write(&ws, "small", b"0123456789");
+        let i64_max = i64::MAX as u64;
+        for offset in [10, 11, 1 << 62, i64_max, i64_max + 1, u64::MAX] {
+            let r = ws.read_bytes("small", offset, None).await.unwrap();
+            assert_eq!(
+                (r.data.as_slice(), r.truncated, r.size),
+                (&b""[..], false, 10),
+                "offset {offset}"
+            );
+            let r = ws.read_bytes("small", offset, Some(0)).await.unwrap();
+            assert_eq!((r.data.len(), r.truncated), (0, false), "offset {offset}");
+        }
+    }
+
+    /// Regression: a symbolic-link loop (`ELOOP` from canonicalizing) stopped the
+    /// owner's reads as an ambiguous failure; it is a safe `invalid_path` refusal for
+    /// byte reads, directory reads, exports and writes, also as a path prefix.
+    #[cfg(unix)]
+    #[tokio::test]
+    async fn symlink_loops_are_safe_refusals() {
+        let (_d, ws) = setup();
+        std::os::unix::fs::symlink("self", ws.root().join("self")).unwrap();
+        std::os::unix::fs::symlink("pong", ws.root().join("ping")).unwrap();
+        std::os::unix::fs::symlink("ping", ws.root().join("pong")).unwrap();
+        for path in ["self", "ping", "self/inner", "pong/inner/deeper"] {
+            let errors = [
+                ws.read_bytes(path, 0, None).await.unwrap_err(),
+                ws.list_directory(path, None, None).await.unwrap_err(),
+                ws.export(path).await.unwrap_err(),
+                ws.install_file(path, b"x").await.unwrap_err(),
+            ];
+            for err in errors {
+                assert!(
+                    matches!(err, WorkspaceError::InvalidPath(_)),
+                    "{path}: {err:?}"
+                );
+                assert!(err.is_safe_refusal());
+            }
+        }
+        // The root still lists the links themselves (not followed).
+        let listing = ws.list_directory("", None, None).await.unwrap();
+        assert!(listing.entries.iter().all(|e| e.kind == EntryKind::Symlink));
+    }
+
+    /// `ENAMETOOLONG` (a component over the file system's 255-byte limit) and a path
+    /// through a regular file (`ENOTDIR`) are safe refusals for reads.
+    #[tokio::test]
+    async fn over_long_components_and_file_parents_are_safe_refusals() {
+        let (_d, ws) = setup();
+        write(&ws, "file", b"f");
+        let long = "n".repeat(300);
+        let err = ws.read_bytes(&long, 0, None).await.unwrap_err();
+        assert!(matches!(err, WorkspaceError::InvalidPath(_)), "{err:?}");
+        let err = ws
+            .list_directory(&format!("{long}/x"), None, None)
+            .await
+            .unwrap_err();
+        assert!(matches!(err, WorkspaceError::InvalidPath(_)), "{err:?}");
+        assert_eq!(
+            ws.read_bytes("file/x", 0, None).await,
+            Err(WorkspaceError::NotFound)
+        );
+        assert_eq!(
+            ws.list_directory("file/x", None, None).await,
+            Err(WorkspaceError::NotFound)
+        );
     }
 }

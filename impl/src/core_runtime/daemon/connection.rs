@@ -17,6 +17,25 @@
 //! bootstrap and nothing replayed. A malformed frame from Core closes the WebSocket with
 //! 1007 (1009 when over-size) and the [`WireError`](crate::wire::WireError) code as
 //! reason, then reconnects.
+//!
+//! # Backpressure
+//! Frames to Core go through the byte-bounded [`Outbound`] queue. When Core stops
+//! reading:
+//! 1. the queue fills and producers wait (Run event pumps, read results, receipts);
+//! 2. the receive loop waits for [`RECEIVE_HEADROOM_BYTES`] of room after dispatching
+//!    each frame, so it stops reading from Core: TCP backpressure reaches Core, and the
+//!    daemon's memory stays bounded (the queue budget plus one frame being dispatched);
+//!    heartbeats wait with it (they could not overtake the queued frames anyway);
+//! 3. the writer bounds every WebSocket write by the **write stall** bound,
+//!    [`OUTBOUND_STALL_RECEIPT_BUDGETS`] receipt-send budgets (20 s by default): "each
+//!    receipt send has its own 5-second budget" ("Active-input receipts"), and a
+//!    connection that cannot complete one frame within several of them cannot deliver
+//!    any receipt. A stalled write ends the writer; every waiting producer fails, the
+//!    receive loop ends the session (`connection_lost`) and the daemon reconnects, with
+//!    nothing replayed ("Faults, retries and cleanup": reconnect).
+//!
+//! So nothing waits on the queue forever: either the writer makes progress (a frame at
+//! least every stall bound) or the connection is failed.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -24,7 +43,7 @@ use std::time::Duration;
 use futures_util::{SinkExt, StreamExt};
 use reqwest::Url;
 use serde::Deserialize;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::oneshot;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 use tokio_tungstenite::tungstenite::protocol::{CloseFrame, WebSocketConfig};
@@ -34,7 +53,7 @@ use super::dispatcher::{
     BINARY_REASON, CLOSE_INVALID_PAYLOAD, CLOSE_NORMAL, CLOSE_TOO_BIG, CloseWith, Runtime,
     SHUTDOWN_REASON, ShutdownPhase,
 };
-use super::outbound::{OutItem, Outbound};
+use super::outbound::{OutItem, Outbound, OutboundReceiver};
 use crate::core_runtime::wire::limits::{TRANSPORT_FRAME_MAX_BYTES, WIRE_VERSION};
 use crate::core_runtime::wire::{Heartbeat, Message};
 use crate::wire::bounded::{BoundedString, BoundedVec};
@@ -63,6 +82,16 @@ pub const WS_WRITE_BUFFER_BYTES: usize = 64 * 1024;
 /// Hard bound on the WebSocket write buffer (tungstenite's default is unbounded): one
 /// maximal frame plus the write buffer.
 pub const WS_MAX_WRITE_BUFFER_BYTES: usize = TRANSPORT_FRAME_MAX_BYTES + 2 * WS_WRITE_BUFFER_BYTES;
+
+/// How many receipt-send budgets (`timers.receipt_send`, 5 s by default) one WebSocket
+/// write may take before the connection counts as stalled and is dropped (see
+/// "Backpressure" in the module documentation).
+pub const OUTBOUND_STALL_RECEIPT_BUDGETS: u32 = 4;
+
+/// Room the receive loop waits for in the outbound queue after dispatching a frame from
+/// Core, before it reads the next one: more than the replies one frame queues without
+/// waiting (a preparation status, a transfer receipt, a fence result).
+pub const RECEIVE_HEADROOM_BYTES: usize = 64 * 1024;
 
 /// Runtime build version reported in heartbeats (not the wire version).
 pub const RUNTIME_VERSION: &str = env!("CARGO_PKG_VERSION");
@@ -421,7 +450,8 @@ async fn session(
     let (out, rx) = Outbound::channel();
     let generation = rt.connection_opened(out.clone()).await;
     let (stop_writer, stop_rx) = oneshot::channel();
-    let writer = tokio::spawn(writer(sink, rx, stop_rx));
+    let stall = timers_write_stall(rt);
+    let writer = tokio::spawn(writer(sink, rx, stop_rx, stall));
     let interval = Duration::from_millis(boot.heartbeat_interval_ms).max(HEARTBEAT_INTERVAL_MIN);
     let end = receive_loop(rt, generation, &out, stream, interval).await;
     rt.connection_closed(generation).await;
@@ -440,24 +470,41 @@ async fn session(
     }
 }
 
-type WsSink = futures_util::stream::SplitSink<
-    tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>,
-    WsMessage,
->;
 type WsStream = futures_util::stream::SplitStream<
     tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>,
 >;
 
+/// The write stall bound of a connection: [`OUTBOUND_STALL_RECEIPT_BUDGETS`] receipt-send
+/// budgets.
+fn timers_write_stall(rt: &Runtime) -> Duration {
+    rt.config
+        .timers
+        .receipt_send
+        .saturating_mul(OUTBOUND_STALL_RECEIPT_BUDGETS)
+}
+
 /// Drains the outbound queue into the WebSocket until the queue closes, a Close item
 /// was written, or `stop` fires (then only the items already queued are written).
-async fn writer(mut sink: WsSink, mut rx: mpsc::Receiver<OutItem>, stop: oneshot::Receiver<()>) {
+///
+/// Every write is bounded by `stall`: a write that does not complete in time (Core
+/// stopped reading) or fails ends the writer, which closes the queue — every waiting
+/// producer fails and the receive loop ends the session. An item's queue bytes are
+/// released once it was written.
+async fn writer<S>(
+    mut sink: S,
+    mut rx: OutboundReceiver,
+    stop: oneshot::Receiver<()>,
+    stall: Duration,
+) where
+    S: futures_util::Sink<WsMessage, Error = tungstenite::Error> + Unpin,
+{
     let mut stop = std::pin::pin!(stop);
     let mut stopping = false;
     loop {
-        let item = if stopping {
+        let mut queued = if stopping {
             match rx.try_recv() {
-                Ok(item) => item,
-                Err(_) => break,
+                Some(item) => item,
+                None => break,
             }
         } else {
             tokio::select! {
@@ -472,27 +519,43 @@ async fn writer(mut sink: WsSink, mut rx: mpsc::Receiver<OutItem>, stop: oneshot
                 }
             }
         };
-        match item {
+        match &mut queued.item {
             OutItem::Text(text, done) => {
-                if sink.send(WsMessage::text(text)).await.is_err() {
-                    return;
+                let message = WsMessage::text(std::mem::take(text));
+                match tokio::time::timeout(stall, sink.send(message)).await {
+                    Ok(Ok(())) => {}
+                    Ok(Err(e)) => {
+                        tracing::warn!("WebSocket write failed: {e}");
+                        return;
+                    }
+                    Err(_) => {
+                        tracing::warn!(
+                            stall_ms = stall.as_millis() as u64,
+                            "Core took no frame within the write stall bound; dropping the connection"
+                        );
+                        return;
+                    }
                 }
-                if let Some(done) = done {
+                if let Some(done) = done.take() {
                     let _ = done.send(());
                 }
             }
             OutItem::Close(code, reason) => {
                 let frame = CloseFrame {
-                    code: CloseCode::from(code),
-                    reason: reason.into(),
+                    code: CloseCode::from(*code),
+                    reason: std::mem::take(reason).into(),
                 };
-                let _ = sink.send(WsMessage::Close(Some(frame))).await;
-                let _ = sink.flush().await;
+                let _ = tokio::time::timeout(stall, async {
+                    let _ = sink.send(WsMessage::Close(Some(frame))).await;
+                    let _ = sink.flush().await;
+                })
+                .await;
                 return;
             }
         }
+        // `queued` (and its queue bytes) is released here, after the write.
     }
-    let _ = sink.close().await;
+    let _ = tokio::time::timeout(stall, sink.close()).await;
 }
 
 /// Reads frames until the connection ends. `Ok(())` = shutdown completed.
@@ -507,8 +570,18 @@ async fn receive_loop(
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut beats: u64 = 0;
     let mut shutdown = rt.shutdown_phase();
+    let writer_gone = || {
+        ConnectError::transient(
+            "connection_lost",
+            "the WebSocket writer stopped (write failed or stalled)",
+        )
+    };
     loop {
+        if out.is_closed() {
+            return Err(writer_gone());
+        }
         tokio::select! {
+            _ = out.closed() => return Err(writer_gone()),
             _ = ticker.tick() => {
                 beats += 1;
                 match heartbeat(rt) {
@@ -519,7 +592,7 @@ async fn receive_loop(
                 }
             }
             _ = shutdown.wait_for(|p| *p == ShutdownPhase::Done) => {
-                out.close(CLOSE_NORMAL, SHUTDOWN_REASON).await;
+                out.close(CLOSE_NORMAL, SHUTDOWN_REASON);
                 drain_until_closed(&mut stream).await;
                 return Ok(());
             }
@@ -543,9 +616,14 @@ async fn receive_loop(
                 };
                 if let Some((code, reason, detail)) = violation {
                     tracing::warn!(close_code = code, %reason, "{detail}; closing");
-                    out.close(code, reason).await;
+                    out.close(code, reason);
                     drain_until_closed(&mut stream).await;
                     return Err(ConnectError::transient("protocol_violation", detail));
+                }
+                // Backpressure: read the next frame from Core only once the queue has
+                // room for its replies (or the writer is gone).
+                if !out.room(RECEIVE_HEADROOM_BYTES).await {
+                    return Err(writer_gone());
                 }
             }
         }
@@ -621,6 +699,97 @@ mod tests {
             classify_status(404, String::new()),
             ConnectError::Transient { .. }
         ));
+    }
+
+    use std::pin::Pin;
+    use std::task::{Context, Poll};
+
+    use crate::core_runtime::wire::DeviceShutdown;
+
+    fn small() -> Message {
+        Message::DeviceShutdown(DeviceShutdown {})
+    }
+
+    /// A WebSocket whose peer never reads: every write stays pending.
+    struct Stuck;
+
+    impl futures_util::Sink<WsMessage> for Stuck {
+        type Error = tungstenite::Error;
+        fn poll_ready(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+            Poll::Pending
+        }
+        fn start_send(self: Pin<&mut Self>, _: WsMessage) -> Result<(), Self::Error> {
+            Ok(())
+        }
+        fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+            Poll::Pending
+        }
+        fn poll_close(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+            Poll::Pending
+        }
+    }
+
+    /// Regression (unbounded waits): when Core stops reading, a write that cannot
+    /// complete within the stall bound ends the writer, and every producer waiting for
+    /// queue room fails instead of waiting forever.
+    #[tokio::test]
+    async fn a_stalled_write_ends_the_writer_and_fails_waiting_producers() {
+        let (out, rx) = Outbound::with_budget(1);
+        let (_stop, stop_rx) = oneshot::channel();
+        let writer = tokio::spawn(writer(Stuck, rx, stop_rx, Duration::from_millis(20)));
+        // The one-byte budget is full with the first frame; the next one waits.
+        assert!(out.send("a", small()).await);
+        let waiting = tokio::spawn({
+            let out = out.clone();
+            async move { out.send("b", small()).await }
+        });
+        writer.await.unwrap();
+        assert!(!waiting.await.unwrap());
+        assert!(out.is_closed());
+        assert!(!out.room(1).await);
+    }
+
+    /// The writer releases an item's queue bytes once it wrote it, so producers
+    /// proceed one frame at a time through a one-frame budget, in order.
+    #[tokio::test]
+    async fn the_writer_releases_queue_bytes_after_each_write() {
+        let (out, rx) = Outbound::with_budget(1);
+        let (_stop, stop_rx) = oneshot::channel();
+        let (sink_tx, mut sink_rx) = tokio::sync::mpsc::unbounded_channel::<WsMessage>();
+        let sink = futures_util::sink::unfold(sink_tx, |tx, message| async move {
+            tx.send(message).expect("the test reads");
+            Ok::<_, tungstenite::Error>(tx)
+        });
+        let writer = tokio::spawn(writer(
+            Box::pin(sink),
+            rx,
+            stop_rx,
+            Duration::from_secs(3600),
+        ));
+        for id in ["a", "b", "c"] {
+            assert!(out.send(id, small()).await);
+        }
+        assert!(
+            out.send_confirmed("d", small(), Duration::from_secs(3600))
+                .await
+        );
+        drop(out);
+        writer.await.unwrap();
+        let mut ids = Vec::new();
+        while let Ok(WsMessage::Text(text)) = sink_rx.try_recv() {
+            let frame: serde_json::Value = serde_json::from_str(text.as_str()).unwrap();
+            ids.push(frame["id"].as_str().unwrap().to_string());
+        }
+        assert_eq!(ids, ["a", "b", "c", "d"]);
+    }
+
+    #[test]
+    fn the_write_stall_bound_is_a_multiple_of_the_receipt_budget() {
+        let config = crate::core_runtime::daemon::RuntimeConfig::default();
+        assert_eq!(
+            config.timers.receipt_send * OUTBOUND_STALL_RECEIPT_BUDGETS,
+            Duration::from_secs(20)
+        );
     }
 
     #[test]

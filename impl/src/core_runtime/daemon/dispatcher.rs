@@ -7,7 +7,10 @@
 //! [`Runtime::dispatch`] for every text frame; anything that waits on the Harness runs
 //! in a spawned task ("Preparation and start run outside the receive loop and the
 //! router lock"). Frames are queued under the state lock, so the statuses of one handle
-//! leave in revision order.
+//! leave in revision order — but only with the non-waiting
+//! [`Outbound::send_now`](super::outbound::Outbound::send_now): nothing awaits the
+//! outbound queue while the state lock is held (a full queue would otherwise wedge
+//! dispatch, heartbeats and cleanup). [`Runtime::apply`] is synchronous for that reason.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -196,48 +199,42 @@ impl Runtime {
         if st.conn.as_ref().is_some_and(|c| c.generation == generation) {
             st.conn = None;
             let effects = st.admission.connection_lost(Instant::now());
-            self.apply(&mut st, effects).await;
+            self.apply(&mut st, effects);
         }
     }
 
-    /// Performs admission effects (called with the state lock held, so statuses are
-    /// queued in order). Boxed with an explicit `Send` type: the effects spawn tasks
-    /// that call back into `apply`.
-    pub fn apply<'a>(
-        self: &'a Arc<Self>,
-        st: &'a mut State,
-        effects: Vec<Effect>,
-    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + 'a>> {
-        Box::pin(async move {
-            for effect in effects {
-                match effect {
-                    Effect::Status { request_id, status } => {
-                        if let Some(conn) = &st.conn {
-                            conn.out
-                                .send(request_id, Message::PreparationStatus(status))
-                                .await;
-                        }
+    /// Performs admission effects. Called with the state lock held, so statuses are
+    /// queued in revision order; it never waits (statuses go through
+    /// [`Outbound::send_now`](super::outbound::Outbound::send_now), native work is
+    /// spawned), so holding the lock across it cannot wedge on a full outbound queue.
+    pub fn apply(self: &Arc<Self>, st: &mut State, effects: Vec<Effect>) {
+        for effect in effects {
+            match effect {
+                Effect::Status { request_id, status } => {
+                    if let Some(conn) = &st.conn {
+                        conn.out
+                            .send_now(request_id, Message::PreparationStatus(status));
                     }
-                    Effect::NativePrepare(request) => {
-                        tokio::spawn(native_prepare(self.clone(), request));
-                    }
-                    Effect::NativeStart(request) => {
-                        let generation = st.conn.as_ref().map(|c| c.generation).unwrap_or(0);
-                        tokio::spawn(native_start(self.clone(), generation, request));
-                    }
-                    Effect::ArmExpiry(deadline) => {
-                        let rt = self.clone();
-                        tokio::spawn(async move {
-                            tokio::time::sleep_until(deadline).await;
-                            let mut st = rt.state.lock().await;
-                            let effects = st.admission.expire_due(Instant::now());
-                            rt.apply(&mut st, effects).await;
-                        });
-                    }
-                    Effect::WakeCleanup => self.cleanup_wake.notify_one(),
                 }
+                Effect::NativePrepare(request) => {
+                    tokio::spawn(native_prepare(self.clone(), request));
+                }
+                Effect::NativeStart(request) => {
+                    let generation = st.conn.as_ref().map(|c| c.generation).unwrap_or(0);
+                    tokio::spawn(native_start(self.clone(), generation, request));
+                }
+                Effect::ArmExpiry(deadline) => {
+                    let rt = self.clone();
+                    tokio::spawn(async move {
+                        tokio::time::sleep_until(deadline).await;
+                        let mut st = rt.state.lock().await;
+                        let effects = st.admission.expire_due(Instant::now());
+                        rt.apply(&mut st, effects);
+                    });
+                }
+                Effect::WakeCleanup => self.cleanup_wake.notify_one(),
             }
-        })
+        }
     }
 
     /// Handles one text frame from Core on connection `generation`.
@@ -256,8 +253,7 @@ impl Runtime {
             .map_err(|e| CloseWith::from_wire(&e))?;
         match MessageType::parse(&envelope.kind) {
             Some(MessageType::WorkspaceRead) | Some(MessageType::WorkspaceExport) => {
-                workspace_ops::dispatch_read_or_export(self, generation, bytes.len(), envelope)
-                    .await;
+                workspace_ops::dispatch_read_or_export(self, generation, envelope).await;
                 return Ok(());
             }
             Some(MessageType::WorkspaceWrite) => {
@@ -275,7 +271,7 @@ impl Runtime {
                 check_request_id(&id)?;
                 let mut st = self.state.lock().await;
                 let effects = st.admission.prepare(&id, request, now);
-                self.apply(&mut st, effects).await;
+                self.apply(&mut st, effects);
             }
             Message::ExecutionStart(request) => {
                 check_request_id(&id)?;
@@ -285,22 +281,20 @@ impl Runtime {
                 check_request_id(&id)?;
                 let mut st = self.state.lock().await;
                 let effects = st.admission.release(&id, request, now);
-                self.apply(&mut st, effects).await;
+                self.apply(&mut st, effects);
             }
             Message::EnvironmentQuiesce(fence) => {
                 let mut st = self.state.lock().await;
                 let result = st.admission.quiesce(&id, &fence);
                 if let Some(conn) = st.conn_at(generation) {
-                    conn.out
-                        .send(id, Message::EnvironmentQuiesced(result))
-                        .await;
+                    conn.out.send_now(id, Message::EnvironmentQuiesced(result));
                 }
             }
             Message::EnvironmentResume(fence) => {
                 let mut st = self.state.lock().await;
                 let result = st.admission.resume(&id, &fence);
                 if let Some(conn) = st.conn_at(generation) {
-                    conn.out.send(id, Message::EnvironmentResumed(result)).await;
+                    conn.out.send_now(id, Message::EnvironmentResumed(result));
                 }
             }
             Message::DeviceShutdown(_) => self.begin_shutdown().await,
@@ -346,7 +340,7 @@ impl Runtime {
             _ => false,
         };
         let effects = st.admission.start(id, request, write_open, Instant::now());
-        self.apply(&mut st, effects).await;
+        self.apply(&mut st, effects);
     }
 
     /// `device_shutdown`: refuse new work, close every Executor serially (retrying
@@ -359,7 +353,7 @@ impl Runtime {
         tracing::info!("device_shutdown: closing every Executor");
         let effects = st.admission.begin_shutdown(Instant::now());
         self.shutdown.send_replace(ShutdownPhase::Draining);
-        self.apply(&mut st, effects).await;
+        self.apply(&mut st, effects);
         self.check_drained(&st);
     }
 
@@ -408,7 +402,7 @@ async fn native_prepare(rt: Arc<Runtime>, request: crate::core_runtime::adapter:
     let effects = st
         .admission
         .prepare_finished(&executor_id, result, Instant::now());
-    rt.apply(&mut st, effects).await;
+    rt.apply(&mut st, effects);
     rt.check_drained(&st);
 }
 
@@ -452,7 +446,7 @@ async fn native_start(
         }
         ctx = Some(run);
     }
-    rt.apply(&mut st, effects).await;
+    rt.apply(&mut st, effects);
     rt.check_drained(&st);
     drop(st);
     if let Some(run) = ctx {
@@ -489,7 +483,7 @@ async fn cleanup_worker(rt: Arc<Runtime>) {
                 let effects = st
                     .admission
                     .close_finished(&executor_id, ok, Instant::now());
-                rt.apply(&mut st, effects).await;
+                rt.apply(&mut st, effects);
                 rt.check_drained(&st);
             }
             Err(Some(at)) => {
@@ -533,5 +527,63 @@ pub fn resolve_target(
                 Some(run),
             ))
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::super::config::DEFAULT_ENVIRONMENT_ID;
+    use super::super::test_support::Harness;
+    use super::*;
+    use crate::core_runtime::wire::DeviceShutdown;
+
+    /// Regression (wedged dispatch): statuses and fence results used to be awaited on
+    /// the outbound queue while holding the state lock, so a full queue blocked every
+    /// task needing the lock. They are queued without waiting, in lock order, even when
+    /// the queue is full and another producer is waiting for room.
+    #[tokio::test]
+    async fn statuses_and_fence_results_never_wait_on_a_full_queue() {
+        let mut h = Harness::start(1).await;
+        let _handle = h.ready_handle("prep-1").await;
+        // Fill the one-byte budget; a second producer waits for room.
+        assert!(
+            h.out
+                .send("filler", Message::DeviceShutdown(DeviceShutdown {}))
+                .await
+        );
+        let waiting = tokio::spawn({
+            let out = h.out.clone();
+            async move {
+                out.send("waiter", Message::DeviceShutdown(DeviceShutdown {}))
+                    .await
+            }
+        });
+        let fence = json!({ "environment_id": DEFAULT_ENVIRONMENT_ID });
+        h.core(json!({ "type": "environment_quiesce", "id": "susp-1", "payload": fence }))
+            .await;
+        h.core(json!({ "type": "environment_resume", "id": "susp-1", "payload": fence }))
+            .await;
+        assert!(h.rt.state.try_lock().is_ok());
+        let mut seen = Vec::new();
+        for _ in 0..4 {
+            let frame = h.next().await;
+            seen.push(format!(
+                "{} {}",
+                frame["type"].as_str().unwrap(),
+                frame["id"]
+            ));
+        }
+        assert!(waiting.await.unwrap());
+        assert_eq!(
+            seen,
+            [
+                "device_shutdown \"filler\"",
+                "environment_quiesced \"susp-1\"",
+                "environment_resumed \"susp-1\"",
+                "device_shutdown \"waiter\"",
+            ]
+        );
     }
 }

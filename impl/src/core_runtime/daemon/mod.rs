@@ -16,6 +16,8 @@ pub mod connection;
 pub mod dispatcher;
 pub mod outbound;
 pub mod run;
+#[cfg(test)]
+mod test_support;
 pub mod validate;
 pub mod workspace_ops;
 

@@ -234,7 +234,7 @@ async fn finish(rt: &Arc<Runtime>, generation: u64, run: &RunCtx, settled: bool)
     } else {
         st.admission.run_lost(&run.executor_id, &run.run_id, now)
     };
-    rt.apply(&mut st, effects).await;
+    rt.apply(&mut st, effects);
 }
 
 /// Forwards one Run's native events until it settles (or the adapter drops its sink).

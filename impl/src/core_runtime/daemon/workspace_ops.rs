@@ -1,18 +1,27 @@
 //! Workspace operations and `runtime_prepare` transfers ("Workspace operations",
 //! "Preparation and execution order").
 //!
-//! * `workspace_read` / `workspace_export`: the raw frame is bounded to 8 KiB and the
-//!   correlation ID to 128 bytes *before* decoding the payload; a request whose Envelope
-//!   decodes but whose payload, size or ID is bad gets a typed `rejected` result (an
-//!   over-long ID is not echoed: the reply's `Envelope.id` is `""`).
-//! * Checks, in order: frame size (`request_too_large`), ID (`id_too_long`, empty →
+//! * `workspace_read` / `workspace_export`: the request **payload** is bounded to 8 KiB
+//!   ([`request_payload_len`]) and the correlation ID to 128 bytes *before* the payload
+//!   is decoded as a request; a request whose Envelope decodes but whose payload, size
+//!   or ID is bad gets a typed `rejected` result (an over-long ID is not echoed: the
+//!   reply's `Envelope.id` is `""`). The raw frame is bounded only by the transport
+//!   bound (`TRANSPORT_FRAME_MAX_BYTES`, checked before the Envelope is parsed), so
+//!   trace metadata never counts against the payload bound and never enters the reply.
+//! * Checks, in order: payload size (`request_too_large`), ID (`id_too_long`, empty →
 //!   `invalid_request`), payload (`invalid_request`), duplicate pending operation ID
 //!   (`duplicate_operation`), pending-operation capacity (`busy`), target
 //!   (`unknown_target`), Environment (`environment_mismatch`), owner stopped by an
 //!   earlier ambiguous read (`owner_stopped`), export capability (`unsupported_operation`);
 //!   then the daemon's own [`Workspace`](crate::core_runtime::workspace::Workspace):
 //!   safe refusals → `refused` with the workspace's code, I/O ambiguity → `unavailable`
-//!   (and, for reads, later reads of that owner are `rejected` `owner_stopped`).
+//!   with no error code (and, for reads, later reads of that owner are `rejected`
+//!   `owner_stopped`).
+//! * An admitted operation first reserves room for its result in the outbound queue
+//!   ([`WORKSPACE_RESULT_FRAME_MAX_BYTES`]), then runs, then queues the result without
+//!   waiting, in the same state-lock section that retires its operation ID. Results
+//!   waiting for a Core that does not read therefore hold no data, and at most
+//!   `OUTBOUND_QUEUE_BYTES / WORKSPACE_RESULT_FRAME_MAX_BYTES` results are in memory.
 //! * `workspace_write`: `begin` → `ready`, ordered `chunk` → `received`, `commit` →
 //!   `committed` (digest verified, installed) or `rejected`; any error closes the
 //!   transfer. The transfer excludes execution on its owner until it ends
@@ -49,6 +58,13 @@ pub const PENDING_WORKSPACE_OPS_MAX: usize = 64;
 
 /// Bound on open `workspace_write` transfers per connection.
 pub const OPEN_WRITES_MAX: usize = 8;
+
+/// Upper bound on the encoded frame of one `workspace_read_result` or
+/// `workspace_export_result` (2 MiB), reserved in the outbound queue before the
+/// operation runs. The largest results are a 1 MiB read or archive (1,398,104 base64
+/// bytes) and a listing of 1024 names of 255 bytes each, every byte a JSON `\u00XX`
+/// escape (about 1.6 MB); with the envelope and a 128-byte ID both stay below this.
+pub const WORKSPACE_RESULT_FRAME_MAX_BYTES: usize = 2 * 1024 * 1024;
 
 /// An open `workspace_write` transfer.
 #[derive(Debug)]
@@ -116,19 +132,77 @@ fn failure_status(err: &WorkspaceError) -> WorkspaceStatus {
     }
 }
 
+/// The `workspace_read_result` of a failed read: `refused` with the refusal's code, or
+/// `unavailable` with no code for an ambiguous failure ("an interrupted or ambiguous
+/// read stays unknown").
+fn read_failure(err: &WorkspaceError) -> Message {
+    Message::WorkspaceReadResult(WorkspaceReadResult {
+        status: failure_status(err),
+        entries: None,
+        data: None,
+        truncated: None,
+        error_code: err.refusal_code(),
+    })
+}
+
+/// The `workspace_export_result` of a failed export (as [`read_failure`]).
+fn export_failure(err: &WorkspaceError) -> Message {
+    Message::WorkspaceExportResult(WorkspaceExportResult {
+        status: failure_status(err),
+        data: None,
+        sha256: None,
+        error_code: err.refusal_code(),
+    })
+}
+
+/// The `rejected` code of a failed write phase. `workspace_write_result` has no
+/// ambiguous outcome: an I/O failure is reported with the nearest bounded category,
+/// `cleanup_unconfirmed` ("The native close could not be confirmed").
+fn write_code(err: &WorkspaceError) -> WorkspaceErrorCode {
+    err.refusal_code()
+        .unwrap_or(WorkspaceErrorCode::CleanupUnconfirmed)
+}
+
+/// The size a workspace request is bounded by: the length of the compact JSON encoding
+/// of its `payload` (the form [`Frame::encode`](crate::core_runtime::wire::Frame::encode)
+/// produces), computed without building it.
+///
+/// "Before admission, request payloads are bounded to 8 KiB and correlation IDs to 128
+/// bytes; an oversized ID is not echoed, and oversized trace metadata does not enter
+/// the reply" ("Workspace operations"): the bound is on the payload, so neither the
+/// Envelope's `id` (bounded on its own) nor its `trace` counts, and the sender's
+/// whitespace does not either. The raw frame stays bounded by the transport bound.
+pub fn request_payload_len(payload: &serde_json::Value) -> usize {
+    struct Counter(usize);
+    impl std::io::Write for Counter {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0 = self.0.saturating_add(bytes.len());
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut counter = Counter(0);
+    match serde_json::to_writer(&mut counter, payload) {
+        Ok(()) => counter.0,
+        // A `Value` always serializes; treat the impossible as over any bound.
+        Err(_) => usize::MAX,
+    }
+}
+
 enum Request {
     Read(WorkspaceRead),
     Export(WorkspaceExport),
 }
 
 /// Entry point for `workspace_read` and `workspace_export` frames whose Envelope
-/// decoded; `frame_len` is the raw frame size.
-pub async fn dispatch_read_or_export(
-    rt: &Arc<Runtime>,
-    generation: u64,
-    frame_len: usize,
-    envelope: Envelope,
-) {
+/// decoded (so the raw frame was within the transport bound).
+///
+/// No reply is queued while the state lock is held except through a
+/// [`Reservation`](super::outbound::Reservation) taken beforehand: a full outbound queue
+/// never wedges the lock.
+pub async fn dispatch_read_or_export(rt: &Arc<Runtime>, generation: u64, envelope: Envelope) {
     let is_read = envelope.kind == "workspace_read";
     let reject = |code| {
         if is_read {
@@ -145,7 +219,7 @@ pub async fn dispatch_read_or_export(
             None => return,
         }
     };
-    if frame_len > WORKSPACE_REQUEST_MAX_BYTES {
+    if request_payload_len(&envelope.payload) > WORKSPACE_REQUEST_MAX_BYTES {
         out.send(id, reject(WorkspaceErrorCode::RequestTooLarge))
             .await;
         return;
@@ -184,13 +258,13 @@ pub async fn dispatch_read_or_export(
         Request::Read(r) => (&r.target, &r.environment_id),
         Request::Export(e) => (&e.target, &e.environment_id),
     };
-    let owner = {
+    let check = {
         let mut st = rt.state.lock().await;
         let resolved = resolve_target(&mut st, generation, target);
         let Some(conn) = st.conn_at(generation) else {
             return;
         };
-        let check = if conn.pending_ops.contains(&id) {
+        if conn.pending_ops.contains(&id) {
             Err(WorkspaceErrorCode::DuplicateOperation)
         } else if conn.pending_ops.len() >= PENDING_WORKSPACE_OPS_MAX {
             Err(WorkspaceErrorCode::Busy)
@@ -211,29 +285,41 @@ pub async fn dispatch_read_or_export(
                     Ok(owner)
                 }
             }
-        };
-        match check {
-            Ok(owner) => owner,
-            Err(code) => {
-                conn.out.send(id, reject(code)).await;
-                return;
-            }
+        }
+    };
+    let owner = match check {
+        Ok(owner) => owner,
+        Err(code) => {
+            out.send(id, reject(code)).await;
+            return;
         }
     };
     let rt = rt.clone();
     // The operation keeps a bounded waiter even when its owner is released meanwhile.
     tokio::spawn(async move {
-        let (message, ambiguous) = match request {
-            Request::Read(read) => perform_read(&rt, read).await,
-            Request::Export(export) => perform_export(&rt, export).await,
+        // Room for the result first: a result never waits for the queue with its data
+        // in memory, and never while the state lock is held.
+        let reservation = out.reserve(WORKSPACE_RESULT_FRAME_MAX_BYTES).await;
+        let outcome = match reservation {
+            Some(reservation) => {
+                let (message, ambiguous) = match request {
+                    Request::Read(read) => perform_read(&rt, read).await,
+                    Request::Export(export) => perform_export(&rt, export).await,
+                };
+                Some((reservation, message, ambiguous))
+            }
+            // The connection is gone: the operation is not performed.
+            None => None,
         };
         let mut st = rt.state.lock().await;
         if let Some(conn) = st.conn_at(generation) {
             conn.pending_ops.remove(&id);
-            if ambiguous && is_read {
-                conn.stopped_owners.insert(owner.executor_id.clone());
+            if let Some((reservation, message, ambiguous)) = outcome {
+                if ambiguous && is_read {
+                    conn.stopped_owners.insert(owner.executor_id.clone());
+                }
+                reservation.send(id, message);
             }
-            conn.out.send(id, message).await;
         }
     });
 }
@@ -273,10 +359,7 @@ async fn perform_read(rt: &Runtime, read: WorkspaceRead) -> (Message, bool) {
     };
     match outcome {
         Ok(result) => (Message::WorkspaceReadResult(result), false),
-        Err(err) => (
-            read_result(failure_status(&err), err.code()),
-            !err.is_safe_refusal(),
-        ),
+        Err(err) => (read_failure(&err), !err.is_safe_refusal()),
     }
 }
 
@@ -300,14 +383,16 @@ async fn perform_export(rt: &Runtime, export: WorkspaceExport) -> (Message, bool
                 ),
             }
         }
-        Err(err) => (
-            export_result(failure_status(&err), err.code()),
-            !err.is_safe_refusal(),
-        ),
+        Err(err) => (export_failure(&err), !err.is_safe_refusal()),
     }
 }
 
 /// Entry point for `workspace_write` frames whose Envelope decoded.
+///
+/// Every reply is queued with the non-waiting
+/// [`Outbound::send_now`](super::outbound::Outbound::send_now) under the state lock, so
+/// the replies of one transfer (including a proactive `expired`) leave in the order
+/// their state changed; the receive loop's backpressure bounds them.
 pub async fn dispatch_write(rt: &Arc<Runtime>, generation: u64, envelope: Envelope) {
     let id = reply_id(&envelope.id);
     let mut st = rt.state.lock().await;
@@ -315,8 +400,7 @@ pub async fn dispatch_write(rt: &Arc<Runtime>, generation: u64, envelope: Envelo
         return;
     };
     if envelope.id.len() > CORRELATION_ID_MAX_BYTES {
-        out.send(id, write_rejected(WorkspaceErrorCode::IdTooLong))
-            .await;
+        out.send_now(id, write_rejected(WorkspaceErrorCode::IdTooLong));
         return;
     }
     let request = match validate_id(&envelope.id, CORRELATION_ID_MAX_BYTES)
@@ -325,8 +409,7 @@ pub async fn dispatch_write(rt: &Arc<Runtime>, generation: u64, envelope: Envelo
     {
         Some(request) => request,
         None => {
-            out.send(id, write_rejected(WorkspaceErrorCode::InvalidRequest))
-                .await;
+            out.send_now(id, write_rejected(WorkspaceErrorCode::InvalidRequest));
             return;
         }
     };
@@ -362,7 +445,7 @@ pub async fn dispatch_write(rt: &Arc<Runtime>, generation: u64, envelope: Envelo
                         Err(WorkspaceErrorCode::Busy)
                     }
                     Some((owner, _)) => match rt.workspace.resolve(&path) {
-                        Err(err) => Err(err.code()),
+                        Err(err) => Err(write_code(&err)),
                         Ok(_) if path.is_empty() => Err(WorkspaceErrorCode::InvalidPath),
                         Ok(_) => ChunkedTransfer::begin(size, &sha256, WRITE_TRANSFER_MAX_BYTES)
                             .map_err(|e| e.workspace_code())
@@ -442,14 +525,14 @@ pub async fn dispatch_write(rt: &Arc<Runtime>, generation: u64, envelope: Envelo
                                             write_rejected(WorkspaceErrorCode::InvalidRequest)
                                         }
                                     },
-                                    Err(err) => write_rejected(err.code()),
+                                    Err(err) => write_rejected(write_code(&err)),
                                 }
                             }
                         };
                         let mut st = rt.state.lock().await;
                         if let Some(conn) = st.conn_at(generation) {
                             conn.writes.remove(&id);
-                            conn.out.send(id, reply).await;
+                            conn.out.send_now(id, reply);
                         }
                     });
                     return;
@@ -457,7 +540,7 @@ pub async fn dispatch_write(rt: &Arc<Runtime>, generation: u64, envelope: Envelo
             }
         }
     };
-    out.send(id, reply).await;
+    out.send_now(id, reply);
 }
 
 fn arm_write_expiry(rt: &Arc<Runtime>, generation: u64, id: String, opened: Instant) {
@@ -476,8 +559,7 @@ fn arm_write_expiry(rt: &Arc<Runtime>, generation: u64, id: String, opened: Inst
         if expired {
             conn.writes.remove(&id);
             conn.out
-                .send(id, write_rejected(WorkspaceErrorCode::Expired))
-                .await;
+                .send_now(id, write_rejected(WorkspaceErrorCode::Expired));
         }
     });
 }
@@ -487,6 +569,7 @@ fn prep_failed(code: TransferErrorCode) -> Message {
 }
 
 /// `runtime_prepare` (`Envelope.id` = transfer ID, or a request ID for `initialize`).
+/// Replies are queued under the state lock without waiting, as for `workspace_write`.
 pub async fn runtime_prepare(
     rt: &Arc<Runtime>,
     generation: u64,
@@ -597,7 +680,7 @@ pub async fn runtime_prepare(
                         let mut st = rt.state.lock().await;
                         if let Some(conn) = st.conn_at(generation) {
                             conn.prep_transfer = None;
-                            conn.out.send(id, reply).await;
+                            conn.out.send_now(id, reply);
                         }
                     });
                     return;
@@ -605,5 +688,294 @@ pub async fn runtime_prepare(
             }
         }
     };
-    conn.out.send(id, reply).await;
+    conn.out.send_now(id, reply);
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::{Value, json};
+
+    use super::*;
+    use crate::core_runtime::daemon::config::DEFAULT_ENVIRONMENT_ID;
+    use crate::core_runtime::daemon::test_support::Harness;
+    use crate::core_runtime::wire::limits::{
+        DIRECTORY_ENTRIES_MAX, DIRECTORY_ENTRY_NAME_MAX_BYTES, TRACESTATE_MAX_BYTES,
+        WORKSPACE_READ_RESULT_MAX_BYTES,
+    };
+    use crate::core_runtime::wire::{DirectoryEntry, EntryKind, Frame};
+
+    const TRACEPARENT: &str = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+
+    fn payload(frame: &Value) -> &Value {
+        &frame["payload"]
+    }
+
+    /// Regression: `offset` above `i64::MAX` was an ambiguous read (`unavailable`) that
+    /// stopped the owner. It is past the end: `ok`, no bytes, not truncated, and the
+    /// owner keeps reading.
+    #[tokio::test]
+    async fn an_offset_past_every_file_reads_nothing_and_keeps_the_owner() {
+        let mut h = Harness::start(OUTBOUND_QUEUE_BYTES_FOR_TESTS).await;
+        std::fs::write(h.dir.path().join("notes.txt"), b"0123456789").unwrap();
+        let handle = h.ready_handle("prep-1").await;
+        h.core(Harness::read(
+            "op-far",
+            &handle,
+            json!({ "operation": "bytes", "path": "notes.txt", "offset": u64::MAX }),
+        ))
+        .await;
+        let far = h.next().await;
+        assert_eq!(far["id"], "op-far");
+        assert_eq!(
+            payload(&far),
+            &json!({ "status": "ok", "data": "", "truncated": false })
+        );
+        h.core(Harness::read(
+            "op-next",
+            &handle,
+            json!({ "operation": "bytes", "path": "notes.txt", "offset": 8 }),
+        ))
+        .await;
+        // base64("89")
+        assert_eq!(
+            payload(&h.next().await),
+            &json!({ "status": "ok", "data": "ODk=", "truncated": false })
+        );
+    }
+
+    /// Regression: a symbolic-link loop (`ELOOP`) stopped the owner's reads; it is a
+    /// safe `invalid_path` refusal for byte and directory reads.
+    #[cfg(unix)]
+    #[tokio::test]
+    async fn a_symlink_loop_is_refused_and_keeps_the_owner() {
+        let mut h = Harness::start(OUTBOUND_QUEUE_BYTES_FOR_TESTS).await;
+        std::os::unix::fs::symlink("self", h.dir.path().join("self")).unwrap();
+        let handle = h.ready_handle("prep-1").await;
+        for (id, operation) in [("op-bytes", "bytes"), ("op-dir", "directory")] {
+            h.core(Harness::read(
+                id,
+                &handle,
+                json!({ "operation": operation, "path": "self" }),
+            ))
+            .await;
+            let result = h.next().await;
+            assert_eq!(result["id"], id);
+            assert_eq!(
+                payload(&result),
+                &json!({ "status": "refused", "error_code": "invalid_path" })
+            );
+        }
+        h.core(Harness::read(
+            "op-root",
+            &handle,
+            json!({ "operation": "directory", "path": "" }),
+        ))
+        .await;
+        assert_eq!(payload(&h.next().await)["status"], "ok");
+    }
+
+    /// An ambiguous failure is `unavailable` with no error code (not
+    /// `cleanup_unconfirmed`); writes, which have no ambiguous receipt, keep the nearest
+    /// bounded category.
+    #[test]
+    fn ambiguous_failures_are_unavailable_without_a_code() {
+        let io = WorkspaceError::Io("EIO".into());
+        let Message::WorkspaceReadResult(read) = read_failure(&io) else {
+            panic!("not a read result");
+        };
+        assert_eq!(
+            (read.status, read.error_code),
+            (WorkspaceStatus::Unavailable, None)
+        );
+        let Message::WorkspaceExportResult(export) = export_failure(&io) else {
+            panic!("not an export result");
+        };
+        assert_eq!(
+            (export.status, export.error_code),
+            (WorkspaceStatus::Unavailable, None)
+        );
+        assert_eq!(write_code(&io), WorkspaceErrorCode::CleanupUnconfirmed);
+        let Message::WorkspaceReadResult(refused) = read_failure(&WorkspaceError::NotFound) else {
+            panic!("not a read result");
+        };
+        assert_eq!(
+            (refused.status, refused.error_code),
+            (WorkspaceStatus::Refused, Some(WorkspaceErrorCode::NotFound))
+        );
+    }
+
+    #[test]
+    fn the_payload_length_is_its_compact_encoding() {
+        let value = json!({ "path": "a\"b\u{1}é", "n": [1, 2] });
+        assert_eq!(
+            request_payload_len(&value),
+            serde_json::to_string(&value).unwrap().len()
+        );
+    }
+
+    /// A workspace_read whose compact `payload` encoding is exactly `len` bytes, for a
+    /// path that does not exist: components of 200 quotes (each encodes as two bytes).
+    fn read_of_payload_len(id: &str, handle: &str, len: usize) -> Value {
+        const RUN: usize = 200;
+        let mut frame = Harness::read(id, handle, json!({ "operation": "bytes", "path": "" }));
+        let mut left = len - request_payload_len(&frame["payload"]);
+        let (mut path, mut run) = (String::new(), 0);
+        while left >= 2 {
+            if run == RUN && left >= 3 {
+                path.push('/');
+                (left, run) = (left - 1, 0);
+            } else {
+                path.push('"');
+                (left, run) = (left - 2, run + 1);
+            }
+        }
+        if left == 1 {
+            path.push('q');
+        }
+        frame["payload"]["path"] = Value::String(path);
+        assert_eq!(request_payload_len(&frame["payload"]), len);
+        frame
+    }
+
+    /// Regression: the 8 KiB bound counted the whole frame, trace included. "request
+    /// payloads are bounded to 8 KiB … oversized trace metadata does not enter the
+    /// reply": a 7,777-byte payload with a 500-byte `tracestate` is admitted, a payload
+    /// one byte over 8 KiB is `request_too_large`, and an oversized trace neither
+    /// counts nor enters the reply.
+    #[tokio::test]
+    async fn the_request_bound_measures_the_payload_not_the_trace() {
+        let mut h = Harness::start(OUTBOUND_QUEUE_BYTES_FOR_TESTS).await;
+        std::fs::write(h.dir.path().join("notes.txt"), b"0123").unwrap();
+        let handle = h.ready_handle("prep-1").await;
+
+        let mut admitted = read_of_payload_len("op-7777", &handle, 7777);
+        admitted["trace"] = json!({ "traceparent": TRACEPARENT, "tracestate": "k=".to_string() + &"v".repeat(498) });
+        assert!(serde_json::to_vec(&admitted).unwrap().len() > WORKSPACE_REQUEST_MAX_BYTES);
+        h.core(admitted).await;
+        let result = h.next().await;
+        assert_eq!(result["id"], "op-7777");
+        // Admitted and served by the workspace: the path does not exist.
+        assert_eq!(
+            payload(&result),
+            &json!({ "status": "refused", "error_code": "not_found" })
+        );
+        assert!(result.get("trace").is_none());
+
+        let too_large = read_of_payload_len("op-big", &handle, WORKSPACE_REQUEST_MAX_BYTES + 1);
+        h.core(too_large).await;
+        let result = h.next().await;
+        assert_eq!(
+            payload(&result),
+            &json!({ "status": "rejected", "error_code": "request_too_large" })
+        );
+        let at_bound = read_of_payload_len("op-bound", &handle, WORKSPACE_REQUEST_MAX_BYTES);
+        h.core(at_bound).await;
+        assert_eq!(payload(&h.next().await)["error_code"], "not_found");
+
+        // An oversized (dropped) trace does not count and is not echoed.
+        let mut traced = Harness::read(
+            "op-traced",
+            &handle,
+            json!({ "operation": "bytes", "path": "notes.txt" }),
+        );
+        traced["trace"] = json!({
+            "traceparent": TRACEPARENT,
+            "tracestate": "x".repeat(2 * WORKSPACE_REQUEST_MAX_BYTES + TRACESTATE_MAX_BYTES),
+        });
+        h.core(traced).await;
+        let result = h.next().await;
+        assert_eq!(
+            payload(&result),
+            &json!({ "status": "ok", "data": "MDEyMw==", "truncated": false })
+        );
+        assert!(result.get("trace").is_none());
+    }
+
+    /// [`WORKSPACE_RESULT_FRAME_MAX_BYTES`] covers the largest encoded results.
+    #[test]
+    fn the_largest_results_fit_their_reservation() {
+        let id = "i".repeat(CORRELATION_ID_MAX_BYTES);
+        let data = Base64Bytes::new(vec![0xffu8; WORKSPACE_READ_RESULT_MAX_BYTES]).unwrap();
+        let read = Frame::new(
+            id.clone(),
+            Message::WorkspaceReadResult(WorkspaceReadResult {
+                status: WorkspaceStatus::Ok,
+                entries: None,
+                data: Some(data.clone()),
+                truncated: Some(true),
+                error_code: None,
+            }),
+        );
+        let export = Frame::new(
+            id.clone(),
+            Message::WorkspaceExportResult(WorkspaceExportResult {
+                status: WorkspaceStatus::Ok,
+                data: Some(data),
+                sha256: Some(BoundedString::new("f".repeat(64)).unwrap()),
+                error_code: None,
+            }),
+        );
+        // Every name byte a `\u00XX` escape.
+        let name = "\u{1}".repeat(DIRECTORY_ENTRY_NAME_MAX_BYTES);
+        let entries = (0..DIRECTORY_ENTRIES_MAX)
+            .map(|_| DirectoryEntry {
+                name: BoundedString::new(name.clone()).unwrap(),
+                kind: EntryKind::File,
+                size: Some(u64::MAX),
+            })
+            .collect();
+        let listing = Frame::new(
+            id,
+            Message::WorkspaceReadResult(WorkspaceReadResult {
+                status: WorkspaceStatus::Ok,
+                entries: Some(BoundedVec::new(entries).unwrap()),
+                data: None,
+                truncated: Some(true),
+                error_code: None,
+            }),
+        );
+        for frame in [read, export, listing] {
+            let len = frame.encode().unwrap().len();
+            assert!(len <= WORKSPACE_RESULT_FRAME_MAX_BYTES, "{len}");
+        }
+    }
+
+    /// Regression (memory and lock wedging): a read result waits for outbound room
+    /// before it is produced and never while holding the state lock, so a full queue
+    /// neither grows memory nor blocks dispatch of other frames.
+    #[tokio::test]
+    async fn read_results_wait_for_room_outside_the_state_lock() {
+        let mut h = Harness::start(WORKSPACE_RESULT_FRAME_MAX_BYTES).await;
+        std::fs::write(
+            h.dir.path().join("big.bin"),
+            vec![7u8; WORKSPACE_READ_RESULT_MAX_BYTES],
+        )
+        .unwrap();
+        let handle = h.ready_handle("prep-1").await;
+        let big = json!({ "operation": "bytes", "path": "big.bin" });
+        h.core(Harness::read("op-1", &handle, big.clone())).await;
+        // Held (not yet written): its bytes stay charged.
+        let first = h.rx.recv().await.unwrap();
+        h.core(Harness::read("op-2", &handle, big)).await;
+        // The second read waits for room; dispatch and the state lock stay free.
+        h.core(json!({
+            "type": "environment_quiesce",
+            "id": "susp-1",
+            "payload": { "environment_id": DEFAULT_ENVIRONMENT_ID },
+        }))
+        .await;
+        assert!(h.rt.state.try_lock().is_ok());
+        let quiesced = h.next().await;
+        assert_eq!(quiesced["type"], "environment_quiesced");
+        assert!(h.rx.try_recv().is_none(), "op-2 must wait for room");
+        assert!(h.out.queued_bytes() <= WORKSPACE_RESULT_FRAME_MAX_BYTES);
+        drop(first);
+        let second = h.next().await;
+        assert_eq!(second["id"], "op-2");
+        assert_eq!(payload(&second)["truncated"], false);
+    }
+
+    /// Budget of the test queues: the production budget.
+    const OUTBOUND_QUEUE_BYTES_FOR_TESTS: usize =
+        crate::core_runtime::daemon::outbound::OUTBOUND_QUEUE_BYTES;
 }

@@ -18,6 +18,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::admission::AgentDefinition;
+use super::files::{self, FilesError};
 use super::turn::FrozenSession;
 use super::{Core, TurnMsg, now_ms};
 use crate::core_runtime::store::{
@@ -26,7 +27,8 @@ use crate::core_runtime::store::{
 };
 use crate::core_runtime::wire::limits::{INPUT_MESSAGES_MAX, TRANSPORT_FRAME_MAX_BYTES};
 use crate::core_runtime::wire::{
-    MessageInput, PermissionVerdict, PromptForUserChoiceDecision, Uuid, validate_question_answers,
+    MessageInput, PermissionVerdict, PromptForUserChoiceDecision, ReadOperation, Uuid,
+    validate_question_answers,
 };
 use crate::wire::bounded::{BoundedString, BoundedVec};
 
@@ -118,6 +120,8 @@ pub fn routes() -> Router<Arc<Core>> {
         .route("/v1/sessions", post(create_session))
         .route("/v1/sessions/{id}", get(get_session))
         .route("/v1/sessions/{id}/turns", post(create_turn))
+        .route("/v1/sessions/{id}/files", get(list_files))
+        .route("/v1/sessions/{id}/files/content", get(read_file))
         .route("/v1/turns/{id}", get(get_turn))
         .route("/v1/turns/{id}/events", get(get_events))
         .route("/v1/turns/{id}/inputs", post(send_input).get(list_inputs))
@@ -497,4 +501,60 @@ async fn answer_function(
         json!({ "output": req.output.as_str(), "is_error": req.is_error }),
     )
     .await
+}
+
+impl From<FilesError> for ApiError {
+    fn from(err: FilesError) -> Self {
+        let status = match &err {
+            FilesError::Store(e) => return ApiError::from(e.clone()),
+            FilesError::InvalidPath(_) => StatusCode::BAD_REQUEST,
+            FilesError::NotFound => StatusCode::NOT_FOUND,
+            FilesError::NoWorkspace
+            | FilesError::SessionBusy
+            | FilesError::Unsupported(_)
+            | FilesError::Refused(_) => StatusCode::CONFLICT,
+            FilesError::NoDevice | FilesError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+        };
+        Self::new(status, err.code(), err.to_string())
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FilesQuery {
+    #[serde(default)]
+    path: Option<String>,
+}
+
+async fn list_files(
+    State(core): State<Arc<Core>>,
+    Path(session_id): Path<String>,
+    Query(q): Query<FilesQuery>,
+) -> ApiResult {
+    let path = q.path.unwrap_or_default();
+    let r = files::idle_read(&core, &session_id, ReadOperation::Directory, &path).await?;
+    Ok(Json(json!({
+        "path": path,
+        "entries": r.entries.map(|e| e.into_inner()).unwrap_or_default(),
+        "truncated": r.truncated.unwrap_or(false),
+    }))
+    .into_response())
+}
+
+async fn read_file(
+    State(core): State<Arc<Core>>,
+    Path(session_id): Path<String>,
+    Query(q): Query<FilesQuery>,
+) -> ApiResult {
+    let path = q
+        .path
+        .filter(|p| !p.is_empty())
+        .ok_or_else(|| ApiError::bad("invalid_path", "path is required"))?;
+    let r = files::idle_read(&core, &session_id, ReadOperation::Bytes, &path).await?;
+    Ok(Json(json!({
+        "path": path,
+        "data": r.data,
+        "truncated": r.truncated.unwrap_or(false),
+    }))
+    .into_response())
 }

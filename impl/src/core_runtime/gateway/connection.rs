@@ -79,6 +79,8 @@ pub enum RouteKind {
     Interaction,
     /// Transfer ID (`runtime_prepare`).
     Transfer,
+    /// Workspace operation ID (`workspace_read`, `workspace_write`).
+    Operation,
 }
 
 #[derive(Default)]
@@ -305,7 +307,7 @@ fn install(core: &Core, conn: Arc<DeviceConnection>) -> Result<(), &'static str>
 /// Drops a connection's routes and tells its Turns the connection is gone.
 fn drop_connection(core: &Core, conn: &DeviceConnection) {
     for turn in conn.shut() {
-        core.notify_turn(&turn, TurnMsg::ConnectionLost);
+        core.notify_turn_reliably(&turn, TurnMsg::ConnectionLost);
     }
     let mut devices = core.devices.lock().unwrap_or_else(|e| e.into_inner());
     if devices
@@ -413,6 +415,9 @@ fn dispatch(core: &Arc<Core>, conn: &Arc<DeviceConnection>, bytes: &[u8]) -> Opt
         }
         Message::PreparationStatus(_) => route(RouteKind::Preparation, &frame.id),
         Message::RuntimePrepareResult(_) => route(RouteKind::Transfer, &frame.id),
+        Message::WorkspaceReadResult(_) | Message::WorkspaceWriteResult(_) => {
+            route(RouteKind::Operation, &frame.id)
+        }
         Message::PermissionCancel(_) => route(RouteKind::Interaction, &frame.id),
         Message::InteractionDecisionAck(_) => {
             route(RouteKind::Interaction, &frame.id).or_else(|| route(RouteKind::Run, &frame.id))

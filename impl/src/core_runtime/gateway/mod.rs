@@ -6,6 +6,7 @@
 //! * [`connection`]: bootstrap, WebSocket upgrade (exact version or 426), fencing of
 //!   the old owner lease, heartbeat snapshots, frame routing.
 //! * [`turn`]: the five-step Turn execution, active input, cancel, interactions.
+//! * [`files`]: idle Files reads through the read-only preparation profile.
 //! * [`api`]: the public HTTP JSON API under `/v1` (`docs/core-api.md`).
 //! * [`cli`]: `contract-impl core serve` and `core credential issue|revoke|list`.
 //!
@@ -16,9 +17,10 @@ pub mod api;
 pub mod cli;
 pub mod config;
 pub mod connection;
+pub mod files;
 pub mod turn;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -107,6 +109,9 @@ pub struct Core {
     pub devices: Mutex<HashMap<String, Arc<DeviceConnection>>>,
     /// Running Turn tasks by Turn ID.
     pub turns: Mutex<HashMap<String, mpsc::Sender<TurnMsg>>>,
+    /// Sessions held by a Files operation's scheduling reservation: the scheduler
+    /// claims none of their Turns until it ends.
+    pub files_reserved: Mutex<HashSet<String>>,
     /// Wakes the scheduler.
     pub wake: Notify,
     /// Base URL (`http://127.0.0.1:<port>`), known once bound.
@@ -114,12 +119,29 @@ pub struct Core {
 }
 
 impl Core {
-    /// Sends `msg` to a Turn task if it runs; `false` otherwise.
+    /// Sends `msg` to a Turn task if it runs; `false` otherwise (or when its queue is
+    /// full: only for [`TurnMsg::Wake`], which a busy Turn task does not need, since it
+    /// re-reads durable state after every message).
     pub fn notify_turn(&self, turn_id: &str, msg: TurnMsg) -> bool {
         let sender = self.turns.lock().ok().and_then(|t| t.get(turn_id).cloned());
         match sender {
             Some(tx) => tx.try_send(msg).is_ok(),
             None => false,
+        }
+    }
+
+    /// Sends `msg` to a Turn task if it runs, waiting for queue space on a spawned
+    /// task when the queue is full: for messages that must not be lost
+    /// ([`TurnMsg::ConnectionLost`]: without it a Turn whose routes were dropped would
+    /// wait forever).
+    pub fn notify_turn_reliably(&self, turn_id: &str, msg: TurnMsg) {
+        let sender = self.turns.lock().ok().and_then(|t| t.get(turn_id).cloned());
+        if let Some(tx) = sender
+            && let Err(mpsc::error::TrySendError::Full(msg)) = tx.try_send(msg)
+        {
+            tokio::spawn(async move {
+                let _ = tx.send(msg).await;
+            });
         }
     }
 }
@@ -157,6 +179,7 @@ pub async fn serve(
         config,
         devices: Mutex::new(HashMap::new()),
         turns: Mutex::new(HashMap::new()),
+        files_reserved: Mutex::new(HashSet::new()),
         wake: Notify::new(),
         base_url: format!("http://{addr}"),
     });

@@ -157,6 +157,14 @@ async fn schedule_once(core: &Arc<Core>) -> Result<(), crate::core_runtime::stor
         if core.turns.lock().map(|t| t.len()).unwrap_or(usize::MAX) >= ACTIVE_TURNS_MAX {
             break;
         }
+        if core
+            .files_reserved
+            .lock()
+            .is_ok_and(|set| set.contains(&turn.session_id))
+        {
+            // A Files operation holds the Session's scheduling reservation.
+            continue;
+        }
         let p = load(core, turn).await?;
         let (conn, decl) = match select_device(core, &p) {
             Selection::Wait => continue,
@@ -296,12 +304,14 @@ async fn drive(
                 .store
                 .call(move |s| s.requeue_turn(&id, at, now_ms()))
                 .await;
-            let waker = core.clone();
-            tokio::spawn(async move {
-                tokio::time::sleep(retry).await;
-                waker.wake.notify_one();
-            });
-            r
+            if matches!(r, Ok(TurnState::Queued)) {
+                let waker = core.clone();
+                tokio::spawn(async move {
+                    tokio::time::sleep(retry).await;
+                    waker.wake.notify_one();
+                });
+            }
+            r.map(|_| ())
         }
     };
     if let Err(err) = result {
@@ -336,7 +346,8 @@ impl Driver {
         if !conn.route(RouteKind::Preparation, &self.prep_id, &self.turn_id)
             || !conn.route(RouteKind::Run, &self.run_id, &self.turn_id)
         {
-            return self.fail(CoreErrorCode::DeliveryUnknown);
+            // Nothing was sent: the claim is undone, the Turn stays queued.
+            return End::Requeue;
         }
         let Ok(env_uuid) = Uuid::new(p.environment_id.clone()) else {
             return self.prep_failed(PreparationErrorCode::InvalidBinding);
@@ -354,7 +365,8 @@ impl Driver {
                 }),
             );
             if !conn.send(&frame).await {
-                return self.fail(CoreErrorCode::DeliveryUnknown);
+                // The frame never entered the send queue: nothing was delivered.
+                return End::Requeue;
             }
             let deadline = Instant::now() + INITIALIZE_TIMEOUT;
             loop {
@@ -412,7 +424,8 @@ impl Driver {
             }),
         );
         if !conn.send(&prepare).await {
-            return self.fail(CoreErrorCode::DeliveryUnknown);
+            // The frame never entered the send queue: nothing was delivered.
+            return End::Requeue;
         }
         let mut handle: Option<(String, u64)> = None;
         let (handle_id, executor) =
@@ -535,14 +548,7 @@ impl Driver {
                                 admission_handle, ..
                             } if *admission_handle == handle_id && !started => {
                                 started = true;
-                                let id = self.turn_id.clone();
-                                let _ = self
-                                    .core
-                                    .store
-                                    .call(move |s| {
-                                        s.advance_turn(&id, TurnState::Running, now_ms())
-                                    })
-                                    .await;
+                                self.mark_running().await;
                             }
                             PreparationStatus::Rejected {
                                 operation: ControlOperation::Start,
@@ -560,10 +566,16 @@ impl Driver {
                             }
                             _ => {}
                         }
-                        continue;
-                    }
-                    if let Some(end) = self.on_run_frame(frame).await {
-                        return end;
+                    } else {
+                        if !started && frame.id == self.run_id {
+                            // Output can race the status: a Run event proves the
+                            // admission was transferred to this Run.
+                            started = true;
+                            self.mark_running().await;
+                        }
+                        if let Some(end) = self.on_run_frame(frame).await {
+                            return end;
+                        }
                     }
                 }
             }
@@ -572,6 +584,19 @@ impl Driver {
             {
                 return end;
             }
+        }
+    }
+
+    /// Records `running` durably (the admission moved to the Run).
+    async fn mark_running(&self) {
+        let id = self.turn_id.clone();
+        if let Err(err) = self
+            .core
+            .store
+            .call(move |s| s.advance_turn(&id, TurnState::Running, now_ms()))
+            .await
+        {
+            tracing::warn!(turn_id = %self.turn_id, code = err.code(), "running not recorded: {err}");
         }
     }
 

@@ -527,6 +527,11 @@ pub trait CoreStore: Send {
     /// # Errors
     /// [`StoreError::NotFound`].
     fn session(&mut self, session_id: &str) -> Result<SessionRecord, StoreError>;
+    /// The Session's non-terminal Turn, if any (the Session holds at most one).
+    ///
+    /// # Errors
+    /// [`StoreError::Database`].
+    fn active_turn(&mut self, session_id: &str) -> Result<Option<String>, StoreError>;
 
     // --- Turns -------------------------------------------------------------------
 
@@ -567,7 +572,9 @@ pub trait CoreStore: Send {
         now_ms: i64,
     ) -> Result<bool, StoreError>;
     /// Returns a claimed Turn to `queued` (only after an explicit `preparation_capacity`
-    /// rejection), retrying no earlier than `not_before_ms`.
+    /// rejection), retrying no earlier than `not_before_ms`. A Turn whose cancel was
+    /// requested meanwhile is `cancelled` instead (nothing was delivered, and a queued
+    /// Turn with a cancel request could never be claimed again). Returns the new state.
     ///
     /// # Errors
     /// [`StoreError::InvalidState`] unless the Turn is `claimed`.
@@ -576,7 +583,7 @@ pub trait CoreStore: Send {
         turn_id: &str,
         not_before_ms: i64,
         now_ms: i64,
-    ) -> Result<(), StoreError>;
+    ) -> Result<TurnState, StoreError>;
     /// Moves a non-terminal Turn forward (`claimed` → `starting` → `running`).
     ///
     /// # Errors
@@ -699,10 +706,14 @@ pub trait CoreStore: Send {
         answer: &Value,
         delivery_id: &str,
     ) -> Result<(), StoreError>;
-    /// Settles an interaction (`applied`, `not_applied`, `withdrawn`, `unknown`).
+    /// Settles an interaction: `applied`, `not_applied` and `unknown` only from
+    /// `delivering` (an acknowledgement settles the answer in flight once; a later
+    /// duplicate or conflicting one changes nothing), `withdrawn` from `pending` or
+    /// `delivering`.
     ///
     /// # Errors
-    /// [`StoreError::NotFound`].
+    /// [`StoreError::NotFound`]; [`StoreError::InvalidState`] when the interaction is
+    /// not in a state `state` may follow.
     fn settle_interaction(
         &mut self,
         turn_id: &str,

@@ -614,6 +614,17 @@ impl CoreStore for SqliteStore {
         })
     }
 
+    fn active_turn(&mut self, session_id: &str) -> Result<Option<String>, StoreError> {
+        Ok(self
+            .conn
+            .query_row(
+                "SELECT turn_id FROM turns WHERE session_id = ?1 AND state NOT IN ('completed','failed','cancelled') LIMIT 1",
+                params![session_id],
+                |r| r.get(0),
+            )
+            .optional()?)
+    }
+
     fn create_turn(
         &mut self,
         turn_id: &str,
@@ -692,16 +703,28 @@ impl CoreStore for SqliteStore {
         turn_id: &str,
         not_before_ms: i64,
         now_ms: i64,
-    ) -> Result<(), StoreError> {
+    ) -> Result<TurnState, StoreError> {
         let tx = self.tx()?;
-        let n = tx.execute(
-            "UPDATE turns SET state = 'queued', device_id = NULL, owner_epoch = NULL, run_id = NULL, not_before_ms = ?2, updated_at_ms = ?3 WHERE turn_id = ?1 AND state = 'claimed'",
-            params![turn_id, not_before_ms, now_ms],
-        )?;
-        if n != 1 {
+        let turn = load_turn(&tx, turn_id)?;
+        if turn.state != TurnState::Claimed {
             return Err(StoreError::InvalidState(format!(
                 "turn `{turn_id}` is not claimed"
             )));
+        }
+        let state = if turn.cancel_requested {
+            TurnState::Cancelled
+        } else {
+            TurnState::Queued
+        };
+        tx.execute(
+            "UPDATE turns SET state = ?4, device_id = NULL, owner_epoch = NULL, run_id = NULL, not_before_ms = ?2, updated_at_ms = ?3 WHERE turn_id = ?1",
+            params![turn_id, not_before_ms, now_ms, state.as_str()],
+        )?;
+        if state == TurnState::Cancelled {
+            tx.execute(
+                "UPDATE inputs SET state = 'not_delivered' WHERE turn_id = ?1 AND state = 'queued'",
+                params![turn_id],
+            )?;
         }
         // The claim did not start the Turn after all.
         tx.execute(
@@ -709,7 +732,7 @@ impl CoreStore for SqliteStore {
             params![turn_id],
         )?;
         tx.commit()?;
-        Ok(())
+        Ok(state)
     }
 
     fn advance_turn(
@@ -1107,17 +1130,40 @@ impl CoreStore for SqliteStore {
         kind: InteractionKind,
         state: InteractionState,
     ) -> Result<(), StoreError> {
+        let from: &[&str] = match state {
+            InteractionState::Applied
+            | InteractionState::NotApplied
+            | InteractionState::Unknown => &["delivering"],
+            InteractionState::Withdrawn => &["pending", "delivering"],
+            InteractionState::Pending | InteractionState::Delivering => {
+                return Err(StoreError::InvalidState(format!(
+                    "{} is not a settlement",
+                    state.as_str()
+                )));
+            }
+        };
         let tx = self.tx()?;
-        let n = tx.execute(
+        let current: Option<String> = tx
+            .query_row(
+                "SELECT state FROM interactions WHERE turn_id = ?1 AND interaction_id = ?2 AND kind = ?3",
+                params![turn_id, interaction_id, kind.as_str()],
+                |r| r.get(0),
+            )
+            .optional()?;
+        let current = current.ok_or_else(|| StoreError::NotFound {
+            kind: "interaction",
+            id: interaction_id.to_string(),
+        })?;
+        if !from.contains(&current.as_str()) {
+            return Err(StoreError::InvalidState(format!(
+                "interaction `{interaction_id}` is {current}, cannot become {}",
+                state.as_str()
+            )));
+        }
+        tx.execute(
             "UPDATE interactions SET state = ?4 WHERE turn_id = ?1 AND interaction_id = ?2 AND kind = ?3",
             params![turn_id, interaction_id, kind.as_str(), state.as_str()],
         )?;
-        if n != 1 {
-            return Err(StoreError::NotFound {
-                kind: "interaction",
-                id: interaction_id.to_string(),
-            });
-        }
         tx.commit()?;
         Ok(())
     }
@@ -1324,6 +1370,20 @@ mod tests {
     }
 
     #[test]
+    fn requeue_of_a_turn_with_a_cancel_request_cancels_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = seeded(dir.path());
+        s.create_turn("t1", "s1", &json!([]), 10).unwrap();
+        assert!(s.claim_turn("t1", "dev", 1, "run-1", 11).unwrap());
+        s.request_cancel("t1", 12).unwrap();
+        assert_eq!(s.requeue_turn("t1", 100, 13).unwrap(), TurnState::Cancelled);
+        assert_eq!(s.turn("t1").unwrap().state, TurnState::Cancelled);
+        assert!(s.claimable_turns(i64::MAX, 10).unwrap().is_empty());
+        // The Session is free for a successor.
+        s.create_turn("t2", "s1", &json!([]), 14).unwrap();
+    }
+
+    #[test]
     fn turn_lifecycle_cursor_and_events() {
         let dir = tempfile::tempdir().unwrap();
         let mut s = seeded(dir.path());
@@ -1339,7 +1399,7 @@ mod tests {
         assert!(s.claim_turn("t1", "dev", 1, "run-1", 11).unwrap());
         assert!(!s.claim_turn("t1", "dev", 1, "run-2", 11).unwrap());
         assert_eq!(s.session("s1").unwrap().started_turns, 1);
-        s.requeue_turn("t1", 100, 12).unwrap();
+        assert_eq!(s.requeue_turn("t1", 100, 12).unwrap(), TurnState::Queued);
         assert!(s.claimable_turns(50, 10).unwrap().is_empty());
         assert_eq!(s.session("s1").unwrap().started_turns, 0);
         assert!(s.claim_turn("t1", "dev", 1, "run-1", 101).unwrap());
@@ -1463,6 +1523,20 @@ mod tests {
             InteractionState::Applied,
         )
         .unwrap();
+        assert_eq!(
+            s.interactions("t1").unwrap()[0].state,
+            InteractionState::Applied
+        );
+        // A duplicate, conflicting acknowledgement cannot re-settle it.
+        assert!(matches!(
+            s.settle_interaction(
+                "t1",
+                "perm-1",
+                InteractionKind::Permission,
+                InteractionState::NotApplied,
+            ),
+            Err(StoreError::InvalidState(_))
+        ));
         assert_eq!(
             s.interactions("t1").unwrap()[0].state,
             InteractionState::Applied

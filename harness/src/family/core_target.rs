@@ -1,0 +1,1131 @@
+//! Side `core` of the Core ↔ Runtime family: **Core is the target** and the harness plays
+//! the Runtime (and the user, through `api:` steps).
+//!
+//! The Core under test is launched per `docs/launch-contract.md` ("Core under test"):
+//! `CONTRACT_LISTEN=127.0.0.1:0`, an empty `CONTRACT_DATA_DIR`, `CONTRACT_DEVICE_ID`, a
+//! fresh random `CONTRACT_DAEMON_CREDENTIAL` (`rcd_` + 32 hex digits) and
+//! `CONTRACT_CORE_CONFIG` ([`default_core_config`] deep-merged with the scenario's
+//! `config.core`). It is ready when it prints `{"ready":{"base_url":"…"}}` on stdout
+//! (read line by line, bounded: [`READY_LINE_MAX_BYTES`], [`READY_LINES_MAX`], the
+//! start-up deadline). Step mapping (the mirror of side `runtime`):
+//!
+//! | step | what the harness does |
+//! |---|---|
+//! | `runtime:` | substitute placeholders (minting unbound ones: admission handles, Executor IDs, …), schema-check as Runtime → Core, send as one text frame |
+//! | `core:` | the next thing Core does must be a text frame: strict parse, schema-check as Core → Runtime, record, match (Core-generated session, Run and preparation IDs bind to placeholders) |
+//! | `native:` | skipped (the scripted Runtime sends the resulting frames itself) |
+//! | `api:` | the call (placeholders substituted in path and body) to `<base_url><path>`; status checked, body matched (binds); recorded as `api response`; `poll: true` repeats a GET until it matches, within the step deadline |
+//! | `bootstrap` | POST the bootstrap request with the Bearer credential (body default `{device_id}`); status and body pattern checked (default `200` with `connection_url` and `heartbeat_interval_ms`); the `connection_url` is used by the next `connect` |
+//! | `connect` | dial the WebSocket with the Bearer header and the query (defaults `device_id`, `version: WIRE_VERSION`, overridden key by key); `101` (default) must upgrade, another status must be answered with that status and body pattern. A new connection supersedes the current one, which stays open (unread) until the end of the run, so Core has to fence it itself |
+//! | `handshake` | `bootstrap` + `connect` + one full heartbeat (the launch declarations: `config.runtime.agent_kinds` or kind `controlled` with every capability `true`; `runtime_version` [`RUNTIME_VERSION`]) |
+//! | `reconnect` | `bootstrap` + `connect` with defaults |
+//! | `silence: d` | Core emits nothing on the connection for `d` |
+//! | `any_order` | frames are received until each `core:` expectation matched exactly one |
+//! | `disconnect` | the connection is dropped (no Close frame) |
+//! | `half_close` | Close (default 1000) is sent; the next event must be Core's Close reply |
+//! | `send_bytes` | one raw text/binary message as the Runtime, no schema check |
+//! | `expect_close` | the next event must be Core's Close (code/reason checked when given) or, when neither is given, a dropped connection |
+//! | `crash` | the connection is dropped, Core's process group is `SIGKILL`ed and Core is started again with the same data directory and environment; the step ends when it is ready |
+//! | `expect_exit` | refused: it checks a Runtime process |
+//!
+//! Everything Core answers or sends is checked for the daemon credential, and Core's
+//! stderr is scanned for it; any sighting fails the run. This module never renders or
+//! compares goldens and never prints.
+
+use std::time::Duration;
+
+use contract_impl::core_runtime::wire::Direction;
+use contract_impl::core_runtime::wire::limits::WIRE_VERSION;
+use contract_impl::wire::parse_strict;
+use serde_json::{Value, json};
+use tokio::io::AsyncReadExt;
+use tokio::process::ChildStdout;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use super::core_runtime::{
+    DEFAULT_CLOSE_CODE, DEFAULT_HEARTBEAT_INTERVAL_MS, DEVICE_ID, DriveFailure, DriveOptions,
+    DriveOutcome, deep_merge, default_launch_config,
+};
+use crate::bind::Bindings;
+use crate::golden::{EntryKind, GoldenEntry, Recording};
+use crate::matcher::{match_frame, schema_check};
+use crate::scenario::model::{
+    ApiStep, BootstrapStep, ConnectStep, HttpResponseSpec, Party, RawMessage, Scenario, Step,
+};
+use crate::target::{LaunchSpec, RunDir, Target};
+use crate::transport::client::{HttpAnswer, HttpClient, WsDial, dial_ws};
+use crate::transport::http::{BOOTSTRAP_PATH, WS_PATH};
+use crate::transport::ws::{WsConnection, WsEvent, truncate};
+
+/// `runtime_version` of the heartbeat the harness sends as the Runtime.
+pub const RUNTIME_VERSION: &str = "contract-harness";
+
+/// Envelope ID of the heartbeat `handshake` sends.
+pub const HANDSHAKE_HEARTBEAT_ID: &str = "hb-1";
+
+/// Longest stdout line read while waiting for readiness (bytes).
+pub const READY_LINE_MAX_BYTES: usize = 4096;
+
+/// Most stdout lines read while waiting for readiness.
+pub const READY_LINES_MAX: usize = 64;
+
+/// Pause between two calls of a polling `api:` step (bounded by the step deadline).
+pub const API_POLL_INTERVAL: Duration = Duration::from_millis(20);
+
+/// Most superseded connections kept open at once (see `connect`).
+pub const SUPERSEDED_CONNECTIONS_MAX: usize = 4;
+
+/// Bound on waiting for a `SIGKILL`ed Core to be reaped.
+const KILL_REAP_BOUND: Duration = Duration::from_secs(5);
+
+/// Keys whose values Core generates (IDs, clocks, its own address); goldens replace them
+/// by stable aliases unless a placeholder bound them.
+pub const CORE_GENERATED_KEYS: &[&str] = &[
+    "id",
+    "agent_id",
+    "session_id",
+    "turn_id",
+    "run_id",
+    "input_id",
+    "delivery_id",
+    "interaction_id",
+    "traceparent",
+    "tracestate",
+];
+
+/// Keys whose values are clock readings of Core (ms since the epoch): recorded as
+/// [`CLOCK_MASK`], since two readings may or may not coincide from run to run (aliasing
+/// them by value would make goldens flaky).
+pub const CLOCK_KEYS: &[&str] = &["created_at_ms", "updated_at_ms", "recorded_at_ms"];
+
+/// What a clock reading is recorded as.
+pub const CLOCK_MASK: &str = "<clock>";
+
+/// What the address part of a `connection_url` is recorded as: Core listens on a port
+/// the OS picks (a new one after each `crash`), and only the rest of the URL is Core's
+/// choice.
+pub const ADDRESS_MASK: &str = "<core-address>";
+
+/// `url` with its `host:port` replaced by [`ADDRESS_MASK`] (`ws://<core-address>/…`).
+pub fn mask_address(url: &str) -> String {
+    match url.split_once("://") {
+        Some((scheme, rest)) => {
+            let path = rest.find('/').map_or("", |i| &rest[i..]);
+            format!("{scheme}://{ADDRESS_MASK}{path}")
+        }
+        None => url.to_string(),
+    }
+}
+
+/// `value` with every number under a [`CLOCK_KEYS`] key replaced by [`CLOCK_MASK`] and
+/// the address in every `connection_url` string masked ([`mask_address`]).
+pub fn mask_clocks(value: &Value) -> Value {
+    match value {
+        Value::Object(map) => Value::Object(
+            map.iter()
+                .map(|(k, v)| {
+                    let masked = match v {
+                        Value::Number(_) if CLOCK_KEYS.contains(&k.as_str()) => {
+                            Value::String(CLOCK_MASK.into())
+                        }
+                        Value::String(url) if k == "connection_url" => {
+                            Value::String(mask_address(url))
+                        }
+                        _ => mask_clocks(v),
+                    };
+                    (k.clone(), masked)
+                })
+                .collect(),
+        ),
+        Value::Array(items) => Value::Array(items.iter().map(mask_clocks).collect()),
+        other => other.clone(),
+    }
+}
+
+/// The default Core launch configuration. The announced heartbeat interval is what the
+/// scenario's first `handshake: {heartbeat_interval_ms}` names (that step says what Core
+/// announces), else one hour (as the scripted Core announces), so no periodic heartbeat
+/// is due during a scenario. The scenario's `config.core` is merged over it.
+pub fn default_core_config(scenario: &Scenario) -> Value {
+    let interval = scenario
+        .steps
+        .iter()
+        .find_map(|step| match step {
+            Step::Handshake {
+                heartbeat_interval_ms: Some(ms),
+            } => Some(*ms),
+            _ => None,
+        })
+        .unwrap_or(DEFAULT_HEARTBEAT_INTERVAL_MS);
+    json!({ "timers": { "heartbeat_interval_ms": interval } })
+}
+
+/// The heartbeat the harness sends as the Runtime: the scenario's launch declarations
+/// (`config.runtime.agent_kinds`, default: kind `controlled`, available, every capability
+/// `true`) and [`RUNTIME_VERSION`].
+pub fn default_heartbeat(scenario: &Scenario) -> Value {
+    let mut launch = default_launch_config();
+    if let Some(overlay) = &scenario.config.runtime {
+        deep_merge(&mut launch, overlay);
+    }
+    json!({
+        "type": "heartbeat",
+        "id": HANDSHAKE_HEARTBEAT_ID,
+        "payload": {
+            "runtime_version": RUNTIME_VERSION,
+            "supported_agent_kinds": launch.get("agent_kinds").cloned().unwrap_or(Value::Array(vec![])),
+        }
+    })
+}
+
+/// A fresh daemon credential: `rcd_` and 32 random hex digits.
+pub fn fresh_credential() -> String {
+    format!("rcd_{}", uuid::Uuid::new_v4().simple())
+}
+
+/// Reads `stdout` line by line until the readiness line `{"ready":{"base_url":"…"}}`,
+/// reading at most [`READY_LINES_MAX`] lines of at most [`READY_LINE_MAX_BYTES`] each.
+/// Other lines are skipped. Returns the base URL and the stream (positioned after the
+/// line).
+///
+/// # Errors
+/// A description when stdout ends, a line is too long or no readiness line came within
+/// the bound.
+pub async fn read_ready_line(mut stdout: ChildStdout) -> Result<(String, ChildStdout), String> {
+    let mut line = Vec::new();
+    let mut lines = 0;
+    let mut byte = [0u8; 1];
+    loop {
+        // One byte at a time: the readiness line is short and nothing after it may be
+        // consumed by a buffer that is then dropped.
+        let n = stdout
+            .read(&mut byte)
+            .await
+            .map_err(|e| format!("reading stdout failed: {e}"))?;
+        if n == 0 {
+            return Err("stdout ended before the readiness line".into());
+        }
+        if byte[0] != b'\n' {
+            if line.len() >= READY_LINE_MAX_BYTES {
+                return Err(format!(
+                    "a stdout line exceeds {READY_LINE_MAX_BYTES} bytes before readiness"
+                ));
+            }
+            line.push(byte[0]);
+            continue;
+        }
+        lines += 1;
+        if let Some(url) = ready_base_url(&line) {
+            return Ok((url, stdout));
+        }
+        line.clear();
+        if lines >= READY_LINES_MAX {
+            return Err(format!(
+                "no readiness line {{\"ready\":{{\"base_url\":…}}}} among the first {READY_LINES_MAX} stdout lines"
+            ));
+        }
+    }
+}
+
+/// The base URL of a readiness line, if `line` is one (`http://` URLs only).
+pub fn ready_base_url(line: &[u8]) -> Option<String> {
+    let value: Value = serde_json::from_slice(line).ok()?;
+    let url = value.get("ready")?.get("base_url")?.as_str()?;
+    url.starts_with("http://")
+        .then(|| url.trim_end_matches('/').to_string())
+}
+
+/// Keeps reading (and discarding) a target's stdout so it never blocks on a full pipe.
+fn drain(mut stdout: ChildStdout) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut buf = vec![0u8; 4096];
+        while let Ok(n) = stdout.read(&mut buf).await {
+            if n == 0 {
+                return;
+            }
+        }
+    })
+}
+
+/// Drives `scenario` with Core as the target. Never panics on target behaviour; Core is
+/// always stopped before this returns.
+pub async fn drive(scenario: &Scenario, opts: &DriveOptions) -> DriveOutcome {
+    let mut outcome = DriveOutcome {
+        failure: None,
+        recording: Recording::new(),
+        bindings: Bindings::new(),
+        stderr_tail: String::new(),
+        exit: None,
+    };
+    let fail = |what: &str, message: String| DriveFailure {
+        scenario: scenario.id(),
+        step: None,
+        what: what.to_string(),
+        message,
+    };
+    let launched = match Launcher::prepare(scenario, opts) {
+        Ok(launcher) => launcher,
+        Err(message) => {
+            outcome.failure = Some(fail("launch", message));
+            return outcome;
+        }
+    };
+    let http = match HttpClient::new() {
+        Ok(h) => h,
+        Err(e) => {
+            outcome.failure = Some(fail("launch", e.to_string()));
+            return outcome;
+        }
+    };
+    let (target, base_url, stdout) = match launched.launch(opts.startup_timeout).await {
+        Ok(started) => started,
+        Err(message) => {
+            outcome.failure = Some(fail("launch", message));
+            return outcome;
+        }
+    };
+    let mut session = CoreSession {
+        launcher: launched,
+        target,
+        stdout,
+        base_url,
+        earlier_stderr: String::new(),
+        earlier_leak: false,
+        http,
+        ws: None,
+        superseded: Vec::new(),
+        connection_url: None,
+        heartbeat: default_heartbeat(scenario),
+        bindings: Bindings::new(),
+        recording: Recording::new(),
+        step_timeout: opts.step_timeout,
+        startup_timeout: opts.startup_timeout,
+        step: 0,
+    };
+    let mut failure = None;
+    for (i, step) in scenario.steps.iter().enumerate() {
+        session.step = i + 1;
+        if let Err(message) = session.run_step(step).await {
+            failure = Some(DriveFailure {
+                scenario: scenario.id(),
+                step: Some(i + 1),
+                what: step.describe(),
+                message,
+            });
+            break;
+        }
+    }
+    let CoreSession {
+        bindings,
+        recording,
+        ws,
+        superseded,
+        mut target,
+        stdout,
+        earlier_stderr,
+        earlier_leak,
+        launcher,
+        ..
+    } = session;
+    drop(ws);
+    drop(superseded);
+    let exit = target.shutdown().await;
+    stdout.abort();
+    if failure.is_none() && (earlier_leak || target.secret_leaked()) {
+        failure = Some(fail(
+            "end of run",
+            "the daemon credential appeared on Core's stderr (it must never be logged)".into(),
+        ));
+    }
+    outcome.failure = failure;
+    outcome.recording = recording;
+    outcome.bindings = bindings;
+    outcome.stderr_tail = format!("{earlier_stderr}{}", target.stderr_tail());
+    outcome.exit = exit.map(|s| s.to_string());
+    drop(launcher);
+    outcome
+}
+
+/// Everything needed to (re)start the Core under test: the run directory (data
+/// directory and configuration file live there) and the launch specification.
+struct Launcher {
+    run_dir: RunDir,
+    spec: LaunchSpec,
+    credential: String,
+}
+
+impl Launcher {
+    fn prepare(scenario: &Scenario, opts: &DriveOptions) -> Result<Self, String> {
+        let run_dir = RunDir::new().map_err(|e| e.to_string())?;
+        let data_dir = run_dir.path().join("data");
+        std::fs::create_dir(&data_dir)
+            .map_err(|e| format!("cannot create {}: {e}", data_dir.display()))?;
+        let mut config = default_core_config(scenario);
+        if let Some(overlay) = &scenario.config.core {
+            deep_merge(&mut config, overlay);
+        }
+        let text = serde_json::to_string_pretty(&config).map_err(|e| e.to_string())?;
+        let config_path = run_dir.write_config(&text).map_err(|e| e.to_string())?;
+        let credential = fresh_credential();
+        let env = vec![
+            ("CONTRACT_LISTEN".to_string(), "127.0.0.1:0".to_string()),
+            (
+                "CONTRACT_DATA_DIR".to_string(),
+                data_dir.display().to_string(),
+            ),
+            ("CONTRACT_DEVICE_ID".to_string(), DEVICE_ID.to_string()),
+            ("CONTRACT_DAEMON_CREDENTIAL".to_string(), credential.clone()),
+            (
+                "CONTRACT_CORE_CONFIG".to_string(),
+                config_path.display().to_string(),
+            ),
+        ];
+        let spec = LaunchSpec {
+            command: opts.target_cmd.clone(),
+            env,
+            cwd: run_dir.cwd(),
+            secret: credential.clone(),
+            capture_stdout: true,
+        };
+        Ok(Self {
+            run_dir,
+            spec,
+            credential,
+        })
+    }
+
+    /// Starts Core and waits for its readiness line; returns the process, its base URL
+    /// and the task draining the rest of its stdout.
+    async fn launch(&self, deadline: Duration) -> Result<(Target, String, JoinHandle<()>), String> {
+        let _ = &self.run_dir;
+        let mut target = Target::spawn(&self.spec).map_err(|e| e.to_string())?;
+        let Some(stdout) = target.take_stdout() else {
+            target.shutdown().await;
+            return Err("the target's stdout was not captured".into());
+        };
+        match target.await_ready(read_ready_line(stdout), deadline).await {
+            Ok((base_url, stdout)) => Ok((target, base_url, drain(stdout))),
+            Err(e) => {
+                target.shutdown().await;
+                Err(e.to_string())
+            }
+        }
+    }
+}
+
+/// The live state of one run (side `core`).
+struct CoreSession {
+    launcher: Launcher,
+    target: Target,
+    /// Drains Core's stdout after readiness.
+    stdout: JoinHandle<()>,
+    base_url: String,
+    /// Stderr tails of Core processes killed by `crash` steps.
+    earlier_stderr: String,
+    /// A killed Core process had logged the credential.
+    earlier_leak: bool,
+    http: HttpClient,
+    ws: Option<WsConnection>,
+    /// Earlier connections a later `connect` superseded, kept open (see [`Self::connect`]).
+    superseded: Vec<WsConnection>,
+    /// The `connection_url` of the last successful bootstrap.
+    connection_url: Option<String>,
+    heartbeat: Value,
+    bindings: Bindings,
+    recording: Recording,
+    step_timeout: Duration,
+    startup_timeout: Duration,
+    /// 1-based index of the running step.
+    step: usize,
+}
+
+type StepResult<T = ()> = Result<T, String>;
+
+fn show(value: &Value) -> String {
+    truncate(&value.to_string(), 300)
+}
+
+fn show_duration(d: Duration) -> String {
+    if d.subsec_millis() == 0 {
+        format!("{}s", d.as_secs())
+    } else {
+        format!("{}ms", d.as_millis())
+    }
+}
+
+/// An HTTP answer's body as JSON: `null` when empty, the text as a string when it is not
+/// JSON. HTTP answers are not wire frames: `null` values are allowed in them.
+fn answer_body(answer: &HttpAnswer) -> Value {
+    if answer.body.is_empty() {
+        return Value::Null;
+    }
+    serde_json::from_slice(&answer.body)
+        .unwrap_or_else(|_| Value::String(truncate(&String::from_utf8_lossy(&answer.body), 2000)))
+}
+
+impl CoreSession {
+    async fn run_step(&mut self, step: &Step) -> StepResult {
+        match step {
+            Step::Frame {
+                party: Party::Core,
+                frame,
+            } => {
+                let value = self.expect_frame(&show(frame)).await?;
+                match_frame(frame, &value, &mut self.bindings).map_err(|m| {
+                    format!(
+                        "emitted frame does not match: {m}\n  emitted: {}",
+                        show(&value)
+                    )
+                })
+            }
+            Step::Frame {
+                party: Party::Runtime,
+                frame,
+            } => self.send_frame(frame).await,
+            Step::Frame { party, .. } => Err(format!("`{party}` cannot send frames")),
+            Step::Native { .. } => Ok(()),
+            Step::Bootstrap(spec) => self.bootstrap(spec, None).await,
+            Step::Connect(spec) => self.connect(spec).await,
+            Step::Handshake {
+                heartbeat_interval_ms,
+            } => {
+                self.bootstrap(&BootstrapStep::default(), *heartbeat_interval_ms)
+                    .await?;
+                self.connect(&ConnectStep::default()).await?;
+                let heartbeat = self.heartbeat.clone();
+                self.send_frame(&heartbeat).await
+            }
+            Step::Reconnect => {
+                self.bootstrap(&BootstrapStep::default(), None).await?;
+                self.connect(&ConnectStep::default()).await
+            }
+            Step::Silence(d) => self.silence(*d).await,
+            Step::AnyOrder(steps) => self.any_order(steps).await,
+            Step::Disconnect => match self.ws.take() {
+                Some(conn) => {
+                    conn.abort();
+                    Ok(())
+                }
+                None => Err("there is no WebSocket connection to drop".into()),
+            },
+            Step::HalfClose { code, reason } => {
+                self.half_close(
+                    code.unwrap_or(DEFAULT_CLOSE_CODE),
+                    reason.as_deref().unwrap_or(""),
+                )
+                .await
+            }
+            Step::SendBytes(raw) => {
+                let timeout = self.step_timeout;
+                let conn = self.connection()?;
+                let sent = match raw {
+                    RawMessage::Text(text) => conn.send_text(text.clone(), timeout).await,
+                    RawMessage::Binary(bytes) => conn.send_binary(bytes.clone(), timeout).await,
+                };
+                sent.map_err(|e| format!("sending raw bytes failed: {e}"))
+            }
+            Step::ExpectClose { code, reason } => self.expect_close(*code, reason.as_deref()).await,
+            Step::Api(api) => self.api(api).await,
+            Step::Crash => self.crash().await,
+            Step::ExpectExit { .. } => Err(
+                "expect_exit checks the exit of a target Runtime process; with Core as the \
+                 target it has no meaning (give the scenario `sides: [runtime]`)"
+                    .into(),
+            ),
+        }
+    }
+
+    fn connection(&mut self) -> StepResult<&mut WsConnection> {
+        self.ws.as_mut().ok_or_else(|| {
+            "there is no WebSocket connection (no `connect`/`handshake` step before, or it ended)"
+                .to_string()
+        })
+    }
+
+    /// Records an emission, clock readings masked ([`mask_clocks`]).
+    fn record(&mut self, label: &str, kind: EntryKind, body: Value) {
+        self.recording.push(GoldenEntry {
+            step: self.step,
+            label: label.to_string(),
+            kind,
+            body: mask_clocks(&body),
+        });
+    }
+
+    fn check_secret(&self, text: &str, place: &str) -> StepResult {
+        if text.contains(self.launcher.credential.as_str()) {
+            return Err(format!(
+                "the daemon credential appeared in {place}; Core must never send it back"
+            ));
+        }
+        Ok(())
+    }
+
+    /// The next event on the connection within `timeout` (`None`: nothing came).
+    async fn next_event(&mut self, timeout: Duration) -> StepResult<Option<WsEvent>> {
+        let Some(conn) = self.ws.as_mut() else {
+            return Ok(None);
+        };
+        let event = match tokio::time::timeout(timeout, conn.recv()).await {
+            Err(_) => return Ok(None),
+            Ok(None) => {
+                self.ws = None;
+                Some(WsEvent::Eof)
+            }
+            Ok(Some(event)) => Some(event),
+        };
+        match &event {
+            Some(WsEvent::Text(text)) => self.check_secret(text, "a text frame")?,
+            Some(WsEvent::Binary(bytes)) => {
+                self.check_secret(&String::from_utf8_lossy(bytes), "a binary message")?;
+            }
+            Some(WsEvent::Close { reason, .. }) => self.check_secret(reason, "a close reason")?,
+            _ => {}
+        }
+        Ok(event)
+    }
+
+    fn nothing(&self, expected: &str) -> String {
+        let state = if self.ws.is_some() {
+            ""
+        } else {
+            " (no WebSocket connection is open)"
+        };
+        format!(
+            "expected {expected}, got nothing within {}{state}",
+            show_duration(self.step_timeout)
+        )
+    }
+
+    /// Receives the next text frame from Core, schema-checks it as Core → Runtime and
+    /// records it.
+    async fn expect_frame(&mut self, expected: &str) -> StepResult<Value> {
+        let text = match self.next_event(self.step_timeout).await? {
+            Some(WsEvent::Text(text)) => text,
+            Some(other) => return Err(format!("expected {expected}, got {}", other.describe())),
+            None => return Err(self.nothing(expected)),
+        };
+        let value = parse_strict(text.as_bytes()).map_err(|e| {
+            format!(
+                "expected {expected}, got an invalid frame ({}: {e}): {}",
+                e.code(),
+                truncate(&text, 300)
+            )
+        })?;
+        schema_check(&value, Direction::CoreToRuntime).map_err(|e| {
+            format!(
+                "emitted frame violates the wire schema ({}: {e}): {}",
+                e.code(),
+                show(&value)
+            )
+        })?;
+        self.record("core frame", EntryKind::Frame, value.clone());
+        Ok(value)
+    }
+
+    async fn send_frame(&mut self, template: &Value) -> StepResult {
+        let frame = self
+            .bindings
+            .substitute(template, true)
+            .map_err(|e| format!("cannot build the frame to send: {e}"))?;
+        schema_check(&frame, Direction::RuntimeToCore).map_err(|e| {
+            format!(
+                "the scenario's runtime frame is invalid ({}: {e}); use send_bytes to send malformed input on purpose",
+                e.code()
+            )
+        })?;
+        let text = contract_impl::wire::encode_strict(&frame)
+            .map_err(|e| format!("cannot encode the frame to send: {e}"))?;
+        let timeout = self.step_timeout;
+        self.connection()?
+            .send_text(text, timeout)
+            .await
+            .map_err(|e| format!("sending the frame failed: {e}"))
+    }
+
+    /// Checks an answer against `expect` (status, then body pattern; binds on success
+    /// only).
+    fn check_answer(
+        &mut self,
+        what: &str,
+        expect: &HttpResponseSpec,
+        answer: &HttpAnswer,
+        body: &Value,
+    ) -> StepResult {
+        if answer.status != expect.status {
+            return Err(format!(
+                "{what}: expected status {}, got {} with body {}",
+                expect.status,
+                answer.status,
+                show(body)
+            ));
+        }
+        if let Some(pattern) = &expect.body {
+            let mut trial = self.bindings.clone();
+            match_frame(pattern, body, &mut trial)
+                .map_err(|m| format!("{what}: body does not match: {m}\n  body: {}", show(body)))?;
+            self.bindings = trial;
+        }
+        Ok(())
+    }
+
+    async fn bootstrap(&mut self, spec: &BootstrapStep, heartbeat_ms: Option<u64>) -> StepResult {
+        let request = spec
+            .request
+            .clone()
+            .unwrap_or_else(|| json!({"device_id": DEVICE_ID}));
+        let request = self
+            .bindings
+            .substitute(&request, true)
+            .map_err(|e| format!("cannot build the bootstrap request: {e}"))?;
+        let url = format!("{}{BOOTSTRAP_PATH}", self.base_url);
+        let answer = self
+            .http
+            .request(
+                "POST",
+                &url,
+                Some(&self.launcher.credential),
+                Some(request.to_string().into_bytes()),
+                self.step_timeout,
+            )
+            .await
+            .map_err(|e| format!("the bootstrap request failed: {e}"))?;
+        self.check_secret(
+            &String::from_utf8_lossy(&answer.body),
+            "the bootstrap answer",
+        )?;
+        let body = answer_body(&answer);
+        self.record(
+            "bootstrap response",
+            EntryKind::HttpResponse,
+            json!({"status": answer.status, "body": body}),
+        );
+        let interval = heartbeat_ms.map_or(json!("$_"), Value::from);
+        let expect = spec.response.clone().unwrap_or(HttpResponseSpec {
+            status: 200,
+            body: Some(json!({"connection_url": "$_", "heartbeat_interval_ms": interval})),
+        });
+        self.check_answer("bootstrap", &expect, &answer, &body)?;
+        if (200..300).contains(&answer.status)
+            && let Some(url) = body.get("connection_url").and_then(Value::as_str)
+        {
+            self.connection_url = Some(url.to_string());
+        }
+        Ok(())
+    }
+
+    async fn connect(&mut self, spec: &ConnectStep) -> StepResult {
+        let mut query = json!({"device_id": DEVICE_ID, "version": WIRE_VERSION});
+        if let Some(overlay) = &spec.query {
+            let overlay = self
+                .bindings
+                .substitute(overlay, true)
+                .map_err(|e| format!("cannot build the connect query: {e}"))?;
+            deep_merge(&mut query, &overlay);
+        }
+        let base = self.connection_url.clone().unwrap_or_else(|| {
+            format!("{}{WS_PATH}", self.base_url.replacen("http://", "ws://", 1))
+        });
+        let mut url = reqwest::Url::parse(&base)
+            .map_err(|e| format!("Core's connection URL {base:?} is not a URL: {e}"))?;
+        if let Value::Object(pairs) = &query {
+            let mut q = url.query_pairs_mut();
+            for (key, value) in pairs {
+                let text = match value {
+                    Value::String(s) => s.clone(),
+                    other => other.to_string(),
+                };
+                q.append_pair(key, &text);
+            }
+        }
+        let expect = spec.response.clone().unwrap_or(HttpResponseSpec {
+            status: 101,
+            body: None,
+        });
+        let dial = dial_ws(url.as_str(), &self.launcher.credential, self.step_timeout)
+            .await
+            .map_err(|e| format!("the WebSocket dial failed: {e}"))?;
+        match dial {
+            WsDial::Upgraded(conn) => {
+                self.record(
+                    "connect response",
+                    EntryKind::HttpResponse,
+                    json!({"status": 101}),
+                );
+                // A new connection replaces the old one as the one the steps use. The old
+                // one stays open (unread) until the end of the run, so Core must fence it
+                // itself rather than see it drop; the oldest is dropped beyond the bound.
+                if let Some(old) = self.ws.replace(conn) {
+                    if self.superseded.len() >= SUPERSEDED_CONNECTIONS_MAX {
+                        self.superseded.remove(0);
+                    }
+                    self.superseded.push(old);
+                }
+                if expect.status != 101 {
+                    return Err(format!(
+                        "connect: expected status {}, Core upgraded the connection (101)",
+                        expect.status
+                    ));
+                }
+                Ok(())
+            }
+            WsDial::Refused(answer) => {
+                self.check_secret(&String::from_utf8_lossy(&answer.body), "the connect answer")?;
+                let body = answer_body(&answer);
+                self.record(
+                    "connect response",
+                    EntryKind::HttpResponse,
+                    json!({"status": answer.status, "body": body}),
+                );
+                self.check_answer("connect", &expect, &answer, &body)
+            }
+        }
+    }
+
+    async fn api(&mut self, api: &ApiStep) -> StepResult {
+        let mut segments = Vec::new();
+        for segment in api.call.path.split('/') {
+            let value = self
+                .bindings
+                .substitute(&Value::String(segment.to_string()), false)
+                .map_err(|e| format!("cannot build the path: {e}"))?;
+            segments.push(match value {
+                Value::String(s) => s,
+                other => other.to_string(),
+            });
+        }
+        let path = segments.join("/");
+        let body = match &api.call.body {
+            Some(template) => Some(
+                self.bindings
+                    .substitute(template, true)
+                    .map_err(|e| format!("cannot build the request body: {e}"))?
+                    .to_string()
+                    .into_bytes(),
+            ),
+            None => None,
+        };
+        let url = format!("{}{path}", self.base_url);
+        let what = format!("api {} {}", api.call.method, api.call.path);
+        let deadline = Instant::now() + self.step_timeout;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let answer = self
+                .http
+                .request(&api.call.method, &url, None, body.clone(), left)
+                .await
+                .map_err(|e| format!("{what}: the request failed: {e}"))?;
+            self.check_secret(&String::from_utf8_lossy(&answer.body), "an API answer")?;
+            let answer_value = answer_body(&answer);
+            let checked = self.check_answer(&what, &api.expect, &answer, &answer_value);
+            let retry =
+                api.poll && checked.is_err() && Instant::now() + API_POLL_INTERVAL < deadline;
+            if !retry {
+                self.record(
+                    "api response",
+                    EntryKind::HttpResponse,
+                    json!({
+                        "method": api.call.method,
+                        "path": api.call.path,
+                        "status": answer.status,
+                        "body": answer_value,
+                    }),
+                );
+                return checked.map_err(|m| {
+                    if api.poll {
+                        format!("{m}\n  (polled until the step deadline)")
+                    } else {
+                        m
+                    }
+                });
+            }
+            tokio::time::sleep(API_POLL_INTERVAL).await;
+        }
+    }
+
+    async fn crash(&mut self) -> StepResult {
+        if let Some(conn) = self.ws.take() {
+            conn.abort();
+        }
+        self.superseded.clear();
+        self.connection_url = None;
+        let status = tokio::time::timeout(KILL_REAP_BOUND, self.target.kill_now())
+            .await
+            .map_err(|_| "the killed Core was not reaped within 5s".to_string())?
+            .map_err(|e| e.to_string())?;
+        self.earlier_leak |= self.target.secret_leaked();
+        let tail = self.target.stderr_tail();
+        if !tail.is_empty() {
+            self.earlier_stderr.push_str(&format!(
+                "{tail}\n--- crash step {}: {status} ---\n",
+                self.step
+            ));
+        }
+        self.stdout.abort();
+        let (target, base_url, stdout) = self
+            .launcher
+            .launch(self.startup_timeout)
+            .await
+            .map_err(|e| format!("restarting Core after the crash failed: {e}"))?;
+        self.target = target;
+        self.base_url = base_url;
+        self.stdout = stdout;
+        Ok(())
+    }
+
+    async fn silence(&mut self, duration: Duration) -> StepResult {
+        if self.ws.is_none() {
+            // No connection: Core has nowhere to emit; the window still passes.
+            tokio::time::sleep(duration).await;
+            return Ok(());
+        }
+        match self.next_event(duration).await? {
+            None => Ok(()),
+            Some(event) => {
+                if let WsEvent::Text(text) = &event
+                    && let Ok(value) = parse_strict(text.as_bytes())
+                {
+                    self.record("core frame", EntryKind::Frame, value);
+                }
+                Err(format!(
+                    "expected silence for {}, got {}",
+                    show_duration(duration),
+                    event.describe()
+                ))
+            }
+        }
+    }
+
+    async fn any_order(&mut self, steps: &[Step]) -> StepResult {
+        let mut remaining: Vec<&Value> = Vec::new();
+        for step in steps {
+            match step {
+                Step::Frame {
+                    party: Party::Core,
+                    frame,
+                } => remaining.push(frame),
+                other => {
+                    return Err(format!(
+                        "any_order may only hold frames the target emits; found {}",
+                        other.describe()
+                    ));
+                }
+            }
+        }
+        while !remaining.is_empty() {
+            let expected = format!(
+                "one of {} frames: {}",
+                remaining.len(),
+                remaining
+                    .iter()
+                    .map(|v| show(v))
+                    .collect::<Vec<_>>()
+                    .join(" | ")
+            );
+            let value = self.expect_frame(&expected).await?;
+            let mut reasons = Vec::new();
+            let mut matched = None;
+            for (i, pattern) in remaining.iter().enumerate() {
+                let mut trial = self.bindings.clone();
+                match match_frame(pattern, &value, &mut trial) {
+                    Ok(()) => {
+                        self.bindings = trial;
+                        matched = Some(i);
+                        break;
+                    }
+                    Err(m) => reasons.push(format!("  vs {}: {m}", show(pattern))),
+                }
+            }
+            match matched {
+                Some(i) => {
+                    remaining.remove(i);
+                }
+                None => {
+                    return Err(format!(
+                        "emitted frame matches none of the remaining expectations: {}\n{}",
+                        show(&value),
+                        reasons.join("\n")
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn record_close(&mut self, code: Option<u16>, reason: &str) {
+        self.record(
+            "close",
+            EntryKind::Close,
+            json!({"event": "close", "code": code, "reason": reason}),
+        );
+    }
+
+    async fn half_close(&mut self, code: u16, reason: &str) -> StepResult {
+        let timeout = self.step_timeout;
+        self.connection()?
+            .send_close(code, reason, timeout)
+            .await
+            .map_err(|e| format!("sending Close failed: {e}"))?;
+        match self.next_event(self.step_timeout).await? {
+            Some(WsEvent::Close { code, reason }) => {
+                self.record_close(code, &reason);
+                if let Some(conn) = self.ws.take() {
+                    conn.finish(self.step_timeout).await;
+                }
+                Ok(())
+            }
+            Some(other) => Err(format!(
+                "expected Core's Close reply, got {}",
+                other.describe()
+            )),
+            None => Err(self.nothing("Core's Close reply")),
+        }
+    }
+
+    async fn expect_close(&mut self, code: Option<u16>, reason: Option<&str>) -> StepResult {
+        let expected = match (code, reason) {
+            (None, None) => "a Close frame or a dropped connection".to_string(),
+            _ => format!(
+                "a Close frame{}{}",
+                code.map(|c| format!(" with code {c}")).unwrap_or_default(),
+                reason
+                    .map(|r| format!(" with reason {r:?}"))
+                    .unwrap_or_default()
+            ),
+        };
+        match self.next_event(self.step_timeout).await? {
+            Some(WsEvent::Close {
+                code: got_code,
+                reason: got_reason,
+            }) => {
+                self.record_close(got_code, &got_reason);
+                if let Some(conn) = self.ws.take() {
+                    conn.finish(self.step_timeout).await;
+                }
+                if code.is_some() && code != got_code {
+                    return Err(format!(
+                        "expected {expected}, got close {got_code:?} {got_reason:?}"
+                    ));
+                }
+                if reason.is_some_and(|r| r != got_reason) {
+                    return Err(format!(
+                        "expected {expected}, got close {got_code:?} {got_reason:?}"
+                    ));
+                }
+                Ok(())
+            }
+            Some(WsEvent::Eof) if code.is_none() && reason.is_none() => {
+                self.record("close", EntryKind::Close, json!({"event": "dropped"}));
+                self.ws = None;
+                Ok(())
+            }
+            Some(other) => Err(format!("expected {expected}, got {}", other.describe())),
+            None => Err(self.nothing(&expected)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn clocks_are_masked_at_any_depth() {
+        let v = json!({"created_at_ms": 5, "events": [{"recorded_at_ms": 7, "sequence": 1}], "updated_at_ms": "x"});
+        assert_eq!(
+            mask_clocks(&v),
+            json!({"created_at_ms": CLOCK_MASK, "events": [{"recorded_at_ms": CLOCK_MASK, "sequence": 1}], "updated_at_ms": "x"})
+        );
+    }
+
+    #[test]
+    fn addresses_are_masked() {
+        assert_eq!(
+            mask_address("ws://127.0.0.1:4711/api/v1/agent-daemon/ws"),
+            "ws://<core-address>/api/v1/agent-daemon/ws"
+        );
+        assert_eq!(mask_address("ws://h:1"), "ws://<core-address>");
+        assert_eq!(mask_address("nonsense"), "nonsense");
+        assert_eq!(
+            mask_clocks(&json!({"body": {"connection_url": "ws://a:1/x"}})),
+            json!({"body": {"connection_url": "ws://<core-address>/x"}})
+        );
+    }
+
+    #[test]
+    fn ready_lines_are_recognized() {
+        assert_eq!(
+            ready_base_url(br#"{"ready":{"base_url":"http://127.0.0.1:4000/"}}"#),
+            Some("http://127.0.0.1:4000".into())
+        );
+        assert_eq!(ready_base_url(b"listening"), None);
+        assert_eq!(ready_base_url(br#"{"ready":{"base_url":"ftp://x"}}"#), None);
+        assert_eq!(ready_base_url(br#"{"ready":{}}"#), None);
+    }
+
+    #[test]
+    fn credentials_are_fresh_and_shaped() {
+        let a = fresh_credential();
+        let b = fresh_credential();
+        assert_ne!(a, b);
+        assert!(a.starts_with("rcd_") && a.len() == 36, "{a}");
+        assert!(a[4..].chars().all(|c| c.is_ascii_hexdigit()));
+    }
+
+    #[test]
+    fn heartbeat_follows_the_launch_declarations() {
+        let scenario = Scenario {
+            pending: Default::default(),
+            family: "core_runtime".into(),
+            name: "x".into(),
+            summary: String::new(),
+            covers: vec![],
+            sides: None,
+            config: Default::default(),
+            steps: vec![],
+            path: "x.yaml".into(),
+        };
+        let hb = default_heartbeat(&scenario);
+        schema_check(&hb, Direction::RuntimeToCore).unwrap();
+        assert_eq!(hb["payload"]["runtime_version"], RUNTIME_VERSION);
+        assert_eq!(
+            hb["payload"]["supported_agent_kinds"][0]["agent_kind"],
+            "controlled"
+        );
+        let mut custom = scenario.clone();
+        custom.config.runtime = Some(json!({"agent_kinds": []}));
+        assert_eq!(
+            default_heartbeat(&custom)["payload"]["supported_agent_kinds"],
+            json!([])
+        );
+    }
+
+    #[tokio::test]
+    async fn readiness_skips_other_lines_and_bounds_them() {
+        let run = RunDir::new().unwrap();
+        let spec = |cmd: &str| LaunchSpec {
+            command: cmd.into(),
+            env: vec![],
+            cwd: run.cwd(),
+            secret: String::new(),
+            capture_stdout: true,
+        };
+        let mut t = Target::spawn(&spec(
+            "sh -c 'echo starting; echo {\\\"ready\\\":{\\\"base_url\\\":\\\"http://127.0.0.1:9\\\"}}; echo after; sleep 30'",
+        ))
+        .unwrap();
+        let out = t.take_stdout().unwrap();
+        let (url, _rest) = t
+            .await_ready(read_ready_line(out), Duration::from_secs(10))
+            .await
+            .unwrap();
+        assert_eq!(url, "http://127.0.0.1:9");
+        t.shutdown().await;
+        let mut t = Target::spawn(&spec("sh -c 'echo nope; exit 0'")).unwrap();
+        let out = t.take_stdout().unwrap();
+        let err = read_ready_line(out).await.unwrap_err();
+        assert!(err.contains("stdout ended"), "{err}");
+        t.shutdown().await;
+    }
+}

@@ -1,0 +1,213 @@
+//! The harness as a **client** of the target (side `core`: the harness plays the Runtime
+//! and the user): plain HTTP requests ([`HttpClient`]) for bootstrap and the public API,
+//! and the WebSocket dial ([`dial_ws`]) for the machine connection.
+//!
+//! Bounds: every request and dial has a deadline; response bodies are read in chunks up
+//! to [`HTTP_RESPONSE_MAX_BYTES`] (more is an error, never buffered); the WebSocket uses
+//! the same explicit size bounds as every harness connection ([`ws_config`]). No proxy is
+//! consulted (the target is always on `127.0.0.1`).
+//!
+//! This module never interprets bodies or frames and never decides what a status means.
+
+use std::time::Duration;
+
+use tokio::net::TcpStream;
+use tokio_tungstenite::tungstenite;
+use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+use tokio_tungstenite::tungstenite::http::HeaderValue;
+
+use super::TransportError;
+use super::ws::{BoxedIo, WsConnection, ws_config};
+
+/// Largest HTTP response body the client reads (bytes): Core's largest answers (a Turn's
+/// events page, a file read) stay well below it.
+pub const HTTP_RESPONSE_MAX_BYTES: usize = 16 * 1024 * 1024;
+
+/// One HTTP answer: status and the raw body (at most [`HTTP_RESPONSE_MAX_BYTES`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HttpAnswer {
+    /// HTTP status code.
+    pub status: u16,
+    /// The complete body (possibly empty).
+    pub body: Vec<u8>,
+}
+
+/// An HTTP/1.1 client with per-request deadlines.
+#[derive(Debug, Clone)]
+pub struct HttpClient {
+    client: reqwest::Client,
+}
+
+impl HttpClient {
+    /// A client that never uses a proxy and keeps no cookies.
+    ///
+    /// # Errors
+    /// [`TransportError::Client`] when the client cannot be built.
+    pub fn new() -> Result<Self, TransportError> {
+        let client = reqwest::Client::builder()
+            .no_proxy()
+            .build()
+            .map_err(|e| TransportError::Client(e.to_string()))?;
+        Ok(Self { client })
+    }
+
+    /// Sends `method url` with an optional `Authorization: Bearer` header and an optional
+    /// JSON body, and reads the whole answer, all within `timeout`.
+    ///
+    /// # Errors
+    /// [`TransportError::Client`] (bad method or URL, connection failure),
+    /// [`TransportError::ResponseTooLarge`], [`TransportError::Timeout`].
+    pub async fn request(
+        &self,
+        method: &str,
+        url: &str,
+        bearer: Option<&str>,
+        body: Option<Vec<u8>>,
+        timeout: Duration,
+    ) -> Result<HttpAnswer, TransportError> {
+        let method = reqwest::Method::from_bytes(method.as_bytes())
+            .map_err(|e| TransportError::Client(format!("method {method:?}: {e}")))?;
+        let mut request = self.client.request(method, url);
+        if let Some(token) = bearer {
+            request = request.bearer_auth(token);
+        }
+        if let Some(body) = body {
+            request = request
+                .header(reqwest::header::CONTENT_TYPE, "application/json")
+                .body(body);
+        }
+        let exchange = async {
+            let mut response = request
+                .send()
+                .await
+                .map_err(|e| TransportError::Client(e.without_url().to_string()))?;
+            let status = response.status().as_u16();
+            let mut body = Vec::new();
+            while let Some(chunk) = response
+                .chunk()
+                .await
+                .map_err(|e| TransportError::Client(e.without_url().to_string()))?
+            {
+                if body.len() + chunk.len() > HTTP_RESPONSE_MAX_BYTES {
+                    return Err(TransportError::ResponseTooLarge {
+                        limit: HTTP_RESPONSE_MAX_BYTES,
+                    });
+                }
+                body.extend_from_slice(&chunk);
+            }
+            Ok(HttpAnswer { status, body })
+        };
+        tokio::time::timeout(timeout, exchange)
+            .await
+            .map_err(|_| TransportError::Timeout(timeout))?
+    }
+}
+
+/// The result of a WebSocket dial.
+#[derive(Debug)]
+pub enum WsDial {
+    /// `101`: the connection is open.
+    Upgraded(WsConnection),
+    /// The server answered the upgrade request with another status.
+    Refused(HttpAnswer),
+}
+
+/// Opens a WebSocket to `url` (`ws://host:port/path?query`) with the `Authorization:
+/// Bearer` header, within `timeout`.
+///
+/// # Errors
+/// [`TransportError::Client`] for a bad URL, a connection failure or a broken handshake;
+/// [`TransportError::Timeout`].
+pub async fn dial_ws(url: &str, bearer: &str, timeout: Duration) -> Result<WsDial, TransportError> {
+    let mut request = url
+        .into_client_request()
+        .map_err(|e| TransportError::Client(format!("WebSocket URL: {e}")))?;
+    let auth = HeaderValue::from_str(&format!("Bearer {bearer}"))
+        .map_err(|_| TransportError::Client("the credential is not a valid header value".into()))?;
+    request.headers_mut().insert("authorization", auth);
+    let uri = request.uri();
+    if uri.scheme_str() != Some("ws") {
+        return Err(TransportError::Client(format!(
+            "only ws:// URLs are supported, got scheme {:?}",
+            uri.scheme_str().unwrap_or("")
+        )));
+    }
+    let host = uri.host().unwrap_or("").to_string();
+    let port = uri.port_u16().unwrap_or(80);
+    let dial = async {
+        let tcp = TcpStream::connect((host.as_str(), port))
+            .await
+            .map_err(|e| TransportError::Client(format!("connecting to {host}:{port}: {e}")))?;
+        let io: BoxedIo = Box::new(tcp);
+        match tokio_tungstenite::client_async_with_config(request, io, Some(ws_config())).await {
+            Ok((stream, _response)) => Ok(WsDial::Upgraded(WsConnection::new(stream))),
+            Err(tungstenite::Error::Http(response)) => Ok(WsDial::Refused(HttpAnswer {
+                status: response.status().as_u16(),
+                body: response.body().clone().unwrap_or_default(),
+            })),
+            Err(e) => Err(TransportError::Client(format!("WebSocket handshake: {e}"))),
+        }
+    };
+    tokio::time::timeout(timeout, dial)
+        .await
+        .map_err(|_| TransportError::Timeout(timeout))?
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::transport::http::ScriptedCore;
+    use serde_json::json;
+
+    #[tokio::test]
+    async fn request_reads_status_and_body_and_sends_bearer() {
+        let mut core = ScriptedCore::start().await.unwrap();
+        let client = HttpClient::new().unwrap();
+        let url = format!("{}/api/v1/agent-daemon/bootstrap", core.base_url());
+        let call = tokio::spawn(async move {
+            client
+                .request(
+                    "POST",
+                    &url,
+                    Some("tok"),
+                    Some(b"{\"a\":1}".to_vec()),
+                    Duration::from_secs(5),
+                )
+                .await
+        });
+        let req = core.next_request().await.unwrap();
+        assert_eq!(req.header("authorization"), Some("Bearer tok"));
+        req.respond(201, Some(&json!({"ok": true}))).unwrap();
+        let answer = call.await.unwrap().unwrap();
+        assert_eq!(answer.status, 201);
+        assert_eq!(answer.body, br#"{"ok":true}"#);
+    }
+
+    #[tokio::test]
+    async fn dial_upgrades_or_reports_the_refusal() {
+        let mut core = ScriptedCore::start().await.unwrap();
+        let url = format!("{}?device_id=d&version=1", core.connection_url());
+        let dial = tokio::spawn(async move { dial_ws(&url, "tok", Duration::from_secs(5)).await });
+        let req = core.next_request().await.unwrap();
+        assert_eq!(req.header("authorization"), Some("Bearer tok"));
+        req.respond(426, Some(&json!({"error": "incompatible_version"})))
+            .unwrap();
+        let WsDial::Refused(answer) = dial.await.unwrap().unwrap() else {
+            panic!("expected a refusal");
+        };
+        assert_eq!(answer.status, 426);
+        let url = core.connection_url();
+        let dial = tokio::spawn(async move { dial_ws(&url, "tok", Duration::from_secs(5)).await });
+        let req = core.next_request().await.unwrap();
+        let _server = req.upgrade(Duration::from_secs(5)).await.unwrap();
+        assert!(matches!(dial.await.unwrap().unwrap(), WsDial::Upgraded(_)));
+    }
+
+    #[tokio::test]
+    async fn bad_urls_are_errors() {
+        let err = dial_ws("http://127.0.0.1:1/x", "t", Duration::from_secs(1))
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), "client_failed");
+    }
+}
