@@ -32,7 +32,11 @@ pub const RECEIPT_SEND_TIMEOUT: Duration = Duration::from_secs(5);
 /// ("Active-input receipts").
 pub const CANCEL_CONFIRM_TIMEOUT: Duration = Duration::from_secs(15);
 
-/// "request payloads are bounded to 8 KiB" before admission ("Workspace operations").
+/// "request payloads are bounded to 8 KiB" before admission ("Workspace operations"):
+/// the compact JSON encoding of a `workspace_read` / `workspace_export` `payload`. The
+/// Envelope's `id` has its own bound ([`CORRELATION_ID_MAX_BYTES`]) and its `trace`
+/// does not count ("oversized trace metadata does not enter the reply"); the raw frame
+/// is bounded by [`TRANSPORT_FRAME_MAX_BYTES`].
 pub const WORKSPACE_REQUEST_MAX_BYTES: usize = 8 * 1024;
 
 /// "correlation IDs to 128 bytes; an oversized ID is not echoed" ("Workspace operations").

@@ -1104,7 +1104,8 @@ pub enum ReadOperation {
 }
 
 /// `workspace_read` (Core → Runtime). `Envelope.id`: operation ID (≤ 128 bytes).
-/// The whole frame is bounded to [`WORKSPACE_REQUEST_MAX_BYTES`].
+/// The payload (its compact JSON encoding; not the Envelope's `id` or `trace`) is
+/// bounded to [`WORKSPACE_REQUEST_MAX_BYTES`] ("request payloads are bounded to 8 KiB").
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct WorkspaceRead {
@@ -1172,7 +1173,7 @@ pub enum WorkspaceStatus {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum WorkspaceErrorCode {
-    /// The request frame exceeds 8 KiB.
+    /// The request payload exceeds 8 KiB.
     RequestTooLarge,
     /// The correlation ID exceeds 128 bytes (and is not echoed).
     IdTooLong,
