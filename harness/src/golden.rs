@@ -309,8 +309,10 @@ impl GoldenOutcome {
         match self {
             GoldenOutcome::Matched | GoldenOutcome::Written => None,
             GoldenOutcome::Missing => Some(format!(
-                "golden {} is missing (run `make golden-accept` to write it)",
-                path.display()
+                "golden {} is missing; run with --pending and `contract-harness golden accept \
+                 --golden-dir {}` (or --accept)",
+                path.display(),
+                golden_root(path).display()
             )),
             GoldenOutcome::Mismatch {
                 diff,
@@ -321,6 +323,12 @@ impl GoldenOutcome {
             )),
         }
     }
+}
+
+/// The golden root of a [`golden_path`] (`<dir>` of `<dir>/<family>/<file>`); the path
+/// itself when it is too short to have one.
+pub fn golden_root(path: &Path) -> &Path {
+    path.parent().and_then(Path::parent).unwrap_or(path)
 }
 
 /// `<dir>/<family>/<name>.<side>.golden`.
@@ -787,5 +795,16 @@ mod tests {
         let parsed = parse_entries(&full);
         assert_eq!(parsed.len(), 3);
         assert_eq!(parsed[0].header, "step 2 bootstrap request");
+    }
+
+    #[test]
+    fn missing_golden_names_the_commands_that_write_it() {
+        let path = golden_path(Path::new("my-goldens"), "core_runtime", "x", Side::Runtime);
+        let text = GoldenOutcome::Missing.failure(&path).unwrap();
+        assert!(
+            text.contains("run with --pending and `contract-harness golden accept --golden-dir my-goldens` (or --accept)"),
+            "{text}"
+        );
+        assert!(!text.contains("make golden-accept"), "{text}");
     }
 }

@@ -88,8 +88,8 @@ struct RunArgs {
     /// Deadline for the target to become ready.
     #[arg(long, default_value = "10s", value_parser = parse_cli_duration)]
     startup_timeout: Duration,
-    /// Runs at once (default: available parallelism).
-    #[arg(long)]
+    /// Runs at once, at least 1 (default: available parallelism).
+    #[arg(long, value_parser = parse_jobs)]
     jobs: Option<usize>,
     /// Write a JUnit XML report here.
     #[arg(long)]
@@ -131,6 +131,14 @@ fn parse_side(text: &str) -> Result<Side, String> {
     Side::parse(text).ok_or_else(|| format!("unknown side `{text}` (use `runtime` or `core`)"))
 }
 
+fn parse_jobs(text: &str) -> Result<usize, String> {
+    match text.parse::<usize>() {
+        Ok(0) => Err("--jobs must be at least 1".into()),
+        Ok(n) => Ok(n),
+        Err(e) => Err(format!("not a number of jobs: {e}")),
+    }
+}
+
 fn parse_cli_duration(text: &str) -> Result<Duration, String> {
     let d = parse_duration(text)?;
     if d.is_zero() {
@@ -167,6 +175,11 @@ fn print_load_errors(errors: &[LoadError]) {
 }
 
 fn run(args: RunArgs) -> ExitCode {
+    // One usage error up front rather than one launch failure per scenario.
+    if let Err(e) = contract_harness::target::resolve_program(&args.target_cmd) {
+        eprintln!("--target-cmd: {e}");
+        return ExitCode::from(EXIT_USAGE);
+    }
     let scenarios = match load(&args.family) {
         Ok(s) => s,
         Err(code) => return code,
@@ -220,9 +233,13 @@ fn run(args: RunArgs) -> ExitCode {
             return ExitCode::from(EXIT_USAGE);
         }
     };
-    let results = runtime.block_on(runner::run_many(runs, &opts, jobs, |result| {
+    let many = runtime.block_on(runner::run_many(runs, &opts, jobs, |result| {
         println!("{}", report::console::result_line(result));
     }));
+    let results = many.results;
+    if let Some(reason) = &many.aborted {
+        println!("ABORTED: {reason}");
+    }
     println!(
         "{}{}",
         report::console::summary_line(&results),
@@ -236,7 +253,7 @@ fn run(args: RunArgs) -> ExitCode {
         eprintln!("{message}");
         return ExitCode::from(EXIT_USAGE);
     }
-    if report::Summary::of(&results).ok() {
+    if many.aborted.is_none() && report::Summary::of(&results).ok() {
         ExitCode::SUCCESS
     } else {
         ExitCode::FAILURE

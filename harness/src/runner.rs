@@ -7,7 +7,7 @@
 //! list order is kept).
 
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
@@ -21,6 +21,11 @@ use crate::scenario::{Scenario, Side};
 pub const DEFAULT_STEP_TIMEOUT: Duration = Duration::from_secs(5);
 /// Default start-up deadline (`--startup-timeout`).
 pub const DEFAULT_STARTUP_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// [`run_many`] aborts a run whose first this-many results (in list order) are all launch
+/// failures with the same first line: the target will not start, and running every
+/// other scenario would only repeat that (or wait out every start-up deadline).
+pub const LAUNCH_FAILURES_TO_ABORT: usize = 3;
 
 /// How to run scenarios.
 #[derive(Debug, Clone)]
@@ -40,6 +45,16 @@ pub struct RunOptions {
 /// Runs `scenario` against `side` and checks its golden. Never panics on target
 /// behaviour; the target is always stopped before this returns.
 pub async fn run_scenario(scenario: &Scenario, side: Side, opts: &RunOptions) -> ScenarioResult {
+    run_scenario_reporting_launch(scenario, side, opts).await.0
+}
+
+/// As [`run_scenario`], plus the first line of the launch failure when the target did
+/// not start (the signature [`run_many`] compares).
+async fn run_scenario_reporting_launch(
+    scenario: &Scenario,
+    side: Side,
+    opts: &RunOptions,
+) -> (ScenarioResult, Option<String>) {
     let started = Instant::now();
     let id = scenario.id();
     let drive_opts = DriveOptions {
@@ -53,21 +68,25 @@ pub async fn run_scenario(scenario: &Scenario, side: Side, opts: &RunOptions) ->
             core_runtime::generated_keys(side),
         ),
         other => {
-            return ScenarioResult::fail(
+            let result = ScenarioResult::fail(
                 id,
                 side,
                 started.elapsed(),
                 format!("family `{other}` has no driver in this harness yet"),
             );
+            return (result, None);
         }
     };
     if let Some(failure) = &outcome.failure {
-        return ScenarioResult::fail(
+        let launch = (failure.step.is_none() && failure.what == "launch")
+            .then(|| failure.message.lines().next().unwrap_or("").to_string());
+        let result = ScenarioResult::fail(
             id,
             side,
             started.elapsed(),
             with_target_context(failure.to_string(), &outcome),
         );
+        return (result, launch);
     }
     let rendered = golden::render(
         scenario,
@@ -96,7 +115,7 @@ pub async fn run_scenario(scenario: &Scenario, side: Side, opts: &RunOptions) ->
         ),
     };
     result.golden = Some(path.display().to_string());
-    result
+    (result, None)
 }
 
 /// Appends the target's exit status and stderr tail to a failure text.
@@ -114,45 +133,107 @@ fn with_target_context(mut text: String, outcome: &DriveOutcome) -> String {
             text.push_str(line);
         }
     }
+    let tail = outcome.stdout_tail.trim_end();
+    if !tail.is_empty() {
+        text.push_str("\ntarget stdout (tail):");
+        for line in tail.lines() {
+            text.push_str("\n  | ");
+            text.push_str(line);
+        }
+    }
     text
+}
+
+/// The results of [`run_many`].
+#[derive(Debug, Clone)]
+pub struct ManyResults {
+    /// One result per run that was reported, in list order.
+    pub results: Vec<ScenarioResult>,
+    /// Why the remaining runs were not run (`target never became ready: …`), when the
+    /// run was aborted after [`LAUNCH_FAILURES_TO_ABORT`] identical launch failures.
+    pub aborted: Option<String>,
 }
 
 /// Runs every `(scenario, side)` with at most `jobs` runs at once (each on its own
 /// task), calling `on_result` for each result **in list order** as soon as it and all
 /// earlier ones are done, and returns the results in list order. A run whose task
 /// panicked becomes a failed result (the target's drop guard has killed it).
+///
+/// When the first [`LAUNCH_FAILURES_TO_ABORT`] results are all launch failures with the
+/// same first line, the rest is not run: runs in flight are cancelled (their targets'
+/// process groups are killed) and [`ManyResults::aborted`] says why.
 pub async fn run_many(
     runs: Vec<(Scenario, Side)>,
     opts: &RunOptions,
     jobs: usize,
     mut on_result: impl FnMut(&ScenarioResult),
-) -> Vec<ScenarioResult> {
+) -> ManyResults {
     let opts = Arc::new(opts.clone());
+    let total = runs.len();
+    let tasks: Arc<Mutex<Vec<tokio::task::AbortHandle>>> = Arc::default();
     let mut stream = futures_util::stream::iter(runs)
         .map(|(scenario, side)| {
             let opts = opts.clone();
+            let tasks = tasks.clone();
             async move {
                 let id = scenario.id();
                 let started = Instant::now();
-                let task = tokio::spawn(async move { run_scenario(&scenario, side, &opts).await });
+                let task = tokio::spawn(async move {
+                    run_scenario_reporting_launch(&scenario, side, &opts).await
+                });
+                if let Ok(mut handles) = tasks.lock() {
+                    handles.retain(|h| !h.is_finished());
+                    handles.push(task.abort_handle());
+                }
                 match task.await {
-                    Ok(result) => result,
-                    Err(e) => ScenarioResult::fail(
-                        id.clone(),
-                        side,
-                        started.elapsed(),
-                        format!("scenario {id} [{side}]: the harness task failed: {e}"),
+                    Ok(reported) => reported,
+                    Err(e) => (
+                        ScenarioResult::fail(
+                            id.clone(),
+                            side,
+                            started.elapsed(),
+                            format!("scenario {id} [{side}]: the harness task failed: {e}"),
+                        ),
+                        None,
                     ),
                 }
             }
         })
         .buffered(jobs.max(1));
     let mut results = Vec::new();
-    while let Some(result) = stream.next().await {
+    let mut launch_failures: Vec<String> = Vec::new();
+    while let Some((result, launch)) = stream.next().await {
         on_result(&result);
         results.push(result);
+        if results.len() <= LAUNCH_FAILURES_TO_ABORT {
+            match launch {
+                Some(first_line) => launch_failures.push(first_line),
+                None => launch_failures.clear(),
+            }
+        }
+        let identical = launch_failures.len() == LAUNCH_FAILURES_TO_ABORT
+            && launch_failures.iter().all(|l| *l == launch_failures[0]);
+        if results.len() == LAUNCH_FAILURES_TO_ABORT && identical && total > results.len() {
+            drop(stream);
+            if let Ok(handles) = tasks.lock() {
+                handles.iter().for_each(tokio::task::AbortHandle::abort);
+            }
+            let skipped = total - results.len();
+            return ManyResults {
+                results,
+                aborted: Some(format!(
+                    "target never became ready: {}; the first {LAUNCH_FAILURES_TO_ABORT} \
+                     scenarios failed to launch the same way, {skipped} remaining scenario(s) \
+                     not run",
+                    launch_failures[0]
+                )),
+            };
+        }
     }
-    results
+    ManyResults {
+        results,
+        aborted: None,
+    }
 }
 
 /// The default worker count: the machine's available parallelism (1 if unknown).

@@ -31,8 +31,10 @@ use std::time::Duration;
 
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
+use tokio::io::AsyncRead;
 use tokio::io::AsyncReadExt;
-use tokio::process::{Child, ChildStderr, ChildStdout, Command};
+use tokio::process::{Child, Command};
+use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
 use crate::scenario::GeneratedContent;
@@ -46,6 +48,12 @@ pub const TERM_GRACE: Duration = Duration::from_secs(2);
 /// Longest Unix socket path (bytes) that fits `sun_path` (108 bytes with the NUL) on
 /// Linux; some systems allow less, so the run directory is kept short.
 pub const UNIX_SOCKET_PATH_MAX_BYTES: usize = 107;
+/// Longest stdout line forwarded to [`Target::take_stdout_lines`] (bytes); a longer line
+/// is forwarded cut to one byte more, so the reader can tell it was too long.
+pub const FORWARDED_LINE_MAX_BYTES: usize = 4096;
+/// Most stdout lines queued for [`Target::take_stdout_lines`]; further lines are not
+/// forwarded until the reader catches up (they are still tailed and scanned).
+pub const FORWARDED_LINES_MAX: usize = 64;
 /// Bound on waiting for the stderr reader to reach end-of-file after the target exited
 /// (a grandchild that left the process group could keep the pipe open).
 const STDERR_DRAIN_BOUND: Duration = Duration::from_secs(1);
@@ -63,6 +71,15 @@ pub enum TargetError {
         /// The command as given.
         command: String,
         /// Why it cannot be split.
+        reason: String,
+    },
+    /// The program of the command does not exist, is not a file or is not executable
+    /// (checked up front by [`resolve_program`]).
+    #[error("target program {program:?} {reason}")]
+    ProgramNotFound {
+        /// The program (first word of the command).
+        program: String,
+        /// What is wrong, e.g. `is not on PATH`.
         reason: String,
     },
     /// The program could not be started.
@@ -144,6 +161,7 @@ impl TargetError {
     pub fn code(&self) -> &'static str {
         match self {
             TargetError::BadCommand { .. } => "bad_target_command",
+            TargetError::ProgramNotFound { .. } => "program_not_found",
             TargetError::Spawn { .. } => "spawn_failed",
             TargetError::RunDir { .. } => "run_dir_failed",
             TargetError::SocketPathTooLong { .. } => "socket_path_too_long",
@@ -475,10 +493,10 @@ pub struct LaunchSpec {
     pub env: Vec<(String, String)>,
     /// Working directory.
     pub cwd: PathBuf,
-    /// A secret that must never appear on stderr (empty: no scan).
+    /// A secret that must never appear on stderr or stdout (empty: no scan).
     pub secret: String,
-    /// Pipe stdout to the harness ([`Target::take_stdout`]) instead of `/dev/null`, for
-    /// targets that announce readiness on stdout.
+    /// Also forward stdout's complete lines ([`Target::take_stdout_lines`]), for targets
+    /// that announce readiness on stdout. Stdout is always tailed and scanned.
     pub capture_stdout: bool,
 }
 
@@ -499,14 +517,20 @@ pub struct Target {
     tail: Arc<Mutex<StderrTail>>,
     secret_seen: Arc<AtomicBool>,
     stderr_task: Option<JoinHandle<()>>,
+    stdout_tail: Arc<Mutex<StderrTail>>,
+    stdout_secret_seen: Arc<AtomicBool>,
+    stdout_task: Option<JoinHandle<()>>,
+    stdout_lines: Option<mpsc::Receiver<Vec<u8>>>,
     exit: Option<ExitStatus>,
     stopped: bool,
 }
 
 impl Target {
-    /// Splits the command and starts it (stdin is `/dev/null`; stdout is `/dev/null`
-    /// unless [`LaunchSpec::capture_stdout`]; stderr is captured). A relative program path containing `/` is resolved against the
-    /// harness's working directory; a bare name is looked up in `PATH`.
+    /// Splits the command and starts it (stdin is `/dev/null`; stdout and stderr are
+    /// captured into bounded tails and scanned for the secret; with
+    /// [`LaunchSpec::capture_stdout`] stdout's lines are also forwarded). A relative
+    /// program path containing `/` is resolved against the harness's working directory;
+    /// a bare name is looked up in `PATH`.
     ///
     /// # Errors
     /// [`TargetError::BadCommand`], [`TargetError::Spawn`].
@@ -532,11 +556,7 @@ impl Target {
             .envs(spec.env.iter().map(|(k, v)| (k, v)))
             .current_dir(&spec.cwd)
             .stdin(Stdio::null())
-            .stdout(if spec.capture_stdout {
-                Stdio::piped()
-            } else {
-                Stdio::null()
-            })
+            .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .process_group(0)
             .kill_on_drop(true);
@@ -552,11 +572,29 @@ impl Target {
         let tail = Arc::new(Mutex::new(StderrTail::default()));
         let secret_seen = Arc::new(AtomicBool::new(false));
         let stderr_task = child.stderr.take().map(|stderr| {
-            tokio::spawn(read_stderr(
+            tokio::spawn(read_output(
                 stderr,
                 tail.clone(),
                 StreamScanner::new(&spec.secret),
                 secret_seen.clone(),
+                None,
+            ))
+        });
+        let stdout_tail = Arc::new(Mutex::new(StderrTail::default()));
+        let stdout_secret_seen = Arc::new(AtomicBool::new(false));
+        let (lines_tx, lines_rx) = if spec.capture_stdout {
+            let (tx, rx) = mpsc::channel(FORWARDED_LINES_MAX);
+            (Some(tx), Some(rx))
+        } else {
+            (None, None)
+        };
+        let stdout_task = child.stdout.take().map(|stdout| {
+            tokio::spawn(read_output(
+                stdout,
+                stdout_tail.clone(),
+                StreamScanner::new(&spec.secret),
+                stdout_secret_seen.clone(),
+                lines_tx,
             ))
         });
         Ok(Self {
@@ -565,15 +603,21 @@ impl Target {
             tail,
             secret_seen,
             stderr_task,
+            stdout_tail,
+            stdout_secret_seen,
+            stdout_task,
+            stdout_lines: lines_rx,
             exit: None,
             stopped: false,
         })
     }
 
-    /// The target's stdout pipe, once (only with [`LaunchSpec::capture_stdout`]). Whoever
-    /// takes it must keep reading it, or a chatty target blocks on a full pipe.
-    pub fn take_stdout(&mut self) -> Option<ChildStdout> {
-        self.child.stdout.take()
+    /// The target's complete stdout lines (without the `\n`; a line longer than
+    /// [`FORWARDED_LINE_MAX_BYTES`] arrives cut to one byte more), once, only with
+    /// [`LaunchSpec::capture_stdout`]. The channel ends with stdout. Dropping the
+    /// receiver is fine: stdout keeps being tailed and scanned.
+    pub fn take_stdout_lines(&mut self) -> Option<mpsc::Receiver<Vec<u8>>> {
+        self.stdout_lines.take()
     }
 
     /// Kills the whole process group with `SIGKILL` at once (no `SIGTERM`, no grace: a
@@ -597,9 +641,28 @@ impl Target {
         self.tail.lock().map(|t| t.text()).unwrap_or_default()
     }
 
-    /// Whether the secret of the [`LaunchSpec`] has appeared on stderr so far.
+    /// The current stdout tail (same bounds as the stderr tail).
+    pub fn stdout_tail(&self) -> String {
+        self.stdout_tail
+            .lock()
+            .map(|t| t.text())
+            .unwrap_or_default()
+    }
+
+    /// Whether the secret of the [`LaunchSpec`] has appeared on stderr or stdout so far.
     pub fn secret_leaked(&self) -> bool {
-        self.secret_seen.load(Ordering::SeqCst)
+        self.leak_channel().is_some()
+    }
+
+    /// The output channel (`"stderr"` or `"stdout"`) the secret appeared on, if any.
+    pub fn leak_channel(&self) -> Option<&'static str> {
+        if self.secret_seen.load(Ordering::SeqCst) {
+            Some("stderr")
+        } else if self.stdout_secret_seen.load(Ordering::SeqCst) {
+            Some("stdout")
+        } else {
+            None
+        }
     }
 
     /// The exit status, if the process has exited (non-blocking).
@@ -689,12 +752,15 @@ impl Target {
         Ok(status)
     }
 
-    /// Waits (bounded) until the stderr reader has seen end-of-file.
+    /// Waits (bounded) until the stderr and stdout readers have seen end-of-file.
     async fn drain_stderr(&mut self) {
-        if let Some(task) = self.stderr_task.as_mut()
-            && tokio::time::timeout(STDERR_DRAIN_BOUND, task).await.is_ok()
-        {
-            self.stderr_task = None;
+        let deadline = tokio::time::Instant::now() + STDERR_DRAIN_BOUND;
+        for slot in [&mut self.stderr_task, &mut self.stdout_task] {
+            if let Some(task) = slot.as_mut()
+                && tokio::time::timeout_at(deadline, task).await.is_ok()
+            {
+                *slot = None;
+            }
         }
     }
 
@@ -729,7 +795,10 @@ impl Drop for Target {
         if !self.stopped {
             let _ = killpg(self.pgid, Signal::SIGKILL);
         }
-        if let Some(task) = self.stderr_task.take() {
+        for task in [self.stderr_task.take(), self.stdout_task.take()]
+            .into_iter()
+            .flatten()
+        {
             task.abort();
         }
     }
@@ -753,15 +822,114 @@ pub fn split_command(command: &str) -> Result<Vec<String>, TargetError> {
     Ok(words)
 }
 
-async fn read_stderr(
-    mut stderr: ChildStderr,
+/// What [`redact_secret`] puts in place of a secret.
+pub const REDACTED: &str = "<credential>";
+
+/// Whether `text` holds `secret`, written as is or (partly) percent-encoded (`%63rh-…`),
+/// as in a URL path or query.
+pub fn contains_secret(text: &str, secret: &str) -> bool {
+    !secret.is_empty()
+        && (0..text.len()).any(|i| match_encoded(text.as_bytes(), i, secret.as_bytes()).is_some())
+}
+
+/// `text` with every occurrence of `secret`, as is or percent-encoded, replaced by
+/// [`REDACTED`], so failure messages and output tails never print a credential.
+pub fn redact_secret(text: &str, secret: &str) -> String {
+    if secret.is_empty() || !contains_secret(text, secret) {
+        return text.to_string();
+    }
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        match match_encoded(bytes, i, secret.as_bytes()) {
+            Some(end) => {
+                out.extend_from_slice(REDACTED.as_bytes());
+                i = end;
+            }
+            None => {
+                out.push(bytes[i]);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// The end of `secret` matched at `text[i..]`, each byte literal or `%XX`-encoded.
+fn match_encoded(text: &[u8], mut i: usize, secret: &[u8]) -> Option<usize> {
+    for &want in secret {
+        let (got, next) = match *text.get(i)? {
+            b'%' => {
+                let hex = std::str::from_utf8(text.get(i + 1..i + 3)?).ok()?;
+                (u8::from_str_radix(hex, 16).ok()?, i + 3)
+            }
+            b => (b, i + 1),
+        };
+        if got != want {
+            return None;
+        }
+        i = next;
+    }
+    Some(i)
+}
+
+/// Splits `command` and resolves its program the way [`Target::spawn`] will run it: a
+/// path with a `/` (relative ones against the harness's working directory), else a bare
+/// name looked up in `PATH`. The program must be an executable file. Returns the
+/// resolved program path.
+///
+/// # Errors
+/// [`TargetError::BadCommand`] (empty command, unbalanced quotes);
+/// [`TargetError::ProgramNotFound`].
+pub fn resolve_program(command: &str) -> Result<PathBuf, TargetError> {
+    use std::os::unix::fs::PermissionsExt as _;
+    let words = split_command(command)?;
+    let program = &words[0];
+    let not_found = |reason: String| TargetError::ProgramNotFound {
+        program: program.clone(),
+        reason,
+    };
+    let executable = |path: &Path| {
+        std::fs::metadata(path).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+    };
+    if program.contains('/') {
+        let path = Path::new(program);
+        let path = if path.is_relative() {
+            std::env::current_dir()
+                .map(|cwd| cwd.join(path))
+                .unwrap_or_else(|_| path.to_path_buf())
+        } else {
+            path.to_path_buf()
+        };
+        return match std::fs::metadata(&path) {
+            Err(e) => Err(not_found(format!("cannot be used: {e}"))),
+            Ok(m) if !m.is_file() => Err(not_found("is not a file".into())),
+            Ok(_) if !executable(&path) => Err(not_found("is not executable".into())),
+            Ok(_) => Ok(path),
+        };
+    }
+    let search = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&search)
+        .map(|dir| dir.join(program))
+        .find(|candidate| executable(candidate))
+        .ok_or_else(|| not_found("is not an executable file on PATH".into()))
+}
+
+/// Reads one output pipe to its end: tails it, scans it for the secret and, when
+/// `lines` is given, forwards its complete lines (bounded, see
+/// [`Target::take_stdout_lines`]; never blocking on a full or dropped receiver).
+async fn read_output(
+    mut pipe: impl AsyncRead + Unpin,
     tail: Arc<Mutex<StderrTail>>,
     mut scanner: StreamScanner,
     secret_seen: Arc<AtomicBool>,
+    mut lines: Option<mpsc::Sender<Vec<u8>>>,
 ) {
     let mut buf = vec![0u8; 8 * 1024];
+    let mut line = Vec::new();
     loop {
-        match stderr.read(&mut buf).await {
+        match pipe.read(&mut buf).await {
             Ok(0) | Err(_) => return,
             Ok(n) => {
                 if scanner.feed(&buf[..n]) {
@@ -769,6 +937,22 @@ async fn read_stderr(
                 }
                 if let Ok(mut tail) = tail.lock() {
                     tail.push(&buf[..n]);
+                }
+                let Some(tx) = &lines else { continue };
+                let mut closed = false;
+                for byte in &buf[..n] {
+                    if *byte == b'\n' {
+                        let complete = std::mem::take(&mut line);
+                        if let Err(mpsc::error::TrySendError::Closed(_)) = tx.try_send(complete) {
+                            closed = true;
+                            break;
+                        }
+                    } else if line.len() <= FORWARDED_LINE_MAX_BYTES {
+                        line.push(*byte);
+                    }
+                }
+                if closed {
+                    lines = None;
                 }
             }
         }
@@ -844,6 +1028,56 @@ mod tests {
             split_command("x 'open").unwrap_err().code(),
             "bad_target_command"
         );
+    }
+
+    #[test]
+    fn secrets_are_found_and_redacted_even_percent_encoded() {
+        let secret = "crh-credential-ab12";
+        assert!(contains_secret("/x/crh-credential-ab12/y", secret));
+        assert!(contains_secret("/x/%63rh-credential-ab%31%32", secret));
+        assert!(!contains_secret("/x/crh-credential-ab1", secret));
+        assert!(!contains_secret("anything", ""));
+        assert_eq!(
+            redact_secret(
+                "GET /a/%63rh-credential-ab%312?t=crh-credential-ab12",
+                secret
+            ),
+            "GET /a/<credential>?t=<credential>"
+        );
+        assert_eq!(redact_secret("nothing here", secret), "nothing here");
+    }
+
+    #[test]
+    fn programs_are_resolved_up_front() {
+        assert!(resolve_program("sh -c true").unwrap().is_absolute());
+        let err = resolve_program("/nonexistent/crh-runtime --x").unwrap_err();
+        assert_eq!(err.code(), "program_not_found");
+        assert!(
+            err.to_string().contains("/nonexistent/crh-runtime"),
+            "{err}"
+        );
+        assert_eq!(
+            resolve_program("crh-no-such-program-anywhere")
+                .unwrap_err()
+                .code(),
+            "program_not_found"
+        );
+        assert_eq!(
+            resolve_program("sh -c 'open").unwrap_err().code(),
+            "bad_target_command"
+        );
+        // A directory and a non-executable file are refused.
+        let run = RunDir::new().unwrap();
+        assert_eq!(
+            resolve_program(&run.cwd().display().to_string())
+                .unwrap_err()
+                .code(),
+            "program_not_found"
+        );
+        let plain = run.path().join("plain");
+        std::fs::write(&plain, "x").unwrap();
+        let err = resolve_program(&plain.display().to_string()).unwrap_err();
+        assert!(err.to_string().contains("not executable"), "{err}");
     }
 
     #[test]
@@ -1090,6 +1324,39 @@ mod tests {
         assert_eq!(err.code(), "exited_early");
         assert!(target.secret_leaked());
         assert!(target.stderr_tail().contains("leaking"));
+    }
+
+    #[tokio::test]
+    async fn secret_on_stdout_is_detected_and_tailed() {
+        let (_run, spec) = spec("sh -c 'echo out s3cr3t-value; echo done'", "s3cr3t-value");
+        let mut target = Target::spawn(&spec).unwrap();
+        target.wait_exit().await.unwrap();
+        assert_eq!(target.leak_channel(), Some("stdout"));
+        assert_eq!(target.stdout_tail(), "out s3cr3t-value\ndone");
+        assert_eq!(target.stderr_tail(), "");
+        target.shutdown().await;
+    }
+
+    #[tokio::test]
+    async fn stdout_lines_are_forwarded_and_bounded() {
+        let (_run, mut spec) = spec(
+            &format!(
+                "sh -c 'echo one; printf \"%0{}d\\n\" 0; echo three'",
+                FORWARDED_LINE_MAX_BYTES + 50
+            ),
+            "",
+        );
+        spec.capture_stdout = true;
+        let mut target = Target::spawn(&spec).unwrap();
+        let mut lines = target.take_stdout_lines().unwrap();
+        assert_eq!(lines.recv().await.unwrap(), b"one");
+        assert_eq!(
+            lines.recv().await.unwrap().len(),
+            FORWARDED_LINE_MAX_BYTES + 1
+        );
+        assert_eq!(lines.recv().await.unwrap(), b"three");
+        assert_eq!(lines.recv().await, None);
+        target.shutdown().await;
     }
 
     #[tokio::test]

@@ -5,7 +5,8 @@
 //!                       [--control-socket PATH] [--workspace DIR] [--adapter controlled]
 //! contract-impl runtime [--core-url URL] [--device-id ID] [--config FILE] [--workspace DIR]
 //!                       --adapter command --command-program PROGRAM [--command-arg ARG]...
-//!                       [--command-cwd DIR] [--command-stdin close|open]
+//!                       [--command-cwd DIR] [--command-protocol plain|jsonl]
+//!                       [--command-stdin close|open]
 //! contract-impl schema core_runtime
 //! contract-impl core serve|credential …   (see docs/core-api.md)
 //! ```
@@ -20,9 +21,16 @@
 //! `--adapter controlled` (the default) needs `--control-socket`. `--adapter command`
 //! runs a real Harness: the local program `PROGRAM` (a path, or a name looked up in
 //! `PATH`) once per Turn, with the arguments `--command-arg` gives in order (no shell),
-//! in the workspace directory unless `--command-cwd` names another, with stdin closed
-//! after the Turn input (`--command-stdin close`, the default) or kept open for active
-//! input (`open`); at most `limits.active_executions` programs run at once. See
+//! in the workspace directory unless `--command-cwd` names another. `--command-protocol
+//! plain` (the default) writes the input text to stdin and forwards stdout lines as
+//! deltas, with stdin closed after the Turn input (`--command-stdin close`, the default
+//! in plain mode) or kept open for active input (`open`). `--command-protocol jsonl`
+//! speaks one JSON record per line in both directions (input records in; `delta`,
+//! `accepted`, `tool_call`, `usage`, `error` records out), keeps stdin open (an explicit
+//! `--command-stdin close` is a usage error) and declares the capabilities that makes
+//! honest (`durable_turns`, `durable_input_receipts`, `tool_observations`, `usage`); an
+//! example program is `impl/tests/fixtures/echo_agent.py`. At most
+//! `limits.active_executions` programs run at once. See
 //! `contract_impl::core_runtime::adapter::command`. With it, the registered agent kinds
 //! are the adapter's own declaration (kind `command`); `agent_kinds` in the launch
 //! configuration is ignored, so a configuration can never over-declare the program.
@@ -34,7 +42,7 @@
 //! |---|---|
 //! | 0 | `device_shutdown` completed (every Executor closed, WebSocket closed 1000); or `schema` printed |
 //! | 1 | runtime failure: the workspace cannot be bound, the controlled adapter cannot connect, the command adapter's program or working directory is unusable |
-//! | 2 | usage error (missing or invalid arguments, missing credential, `--control-socket` missing with `--adapter controlled`, `--command-program` missing with `--adapter command`) |
+//! | 2 | usage error (missing or invalid arguments, missing credential, `--control-socket` missing with `--adapter controlled`, `--command-program` missing with `--adapter command`, `--command-stdin close` with `--command-protocol jsonl`) |
 //! | 3 | invalid launch configuration, including `invalid_capability_declaration` (the message names the key or field) |
 //!
 //! A permanent connection rejection (`incompatible_version`, 401, 403) does not exit:
@@ -46,7 +54,9 @@ use std::sync::Arc;
 
 use clap::{Parser, Subcommand, ValueEnum};
 use contract_impl::core_runtime::adapter::HarnessAdapter;
-use contract_impl::core_runtime::adapter::command::{CommandAdapter, CommandConfig, StdinMode};
+use contract_impl::core_runtime::adapter::command::{
+    CommandAdapter, CommandConfig, ProgramProtocol, StdinMode,
+};
 use contract_impl::core_runtime::adapter::controlled::ControlledAdapter;
 use contract_impl::core_runtime::daemon::{self, ConnectOptions, Credential, RuntimeConfig};
 use contract_impl::core_runtime::workspace::Workspace;
@@ -109,6 +119,14 @@ enum CommandStdin {
     Open,
 }
 
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum CommandProtocol {
+    /// Input text on stdin, stdout lines as deltas, exit status as the outcome.
+    Plain,
+    /// One JSON record per line in both directions (see the command adapter's docs).
+    Jsonl,
+}
+
 #[derive(Debug, clap::Args)]
 struct RuntimeArgs {
     /// Base URL of Core (bootstrap is POSTed to {core-url}/api/v1/agent-daemon/bootstrap).
@@ -139,9 +157,13 @@ struct RuntimeArgs {
     /// Working directory of the program (default: the workspace directory).
     #[arg(long)]
     command_cwd: Option<PathBuf>,
-    /// Stdin of the program after the Turn input.
-    #[arg(long, value_enum, default_value = "close")]
-    command_stdin: CommandStdin,
+    /// Program protocol.
+    #[arg(long, value_enum, default_value = "plain")]
+    command_protocol: CommandProtocol,
+    /// Stdin of the program after the Turn input (default: `close` with the plain
+    /// protocol, `open` with jsonl, which refuses `close`).
+    #[arg(long, value_enum)]
+    command_stdin: Option<CommandStdin>,
 }
 
 fn main() -> ExitCode {
@@ -240,10 +262,24 @@ fn runtime(args: RuntimeArgs) -> ExitCode {
                     .unwrap_or_else(|| workspace.root().to_path_buf());
                 let mut command = CommandConfig::new(program, cwd);
                 command.args = args.command_args.clone();
-                command.stdin = match args.command_stdin {
-                    CommandStdin::Close => StdinMode::Close,
-                    CommandStdin::Open => StdinMode::Open,
-                };
+                (command.protocol, command.stdin) =
+                    match (args.command_protocol, args.command_stdin) {
+                        (CommandProtocol::Plain, None | Some(CommandStdin::Close)) => {
+                            (ProgramProtocol::Plain, StdinMode::Close)
+                        }
+                        (CommandProtocol::Plain, Some(CommandStdin::Open)) => {
+                            (ProgramProtocol::Plain, StdinMode::Open)
+                        }
+                        (CommandProtocol::Jsonl, None | Some(CommandStdin::Open)) => {
+                            (ProgramProtocol::Jsonl, StdinMode::Open)
+                        }
+                        (CommandProtocol::Jsonl, Some(CommandStdin::Close)) => {
+                            eprintln!(
+                                "error: --command-protocol jsonl keeps stdin open for active input; drop --command-stdin close"
+                            );
+                            return ExitCode::from(EXIT_USAGE);
+                        }
+                    };
                 command.max_processes = config.limits.active_executions;
                 match CommandAdapter::new(command) {
                     Ok(adapter) => {

@@ -55,10 +55,13 @@ use crate::scenario::model::{
     BootstrapStep, ConnectStep, ExitCodeSpec, HttpResponseSpec, Party, RawMessage, Scenario, Side,
     Step,
 };
-use crate::target::{LaunchSpec, RunDir, Startup, Target};
+use crate::target::{LaunchSpec, RunDir, Startup, Target, contains_secret, redact_secret};
 use crate::transport::TransportError;
 use crate::transport::http::{BOOTSTRAP_PATH, IncomingRequest, RequestBody, ScriptedCore, WS_PATH};
 use crate::transport::ws::{WsConnection, WsEvent, truncate};
+
+/// What a failure found while reading the target's trailing output names.
+pub const AFTER_LAST_STEP: &str = "after the last step";
 
 /// The family's name (scenario directory and `--family` value).
 pub const FAMILY: &str = "core_runtime";
@@ -76,6 +79,25 @@ pub const DEFAULT_HEARTBEAT_INTERVAL_MS: u64 = 3_600_000;
 
 /// Close code `half_close` sends by default (normal closure).
 pub const DEFAULT_CLOSE_CODE: u16 = 1000;
+
+/// Reason of the Close (code [`DEFAULT_CLOSE_CODE`]) the harness sends after the last
+/// step of a passing scenario, before it reads the target's trailing output.
+pub const END_CLOSE_REASON: &str = "scenario complete";
+
+/// The one frame type a target may emit after the last step without failing the
+/// scenario: heartbeats are periodic by design (still schema- and credential-checked,
+/// never recorded).
+pub const TRAILING_ALLOWED_TYPE: &str = "heartbeat";
+
+/// The failure text of the credential checks: `credential leaked in <channel>` (the
+/// credential itself is never printed).
+pub fn leak_message(channel: &str) -> String {
+    format!(
+        "credential leaked in {channel}; the daemon credential may only appear as \
+         `Authorization: Bearer <credential>` (never in a URL, another header, a frame or \
+         the target's output)"
+    )
+}
 
 /// Default wait of the controlled adapter for a request (`timeout_ms`, control-channel.md).
 const ADAPTER_DEFAULT_TIMEOUT: Duration = Duration::from_millis(5000);
@@ -191,8 +213,12 @@ pub struct DriveOutcome {
     pub recording: Recording,
     /// The placeholder table at the end of the run.
     pub bindings: Bindings,
-    /// The target's stderr tail (empty when it was never launched).
+    /// The target's stderr tail (empty when it was never launched), the credential
+    /// redacted.
     pub stderr_tail: String,
+    /// The target's stdout tail (empty when it was never launched or printed nothing),
+    /// the credential redacted.
+    pub stdout_tail: String,
     /// The target's exit status after shutdown, as text (`None` when unknown).
     pub exit: Option<String>,
 }
@@ -205,6 +231,7 @@ pub async fn drive(scenario: &Scenario, side: Side, opts: &DriveOptions) -> Driv
         recording: Recording::new(),
         bindings: Bindings::new(),
         stderr_tail: String::new(),
+        stdout_tail: String::new(),
         exit: None,
     };
     let fail = |what: &str, message: String| DriveFailure {
@@ -250,6 +277,11 @@ pub async fn drive(scenario: &Scenario, side: Side, opts: &DriveOptions) -> Driv
             break;
         }
     }
+    if failure.is_none()
+        && let Err(message) = session.finish().await
+    {
+        failure = Some(fail(AFTER_LAST_STEP, message));
+    }
     // Drop the connections first so the target sees the end, then stop it.
     let Session {
         bindings,
@@ -258,23 +290,29 @@ pub async fn drive(scenario: &Scenario, side: Side, opts: &DriveOptions) -> Driv
         control,
         core,
         mut target,
+        credential,
         ..
     } = session;
     drop(ws);
     drop(control);
     drop(core);
     let exit = target.shutdown().await;
-    if failure.is_none() && target.secret_leaked() {
+    if failure.is_none()
+        && let Some(channel) = target.leak_channel()
+    {
         failure = Some(fail(
             "end of run",
-            "the daemon credential appeared on the target's stderr (it must never be logged)"
-                .into(),
+            leak_message(&format!("the target's {channel}")),
         ));
     }
-    outcome.failure = failure;
+    outcome.failure = failure.map(|mut f| {
+        f.message = redact_secret(&f.message, &credential);
+        f
+    });
     outcome.recording = recording;
     outcome.bindings = bindings;
-    outcome.stderr_tail = target.stderr_tail();
+    outcome.stderr_tail = redact_secret(&target.stderr_tail(), &credential);
+    outcome.stdout_tail = redact_secret(&target.stdout_tail(), &credential);
     outcome.exit = exit.map(|s| s.to_string());
     drop(run_dir);
     outcome
@@ -423,6 +461,33 @@ async fn ws_recv(ws: &mut Option<WsConnection>) -> Option<WsEvent> {
     }
 }
 
+/// Checks one text frame the target emitted after the last step (see
+/// [`END_CLOSE_REASON`]): it must be strict JSON, schema-valid in `direction`, and a
+/// heartbeat ([`TRAILING_ALLOWED_TYPE`]); anything else is an unexpected frame.
+pub(crate) fn trailing_frame(text: &str, direction: Direction) -> Result<(), String> {
+    let value = parse_strict(text.as_bytes()).map_err(|e| {
+        format!(
+            "unexpected frame after the last step, and it is invalid ({}: {e}): {}",
+            e.code(),
+            truncate(text, 300)
+        )
+    })?;
+    schema_check(&value, direction).map_err(|e| {
+        format!(
+            "frame after the last step violates the wire schema ({}: {e}): {}",
+            e.code(),
+            show(&value)
+        )
+    })?;
+    if value.get("type").and_then(Value::as_str) == Some(TRAILING_ALLOWED_TYPE) {
+        return Ok(());
+    }
+    Err(format!(
+        "unexpected frame after the last step: {} (only heartbeats may follow the last step)",
+        show(&value)
+    ))
+}
+
 impl Session {
     async fn run_step(&mut self, step: &Step) -> StepResult {
         match step {
@@ -534,21 +599,28 @@ impl Session {
         }
     }
 
+    /// Fails when `event` carries the credential anywhere but an exact
+    /// `Authorization: Bearer <credential>` header: URL (also percent-encoded), any other
+    /// header (`Sec-WebSocket-Protocol`, `X-Debug-Token`, …), body, frame, close reason.
     fn check_credential(&self, event: &Event) -> StepResult {
         let secret = self.credential.as_str();
-        let leak = |place: String| {
-            Err(format!(
-                "the daemon credential appeared in {place}; it must never appear in a URL or a frame"
-            ))
-        };
+        let leak = |place: String| Err(leak_message(&place));
         match event {
             Event::Http(req) => {
-                let decoded = req
-                    .query_pairs()
-                    .iter()
-                    .any(|(k, v)| k.contains(secret) || v.contains(secret));
-                if req.url().contains(secret) || decoded {
-                    return leak(format!("the URL of {}", req.describe()));
+                if contains_secret(&req.url(), secret) {
+                    return leak(format!("the URL of an HTTP {} request", req.method));
+                }
+                for (name, value) in &req.headers {
+                    if name.eq_ignore_ascii_case("authorization") {
+                        if value.contains(secret) && *value != format!("Bearer {secret}") {
+                            return leak(format!(
+                                "the Authorization header of {} (it must be exactly `Bearer <credential>`)",
+                                req.describe()
+                            ));
+                        }
+                    } else if contains_secret(value, secret) {
+                        return leak(format!("the {name} header of {}", req.describe()));
+                    }
                 }
                 if let RequestBody::Bytes(body) = &req.body
                     && String::from_utf8_lossy(body).contains(secret)
@@ -568,6 +640,56 @@ impl Session {
             }
             Event::Ws(_) => Ok(()),
         }
+    }
+
+    /// After the last step of a passing scenario: sends Close (1000,
+    /// [`END_CLOSE_REASON`]) and reads until the target's Close reply or the connection's
+    /// end, within the step deadline. Every data frame in between is schema- and
+    /// credential-checked and fails the scenario unless it is a heartbeat
+    /// ([`TRAILING_ALLOWED_TYPE`], never recorded). HTTP requests (a reconnecting target)
+    /// are credential-checked and answered `503`. Without an open connection only the
+    /// requests already queued are checked.
+    async fn finish(&mut self) -> StepResult {
+        if self.ws.is_some() {
+            let timeout = self.step_timeout;
+            let deadline = Instant::now() + timeout;
+            // A target that already dropped the connection shows up as its end below.
+            let _ = self
+                .connection()?
+                .send_close(DEFAULT_CLOSE_CODE, END_CLOSE_REASON, timeout)
+                .await;
+            while self.ws.is_some() {
+                let left = deadline.saturating_duration_since(Instant::now());
+                match self.next_event(left).await? {
+                    None => {
+                        return Err(format!(
+                            "the target answered the harness's Close ({DEFAULT_CLOSE_CODE} \
+                             {END_CLOSE_REASON:?}) neither with its Close nor by closing the \
+                             connection within {}",
+                            show_duration(timeout)
+                        ));
+                    }
+                    // Answered 503 when dropped; the credential was checked.
+                    Some(Event::Http(_)) => {}
+                    Some(Event::Ws(WsEvent::Text(text))) => {
+                        trailing_frame(&text, Direction::RuntimeToCore)?;
+                    }
+                    Some(Event::Ws(WsEvent::Close { .. } | WsEvent::Eof)) => self.ws = None,
+                    Some(Event::Ws(other)) => {
+                        return Err(format!(
+                            "unexpected {} after the last step",
+                            other.describe()
+                        ));
+                    }
+                }
+            }
+        }
+        while let Some(Some(request)) =
+            futures_util::FutureExt::now_or_never(self.core.next_request())
+        {
+            self.check_credential(&Event::Http(request))?;
+        }
+        Ok(())
     }
 
     fn nothing(&self, expected: &str) -> String {
@@ -1099,6 +1221,9 @@ mod tests {
             std::process::exit(4);
         }
         let credential = env("CONTRACT_DAEMON_CREDENTIAL");
+        if mode == "stdout_leak" {
+            println!("fake runtime: debug credential={credential}");
+        }
         let core = env("CONTRACT_CORE_URL");
         let device = env("CONTRACT_DEVICE_ID");
         let control = tokio::net::UnixStream::connect(env("CONTRACT_CONTROL_SOCKET"))
@@ -1122,15 +1247,25 @@ mod tests {
         });
         let addr = core.trim_start_matches("http://").to_string();
         let body = json!({"device_id": device}).to_string();
-        let auth = if mode == "noauth" {
+        let mut auth = if mode == "noauth" {
             String::new()
         } else {
             format!("Authorization: Bearer {credential}\r\n")
         };
+        if mode == "header_leak" {
+            auth.push_str(&format!("X-Debug-Token: {credential}\r\n"));
+        }
+        let bootstrap_path = if mode == "path_leak" {
+            // Percent-encode every byte of the credential into the path.
+            let encoded: String = credential.bytes().map(|b| format!("%{b:02X}")).collect();
+            format!("/api/v1/agent-daemon/bootstrap/{encoded}")
+        } else {
+            "/api/v1/agent-daemon/bootstrap".to_string()
+        };
         let mut http = tokio::net::TcpStream::connect(&addr).await.unwrap();
         http.write_all(
             format!(
-                "POST /api/v1/agent-daemon/bootstrap HTTP/1.1\r\nHost: {addr}\r\n{auth}\
+                "POST {bootstrap_path} HTTP/1.1\r\nHost: {addr}\r\n{auth}\
                  Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
                 body.len()
             )
@@ -1150,6 +1285,12 @@ mod tests {
             url.push_str(&format!("&token={credential}"));
         }
         let mut request = url.into_client_request().unwrap();
+        if mode == "protocol_leak" {
+            request.headers_mut().insert(
+                "sec-websocket-protocol",
+                format!("v1, {credential}").parse().unwrap(),
+            );
+        }
         request.headers_mut().insert(
             "authorization",
             format!("Bearer {credential}").parse().unwrap(),
@@ -1174,6 +1315,21 @@ mod tests {
                     let delta =
                         json!({"type": "delta", "id": frame["id"], "payload": {"text": "echo"}});
                     ws.send(Message::text(delta.to_string())).await.unwrap();
+                    // Frames after the last one a scenario expects.
+                    match mode {
+                        "trailing" => {
+                            let extra = json!({"type": "delta", "id": frame["id"], "payload": {"text": "late"}});
+                            ws.send(Message::text(extra.to_string())).await.unwrap();
+                        }
+                        "trailing_heartbeat" => {
+                            ws.send(Message::text(heartbeat())).await.unwrap();
+                        }
+                        "trailing_leak" => {
+                            let extra = json!({"type": "delta", "id": frame["id"], "payload": {"text": credential}});
+                            ws.send(Message::text(extra.to_string())).await.unwrap();
+                        }
+                        _ => {}
+                    }
                 }
             }
         }
@@ -1319,7 +1475,7 @@ mod tests {
         )
         .await;
         let text = failure(&outcome);
-        assert!(text.contains("credential appeared in the URL"), "{text}");
+        assert!(text.contains("credential leaked in the URL"), "{text}");
         assert!(
             !text.contains("crh-credential-"),
             "the failure must not print the secret: {text}"
@@ -1510,5 +1666,86 @@ mod tests {
         let text = failure(&outcome);
         assert!(text.contains("step 2 (core frame delta)"), "{text}");
         assert!(text.contains("wrong_direction"), "{text}");
+    }
+
+    /// The steps of a scenario that ends right after the echoed delta.
+    fn echo_steps() -> Vec<Step> {
+        vec![
+            Step::Handshake {
+                heartbeat_interval_ms: None,
+            },
+            Step::Frame {
+                party: Party::Core,
+                frame: json!({"type": "prompt_cancel", "id": "$run", "payload": {"delivery_id": "d-1"}}),
+            },
+            Step::Frame {
+                party: Party::Runtime,
+                frame: json!({"type": "delta", "id": "$run", "payload": {"text": "echo"}}),
+            },
+        ]
+    }
+
+    #[tokio::test]
+    async fn a_frame_after_the_last_step_fails() {
+        let outcome = drive_fake("ok", echo_steps()).await;
+        assert!(outcome.failure.is_none(), "{}", failure(&outcome));
+        let outcome = drive_fake("trailing", echo_steps()).await;
+        let text = failure(&outcome);
+        assert!(
+            text.starts_with("scenario core_runtime/driver_test (after the last step): unexpected frame after the last step:"),
+            "{text}"
+        );
+        assert!(text.contains("late"), "{text}");
+    }
+
+    #[tokio::test]
+    async fn a_heartbeat_after_the_last_step_is_allowed_and_not_recorded() {
+        let outcome = drive_fake("trailing_heartbeat", echo_steps()).await;
+        assert!(outcome.failure.is_none(), "{}", failure(&outcome));
+        let frames = outcome
+            .recording
+            .entries
+            .iter()
+            .filter(|e| e.label == "runtime frame")
+            .count();
+        assert_eq!(frames, 2, "the trailing heartbeat must not be recorded");
+    }
+
+    #[tokio::test]
+    async fn a_late_frame_is_credential_checked() {
+        let outcome = drive_fake("trailing_leak", echo_steps()).await;
+        let text = failure(&outcome);
+        assert!(text.contains("credential leaked in a text frame"), "{text}");
+        assert!(!text.contains("crh-credential-"), "{text}");
+    }
+
+    #[tokio::test]
+    async fn credential_in_other_channels_fails_without_printing_it() {
+        for (mode, channel) in [
+            (
+                "header_leak",
+                "credential leaked in the x-debug-token header",
+            ),
+            (
+                "protocol_leak",
+                "credential leaked in the sec-websocket-protocol header",
+            ),
+            (
+                "path_leak",
+                "credential leaked in the URL of an HTTP POST request",
+            ),
+            ("stdout_leak", "credential leaked in the target's stdout"),
+        ] {
+            let outcome = drive_fake(mode, echo_steps()).await;
+            let text = failure(&outcome);
+            assert!(text.contains(channel), "{mode}: {text}");
+            assert!(!text.contains("crh-credential-"), "{mode}: {text}");
+            assert!(!text.contains("%63%72%68"), "{mode}: {text}");
+            assert!(
+                !outcome.stdout_tail.contains("crh-credential-"),
+                "{mode}: {}",
+                outcome.stdout_tail
+            );
+        }
     }
 }

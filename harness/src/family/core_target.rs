@@ -38,14 +38,13 @@ use contract_impl::core_runtime::wire::Direction;
 use contract_impl::core_runtime::wire::limits::WIRE_VERSION;
 use contract_impl::wire::parse_strict;
 use serde_json::{Value, json};
-use tokio::io::AsyncReadExt;
-use tokio::process::ChildStdout;
-use tokio::task::JoinHandle;
+use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use super::core_runtime::{
-    DEFAULT_CLOSE_CODE, DEFAULT_HEARTBEAT_INTERVAL_MS, DEVICE_ID, DriveFailure, DriveOptions,
-    DriveOutcome, deep_merge, default_launch_config,
+    AFTER_LAST_STEP, DEFAULT_CLOSE_CODE, DEFAULT_HEARTBEAT_INTERVAL_MS, DEVICE_ID, DriveFailure,
+    DriveOptions, DriveOutcome, END_CLOSE_REASON, deep_merge, default_launch_config, leak_message,
+    trailing_frame,
 };
 use crate::bind::Bindings;
 use crate::golden::{EntryKind, GoldenEntry, Recording};
@@ -53,7 +52,7 @@ use crate::matcher::{match_frame, schema_check};
 use crate::scenario::model::{
     ApiStep, BootstrapStep, ConnectStep, HttpResponseSpec, Party, RawMessage, Scenario, Step,
 };
-use crate::target::{LaunchSpec, RunDir, Target};
+use crate::target::{LaunchSpec, RunDir, Target, redact_secret};
 use crate::transport::client::{HttpAnswer, HttpClient, WsDial, dial_ws};
 use crate::transport::http::{BOOTSTRAP_PATH, WS_PATH};
 use crate::transport::ws::{WsConnection, WsEvent, truncate};
@@ -65,7 +64,7 @@ pub const RUNTIME_VERSION: &str = "contract-harness";
 pub const HANDSHAKE_HEARTBEAT_ID: &str = "hb-1";
 
 /// Longest stdout line read while waiting for readiness (bytes).
-pub const READY_LINE_MAX_BYTES: usize = 4096;
+pub const READY_LINE_MAX_BYTES: usize = crate::target::FORWARDED_LINE_MAX_BYTES;
 
 /// Most stdout lines read while waiting for readiness.
 pub const READY_LINES_MAX: usize = 64;
@@ -184,48 +183,31 @@ pub fn fresh_credential() -> String {
     format!("rcd_{}", uuid::Uuid::new_v4().simple())
 }
 
-/// Reads `stdout` line by line until the readiness line `{"ready":{"base_url":"…"}}`,
-/// reading at most [`READY_LINES_MAX`] lines of at most [`READY_LINE_MAX_BYTES`] each.
-/// Other lines are skipped. Returns the base URL and the stream (positioned after the
-/// line).
+/// Reads the target's stdout lines ([`Target::take_stdout_lines`]) until the readiness
+/// line `{"ready":{"base_url":"…"}}`, reading at most [`READY_LINES_MAX`] lines of at
+/// most [`READY_LINE_MAX_BYTES`] each. Other lines are skipped. Returns the base URL.
+/// (Stdout stays tailed and scanned for the credential by the [`Target`] throughout.)
 ///
 /// # Errors
 /// A description when stdout ends, a line is too long or no readiness line came within
 /// the bound.
-pub async fn read_ready_line(mut stdout: ChildStdout) -> Result<(String, ChildStdout), String> {
-    let mut line = Vec::new();
-    let mut lines = 0;
-    let mut byte = [0u8; 1];
-    loop {
-        // One byte at a time: the readiness line is short and nothing after it may be
-        // consumed by a buffer that is then dropped.
-        let n = stdout
-            .read(&mut byte)
-            .await
-            .map_err(|e| format!("reading stdout failed: {e}"))?;
-        if n == 0 {
+pub async fn read_ready_line(mut lines: mpsc::Receiver<Vec<u8>>) -> Result<String, String> {
+    for _ in 0..READY_LINES_MAX {
+        let Some(line) = lines.recv().await else {
             return Err("stdout ended before the readiness line".into());
-        }
-        if byte[0] != b'\n' {
-            if line.len() >= READY_LINE_MAX_BYTES {
-                return Err(format!(
-                    "a stdout line exceeds {READY_LINE_MAX_BYTES} bytes before readiness"
-                ));
-            }
-            line.push(byte[0]);
-            continue;
-        }
-        lines += 1;
-        if let Some(url) = ready_base_url(&line) {
-            return Ok((url, stdout));
-        }
-        line.clear();
-        if lines >= READY_LINES_MAX {
+        };
+        if line.len() > READY_LINE_MAX_BYTES {
             return Err(format!(
-                "no readiness line {{\"ready\":{{\"base_url\":…}}}} among the first {READY_LINES_MAX} stdout lines"
+                "a stdout line exceeds {READY_LINE_MAX_BYTES} bytes before readiness"
             ));
         }
+        if let Some(url) = ready_base_url(&line) {
+            return Ok(url);
+        }
     }
+    Err(format!(
+        "no readiness line {{\"ready\":{{\"base_url\":…}}}} among the first {READY_LINES_MAX} stdout lines"
+    ))
 }
 
 /// The base URL of a readiness line, if `line` is one (`http://` URLs only).
@@ -236,18 +218,6 @@ pub fn ready_base_url(line: &[u8]) -> Option<String> {
         .then(|| url.trim_end_matches('/').to_string())
 }
 
-/// Keeps reading (and discarding) a target's stdout so it never blocks on a full pipe.
-fn drain(mut stdout: ChildStdout) -> JoinHandle<()> {
-    tokio::spawn(async move {
-        let mut buf = vec![0u8; 4096];
-        while let Ok(n) = stdout.read(&mut buf).await {
-            if n == 0 {
-                return;
-            }
-        }
-    })
-}
-
 /// Drives `scenario` with Core as the target. Never panics on target behaviour; Core is
 /// always stopped before this returns.
 pub async fn drive(scenario: &Scenario, opts: &DriveOptions) -> DriveOutcome {
@@ -256,6 +226,7 @@ pub async fn drive(scenario: &Scenario, opts: &DriveOptions) -> DriveOutcome {
         recording: Recording::new(),
         bindings: Bindings::new(),
         stderr_tail: String::new(),
+        stdout_tail: String::new(),
         exit: None,
     };
     let fail = |what: &str, message: String| DriveFailure {
@@ -278,7 +249,7 @@ pub async fn drive(scenario: &Scenario, opts: &DriveOptions) -> DriveOutcome {
             return outcome;
         }
     };
-    let (target, base_url, stdout) = match launched.launch(opts.startup_timeout).await {
+    let (target, base_url) = match launched.launch(opts.startup_timeout).await {
         Ok(started) => started,
         Err(message) => {
             outcome.failure = Some(fail("launch", message));
@@ -288,10 +259,9 @@ pub async fn drive(scenario: &Scenario, opts: &DriveOptions) -> DriveOutcome {
     let mut session = CoreSession {
         launcher: launched,
         target,
-        stdout,
         base_url,
         earlier_stderr: String::new(),
-        earlier_leak: false,
+        earlier_leak: None,
         http,
         ws: None,
         superseded: Vec::new(),
@@ -316,13 +286,17 @@ pub async fn drive(scenario: &Scenario, opts: &DriveOptions) -> DriveOutcome {
             break;
         }
     }
+    if failure.is_none()
+        && let Err(message) = session.finish().await
+    {
+        failure = Some(fail(AFTER_LAST_STEP, message));
+    }
     let CoreSession {
         bindings,
         recording,
         ws,
         superseded,
         mut target,
-        stdout,
         earlier_stderr,
         earlier_leak,
         launcher,
@@ -331,17 +305,27 @@ pub async fn drive(scenario: &Scenario, opts: &DriveOptions) -> DriveOutcome {
     drop(ws);
     drop(superseded);
     let exit = target.shutdown().await;
-    stdout.abort();
-    if failure.is_none() && (earlier_leak || target.secret_leaked()) {
+    let leaked = earlier_leak.or(target.leak_channel());
+    if failure.is_none()
+        && let Some(channel) = leaked
+    {
         failure = Some(fail(
             "end of run",
-            "the daemon credential appeared on Core's stderr (it must never be logged)".into(),
+            leak_message(&format!("Core's {channel}")),
         ));
     }
-    outcome.failure = failure;
+    let credential = launcher.credential.as_str();
+    outcome.failure = failure.map(|mut f| {
+        f.message = redact_secret(&f.message, credential);
+        f
+    });
     outcome.recording = recording;
     outcome.bindings = bindings;
-    outcome.stderr_tail = format!("{earlier_stderr}{}", target.stderr_tail());
+    outcome.stderr_tail = redact_secret(
+        &format!("{earlier_stderr}{}", target.stderr_tail()),
+        credential,
+    );
+    outcome.stdout_tail = redact_secret(&target.stdout_tail(), credential);
     outcome.exit = exit.map(|s| s.to_string());
     drop(launcher);
     outcome
@@ -395,17 +379,17 @@ impl Launcher {
         })
     }
 
-    /// Starts Core and waits for its readiness line; returns the process, its base URL
-    /// and the task draining the rest of its stdout.
-    async fn launch(&self, deadline: Duration) -> Result<(Target, String, JoinHandle<()>), String> {
+    /// Starts Core and waits for its readiness line; returns the process and its base
+    /// URL (the process keeps tailing and scanning the rest of its stdout).
+    async fn launch(&self, deadline: Duration) -> Result<(Target, String), String> {
         let _ = &self.run_dir;
         let mut target = Target::spawn(&self.spec).map_err(|e| e.to_string())?;
-        let Some(stdout) = target.take_stdout() else {
+        let Some(lines) = target.take_stdout_lines() else {
             target.shutdown().await;
             return Err("the target's stdout was not captured".into());
         };
-        match target.await_ready(read_ready_line(stdout), deadline).await {
-            Ok((base_url, stdout)) => Ok((target, base_url, drain(stdout))),
+        match target.await_ready(read_ready_line(lines), deadline).await {
+            Ok(base_url) => Ok((target, base_url)),
             Err(e) => {
                 target.shutdown().await;
                 Err(e.to_string())
@@ -418,13 +402,11 @@ impl Launcher {
 struct CoreSession {
     launcher: Launcher,
     target: Target,
-    /// Drains Core's stdout after readiness.
-    stdout: JoinHandle<()>,
     base_url: String,
     /// Stderr tails of Core processes killed by `crash` steps.
     earlier_stderr: String,
-    /// A killed Core process had logged the credential.
-    earlier_leak: bool,
+    /// The output channel on which a killed Core process had leaked the credential.
+    earlier_leak: Option<&'static str>,
     http: HttpClient,
     ws: Option<WsConnection>,
     /// Earlier connections a later `connect` superseded, kept open (see [`Self::connect`]).
@@ -555,9 +537,7 @@ impl CoreSession {
 
     fn check_secret(&self, text: &str, place: &str) -> StepResult {
         if text.contains(self.launcher.credential.as_str()) {
-            return Err(format!(
-                "the daemon credential appeared in {place}; Core must never send it back"
-            ));
+            return Err(leak_message(place));
         }
         Ok(())
     }
@@ -584,6 +564,45 @@ impl CoreSession {
             _ => {}
         }
         Ok(event)
+    }
+
+    /// After the last step of a passing scenario (the mirror of side `runtime`): sends
+    /// Close (1000, [`END_CLOSE_REASON`]) on the current connection and reads what Core
+    /// sends until its Close reply or the connection's end, within the step deadline.
+    /// Every data frame in between is schema- and credential-checked and fails the
+    /// scenario unless it is a heartbeat. Superseded connections are not read.
+    async fn finish(&mut self) -> StepResult {
+        if self.ws.is_none() {
+            return Ok(());
+        }
+        let timeout = self.step_timeout;
+        let deadline = Instant::now() + timeout;
+        let _ = self
+            .connection()?
+            .send_close(DEFAULT_CLOSE_CODE, END_CLOSE_REASON, timeout)
+            .await;
+        while self.ws.is_some() {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.next_event(left).await? {
+                None => {
+                    return Err(format!(
+                        "Core answered the harness's Close ({DEFAULT_CLOSE_CODE} \
+                         {END_CLOSE_REASON:?}) neither with its Close nor by closing the \
+                         connection within {}",
+                        show_duration(timeout)
+                    ));
+                }
+                Some(WsEvent::Text(text)) => trailing_frame(&text, Direction::CoreToRuntime)?,
+                Some(WsEvent::Close { .. } | WsEvent::Eof) => self.ws = None,
+                Some(other) => {
+                    return Err(format!(
+                        "unexpected {} after the last step",
+                        other.describe()
+                    ));
+                }
+            }
+        }
+        Ok(())
     }
 
     fn nothing(&self, expected: &str) -> String {
@@ -854,7 +873,7 @@ impl CoreSession {
             .await
             .map_err(|_| "the killed Core was not reaped within 5s".to_string())?
             .map_err(|e| e.to_string())?;
-        self.earlier_leak |= self.target.secret_leaked();
+        self.earlier_leak = self.earlier_leak.or(self.target.leak_channel());
         let tail = self.target.stderr_tail();
         if !tail.is_empty() {
             self.earlier_stderr.push_str(&format!(
@@ -862,15 +881,13 @@ impl CoreSession {
                 self.step
             ));
         }
-        self.stdout.abort();
-        let (target, base_url, stdout) = self
+        let (target, base_url) = self
             .launcher
             .launch(self.startup_timeout)
             .await
             .map_err(|e| format!("restarting Core after the crash failed: {e}"))?;
         self.target = target;
         self.base_url = base_url;
-        self.stdout = stdout;
         Ok(())
     }
 
@@ -1115,15 +1132,15 @@ mod tests {
             "sh -c 'echo starting; echo {\\\"ready\\\":{\\\"base_url\\\":\\\"http://127.0.0.1:9\\\"}}; echo after; sleep 30'",
         ))
         .unwrap();
-        let out = t.take_stdout().unwrap();
-        let (url, _rest) = t
+        let out = t.take_stdout_lines().unwrap();
+        let url = t
             .await_ready(read_ready_line(out), Duration::from_secs(10))
             .await
             .unwrap();
         assert_eq!(url, "http://127.0.0.1:9");
         t.shutdown().await;
         let mut t = Target::spawn(&spec("sh -c 'echo nope; exit 0'")).unwrap();
-        let out = t.take_stdout().unwrap();
+        let out = t.take_stdout_lines().unwrap();
         let err = read_ready_line(out).await.unwrap_err();
         assert!(err.contains("stdout ended"), "{err}");
         t.shutdown().await;

@@ -111,7 +111,13 @@ impl LoadError {
     }
 }
 
-/// A small excerpt of `source` (two lines of context) with a caret under `column`.
+/// Most characters of one source line a snippet shows: a window around the column, so
+/// a long line (a big inline mapping, generated text) never floods the terminal.
+pub const SNIPPET_LINE_MAX_CHARS: usize = 200;
+
+/// A small excerpt of `source` (two lines of context) with a caret under `column`. Each
+/// line is cut to a window of at most [`SNIPPET_LINE_MAX_CHARS`] characters around the
+/// column (the cuts marked with `…`).
 fn snippet(source: &str, line: u64, column: u64) -> String {
     let lines: Vec<&str> = source.lines().collect();
     let Ok(line_idx) = usize::try_from(line) else {
@@ -120,14 +126,33 @@ fn snippet(source: &str, line: u64, column: u64) -> String {
     if line_idx == 0 || line_idx > lines.len() {
         return String::new();
     }
+    let col = usize::try_from(column.saturating_sub(1)).unwrap_or(0);
+    // The window starts so that the column sits in its middle, as far as possible.
+    let start = col.saturating_sub(SNIPPET_LINE_MAX_CHARS / 2);
     let first = line_idx.saturating_sub(2).max(1);
     let width = line_idx.to_string().len();
     let mut out = String::new();
     for n in first..=line_idx {
-        out.push_str(&format!("{n:>width$} | {}\n", lines[n - 1]));
+        out.push_str(&format!("{n:>width$} | {}\n", window(lines[n - 1], start)));
     }
-    let pad = usize::try_from(column.saturating_sub(1)).unwrap_or(0);
+    let lead = usize::from(start > 0);
+    let pad = col - start + lead;
     out.push_str(&format!("{:>width$} | {}^", "", " ".repeat(pad)));
+    out
+}
+
+/// The characters `start..start + SNIPPET_LINE_MAX_CHARS` of `line`, with `…` marking
+/// each cut (a leading `…` when `start > 0`, so columns stay aligned with the caret).
+fn window(line: &str, start: usize) -> String {
+    let mut out = String::new();
+    if start > 0 {
+        out.push('…');
+    }
+    let mut chars = line.chars().skip(start);
+    out.extend(chars.by_ref().take(SNIPPET_LINE_MAX_CHARS));
+    if chars.next().is_some() {
+        out.push('…');
+    }
     out
 }
 
@@ -543,10 +568,17 @@ pub fn load_scenario_all_errors(path: &Path) -> Result<Scenario, Vec<LoadError>>
     parse_scenario(path, &source)
 }
 
+/// The one extension scenario files have. `.yml` is **not** accepted: a `.yml` file in a
+/// family directory is a load error (two spellings would let `x.yaml` and `x.yml` both
+/// declare scenario `x` and write the same golden).
+pub const SCENARIO_EXTENSION: &str = "yaml";
+
 /// Loads every `*.yaml` scenario under `dir/<family>/`, sorted by name.
 ///
 /// # Errors
-/// Every problem of every file (the directory missing is one error).
+/// Every problem of every file (the directory missing is one error); a `*.yml` file is
+/// an error (use `.yaml`), and so are two files declaring the same scenario name (the
+/// error names both).
 pub fn load_family(dir: &Path, family: &str) -> Result<Vec<Scenario>, Vec<LoadError>> {
     let family_dir = dir.join(family);
     let entries = std::fs::read_dir(&family_dir).map_err(|e| {
@@ -555,22 +587,57 @@ pub fn load_family(dir: &Path, family: &str) -> Result<Vec<Scenario>, Vec<LoadEr
             format!("cannot read directory: {e}"),
         )]
     })?;
-    let mut paths: Vec<PathBuf> = entries
-        .flatten()
-        .map(|e| e.path())
-        .filter(|p| p.is_file() && p.extension().is_some_and(|e| e == "yaml" || e == "yml"))
-        .collect();
-    paths.sort();
-    let mut scenarios = Vec::new();
+    let mut paths: Vec<PathBuf> = Vec::new();
     let mut errors = Vec::new();
+    for path in entries.flatten().map(|e| e.path()).filter(|p| p.is_file()) {
+        match path.extension().and_then(|e| e.to_str()) {
+            Some(SCENARIO_EXTENSION) => paths.push(path),
+            Some("yml") => errors.push(LoadError::new(
+                &path,
+                format!(
+                    "scenario files must end in `.{SCENARIO_EXTENSION}` (`.yml` is not \
+                     accepted); rename it"
+                ),
+            )),
+            _ => {}
+        }
+    }
+    paths.sort();
+    errors.sort_by(|a, b| a.path.cmp(&b.path));
+    let mut scenarios: Vec<Scenario> = Vec::new();
     for path in paths {
         match load_scenario_all_errors(&path) {
             Ok(s) => scenarios.push(s),
             Err(mut e) => errors.append(&mut e),
         }
     }
+    scenarios.sort_by(|a, b| a.name.cmp(&b.name).then_with(|| a.path.cmp(&b.path)));
+    for pair in scenarios.windows(2) {
+        if pair[0].name == pair[1].name {
+            errors.push(LoadError::new(
+                &pair[1].path,
+                format!(
+                    "scenario `{}` is also declared by {}; scenario names (and so golden \
+                     files) must be unique",
+                    pair[1].name,
+                    pair[0].path.display()
+                ),
+            ));
+        }
+    }
+    // Every `.yml` file that shadows a `.yaml` one is named together with it.
+    for e in &mut errors {
+        if e.path.extension().is_some_and(|x| x == "yml") {
+            let twin = e.path.with_extension(SCENARIO_EXTENSION);
+            if twin.is_file() {
+                e.message.push_str(&format!(
+                    "; it would declare the same scenario as {}",
+                    twin.display()
+                ));
+            }
+        }
+    }
     if errors.is_empty() {
-        scenarios.sort_by(|a, b| a.name.cmp(&b.name));
         Ok(scenarios)
     } else {
         Err(errors)
@@ -616,7 +683,7 @@ steps:
   - send_bytes: { base64: "AAE=" }
   - expect_close: { code: 1008 }
   - disconnect: {}
-  - api: { call: { method: POST, path: /v1/sessions/$s1/turns, body: { input: [] } }, expect: { status: 201, body: { turn_id: $t1 } } }
+  - api: { call: { method: POST, path: /v1/sessions/s-1/turns, body: { input: [] } }, expect: { status: 201, body: { turn_id: $t1 } } }
   - api: { call: { method: GET, path: /v1/turns/$t1 }, expect: { status: 200 }, poll: true }
 "#;
 
@@ -645,7 +712,7 @@ steps:
         let (_dir, ok) = load(
             "x",
             &format!(
-                "{head}sides: [core]\npending: {{ core: \"not yet\" }}\nsteps:\n  - crash: {{}}\n  - api: {{ call: {{ method: GET, path: /v1/turns/$t }}, expect: {{ status: 200 }}, poll: true }}\n"
+                "{head}sides: [core]\npending: {{ core: \"not yet\" }}\nsteps:\n  - crash: {{}}\n  - api: {{ call: {{ method: GET, path: /v1/turns/t-1 }}, expect: {{ status: 200 }}, poll: true }}\n"
             ),
         );
         let s = ok.unwrap();
@@ -1089,5 +1156,92 @@ steps:
         let errors = load_family(dir.path(), "core_runtime").unwrap_err();
         assert_eq!(errors.len(), 2);
         assert!(load_family(dir.path(), "engine").is_err());
+    }
+
+    #[test]
+    fn snippets_of_long_lines_are_bounded() {
+        let long = format!("key: [{}bad]", "x, ".repeat(2000));
+        let col = long.find("bad").unwrap() as u64 + 1;
+        let text = snippet(&format!("a: 1\n{long}\n"), 2, col);
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 3, "{text}");
+        for l in &lines {
+            assert!(l.chars().count() <= SNIPPET_LINE_MAX_CHARS + 8, "{l}");
+        }
+        // The caret still points at the column.
+        let caret = lines[2].chars().position(|c| c == '^').unwrap();
+        assert_eq!(
+            lines[1].chars().skip(caret).take(3).collect::<String>(),
+            "bad"
+        );
+        // Short lines are shown whole.
+        assert_eq!(
+            snippet("a: 1\nb: 2\n", 2, 4),
+            "1 | a: 1\n2 | b: 2\n  |    ^"
+        );
+    }
+
+    #[test]
+    fn yml_files_and_duplicate_names_are_load_errors() {
+        let dir = tempfile::tempdir().unwrap();
+        let fam = dir.path().join("core_runtime");
+        std::fs::create_dir(&fam).unwrap();
+        let text = VALID.replace("name: sample", "name: x");
+        std::fs::write(fam.join("x.yaml"), &text).unwrap();
+        assert_eq!(load_family(dir.path(), "core_runtime").unwrap().len(), 1);
+        std::fs::write(fam.join("x.yml"), &text).unwrap();
+        let errors = load_family(dir.path(), "core_runtime").unwrap_err();
+        assert_eq!(errors.len(), 1, "{errors:?}");
+        let message = errors[0].to_string();
+        assert!(message.contains("x.yml"), "{message}");
+        assert!(message.contains("`.yml` is not accepted"), "{message}");
+        assert!(
+            message.contains(&fam.join("x.yaml").display().to_string()),
+            "{message}"
+        );
+    }
+
+    #[test]
+    fn single_use_placeholders_in_sent_values_are_errors() {
+        let text = "family: core_runtime
+name: x
+summary: s
+covers: [CR-ADM-001]
+sides: [runtime]
+steps:
+  - handshake: {}
+  - runtime: { type: preparation_status, id: p, payload: { admission_handle: $h1, unused: $bound_once } }
+  - core: { type: execution_start, id: r, payload: { admission_handle: $hl } }
+  - core: { type: execution_start, id: r2, payload: { admission_handle: $h1 } }
+  - native: { emit: { run_id: $typo_run } }
+";
+        let path = Path::new("scenarios/core_runtime/x.yaml");
+        let all = |text: &str| {
+            parse_scenario(path, text)
+                .unwrap_err()
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join("\n")
+        };
+        let err = all(text);
+        assert!(
+            err.contains(
+                "x.yaml:9:5: step 3: `core` frame: placeholder `$hl` appears nowhere else"
+            ),
+            "{err}"
+        );
+        assert!(
+            err.contains("x.yaml:11:5: step 5: native `emit`: placeholder `$typo_run`"),
+            "{err}"
+        );
+        // Bound once in an expected frame and never used again: legitimate.
+        assert!(!err.contains("`$bound_once`"), "{err}");
+        assert!(!err.contains("`$h1`"), "{err}");
+        // On both sides a frame is also expected (on the other side): not flagged.
+        let both = text.replace("sides: [runtime]\n", "");
+        let err = all(&both);
+        assert!(!err.contains("`$hl`"), "{err}");
+        assert!(err.contains("`$typo_run`"), "{err}");
     }
 }

@@ -469,6 +469,162 @@ impl Checker<'_> {
     }
 }
 
+/// One sighting of a named placeholder: where, and on which target sides the value
+/// holding it is sent by the harness or expected from the target.
+struct Sighting {
+    location: Location,
+    step: usize,
+    what: String,
+    sent_on: BTreeSet<Side>,
+    expected_on: BTreeSet<Side>,
+}
+
+/// Collects every named placeholder (`$_` and `$absent` excluded) in `value`.
+fn placeholder_names(value: &Value, out: &mut Vec<String>) {
+    match value {
+        Value::String(s) => {
+            if let Some(crate::bind::Placeholder::Named(name)) = crate::bind::placeholder(s) {
+                out.push(name);
+            }
+        }
+        Value::Array(items) => items.iter().for_each(|v| placeholder_names(v, out)),
+        Value::Object(map) => map.values().for_each(|v| placeholder_names(v, out)),
+        _ => {}
+    }
+}
+
+/// Records the placeholders of `value` as sighted at `location`. `sent_when` is the
+/// target side on which the harness sends `value`, `expected_when` the one on which it
+/// matches it against the target (`None`: that never happens).
+#[allow(clippy::too_many_arguments)]
+fn sight(
+    scenario: &Scenario,
+    sightings: &mut std::collections::BTreeMap<String, Vec<Sighting>>,
+    location: Location,
+    step: usize,
+    what: &str,
+    value: &Value,
+    sent_when: Option<Side>,
+    expected_when: Option<Side>,
+) {
+    let on = |side: Option<Side>| -> BTreeSet<Side> {
+        side.into_iter().filter(|s| scenario.runs_on(*s)).collect()
+    };
+    let mut names = Vec::new();
+    placeholder_names(value, &mut names);
+    for name in names {
+        sightings.entry(name).or_default().push(Sighting {
+            location,
+            step,
+            what: what.to_string(),
+            sent_on: on(sent_when),
+            expected_on: on(expected_when),
+        });
+    }
+}
+
+/// The sightings of one step's values (`step` is the 1-based top-level index).
+fn sight_step(
+    scenario: &Scenario,
+    sightings: &mut std::collections::BTreeMap<String, Vec<Sighting>>,
+    location: Location,
+    children: &[Location],
+    step: usize,
+    s: &Step,
+) {
+    let mut add = |what: &str, value: &Value, sent: Option<Side>, expected: Option<Side>| {
+        sight(
+            scenario, sightings, location, step, what, value, sent, expected,
+        );
+    };
+    let (rt, core) = (Some(Side::Runtime), Some(Side::Core));
+    match s {
+        Step::Frame { party, frame } => {
+            let target = party.side();
+            let other = Side::ALL.into_iter().find(|x| *x != target);
+            add(
+                &format!("`{}` frame", party.as_str()),
+                frame,
+                other,
+                Some(target),
+            );
+        }
+        // Performed only when the Runtime is the target.
+        Step::Native { op, args, expect } => {
+            add(&format!("native `{op}`"), args, rt, None);
+            if let Some(expect) = expect {
+                add(&format!("native `{op}` expect"), expect, None, rt);
+            }
+        }
+        Step::Bootstrap(b) => {
+            if let Some(request) = &b.request {
+                add("bootstrap request", request, core, rt);
+            }
+            if let Some(body) = b.response.as_ref().and_then(|r| r.body.as_ref()) {
+                add("bootstrap response body", body, rt, core);
+            }
+        }
+        Step::Connect(c) => {
+            if let Some(query) = &c.query {
+                add("connect query", query, core, rt);
+            }
+            if let Some(body) = c.response.as_ref().and_then(|r| r.body.as_ref()) {
+                add("connect response body", body, rt, core);
+            }
+        }
+        // Performed only when Core is the target.
+        Step::Api(api) => {
+            for segment in api.call.path.split('/') {
+                add("api.call.path", &Value::String(segment.into()), core, None);
+            }
+            if let Some(body) = &api.call.body {
+                add("api.call.body", body, core, None);
+            }
+            if let Some(body) = &api.expect.body {
+                add("api.expect.body", body, None, core);
+            }
+        }
+        Step::AnyOrder(steps) => {
+            for (i, inner) in steps.iter().enumerate() {
+                let loc = children.get(i).copied().unwrap_or(location);
+                sight_step(scenario, sightings, loc, &[], step, inner);
+            }
+        }
+        _ => {}
+    }
+}
+
+/// Flags placeholder typos: a named placeholder written exactly once in the whole
+/// scenario, in a value the harness only ever **sends** (never matches against the
+/// target), silently mints a fresh value nobody checks — typically a misspelling of
+/// another placeholder (`$hl` for `$h1`). A placeholder bound once in an expected value
+/// and never used again is legitimate and not flagged.
+fn single_use_placeholders(scenario: &Scenario, spans: &Spans, issues: &mut Vec<Issue>) {
+    let mut sightings = std::collections::BTreeMap::new();
+    for (i, step) in scenario.steps.iter().enumerate() {
+        let (loc, children) = spans
+            .step_items
+            .get(i)
+            .map_or((spans.steps, &[][..]), |s| (s.location, &s.children[..]));
+        sight_step(scenario, &mut sightings, loc, children, i + 1, step);
+    }
+    for (name, seen) in sightings {
+        let [only] = &seen[..] else { continue };
+        if only.sent_on.is_empty() || !only.expected_on.is_empty() {
+            continue;
+        }
+        issues.push(Issue {
+            location: Some(only.location),
+            message: format!(
+                "step {}: {}: placeholder `${name}` appears nowhere else in the scenario; in a \
+                 value the harness sends it would mint a fresh value nobody checks (a typo of \
+                 another placeholder? write a literal value if you mean one)",
+                only.step, only.what
+            ),
+        });
+    }
+}
+
 /// Checks `scenario` (loaded from `scenario.path`) and returns every problem found.
 pub fn validate(scenario: &Scenario, spans: &Spans) -> Vec<Issue> {
     let mut c = Checker {
@@ -579,5 +735,6 @@ pub fn validate(scenario: &Scenario, spans: &Spans) -> Vec<Issue> {
             );
         }
     }
+    single_use_placeholders(scenario, spans, &mut c.issues);
     c.issues
 }

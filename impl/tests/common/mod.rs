@@ -144,6 +144,14 @@ pub struct Session {
 }
 
 impl Api {
+    /// The public-API client of the Core at `base` (`http://127.0.0.1:<port>`).
+    pub fn new(base: &str) -> Api {
+        Api {
+            client: reqwest::Client::new(),
+            v1: format!("{base}/v1"),
+        }
+    }
+
     /// `POST /v1{path}` → (status, body).
     pub async fn post(&self, path: &str, body: Value) -> (u16, Value) {
         let resp = self

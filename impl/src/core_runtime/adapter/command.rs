@@ -81,21 +81,57 @@
 //!   resolved text verbosity are not passed to the program (it receives only its
 //!   configured arguments and the input text).
 //!
+//! # Program protocol
+//! [`ProgramProtocol::Plain`] (the default, CLI `--command-protocol plain`) is what the
+//! sections above describe. [`ProgramProtocol::Jsonl`] (`--command-protocol jsonl`,
+//! requires [`StdinMode::Open`]) changes only input, output and the outcome's error;
+//! process handling, cancel and limits are the same:
+//! * **stdin**: one JSON record per line ([`jsonl_input_line`]). First the Turn's
+//!   input, `{"type":"input","input_id":"initial","content":[…]}` ([`INITIAL_INPUT_ID`];
+//!   `content` = the content parts of every message, in order, as the wire encodes
+//!   them), then one record per active input with that input's ID. Stdin stays open
+//!   until the program exits: the program decides when the Turn is over.
+//! * **stdout**: one JSON record per line ([`ProgramRecord`], decoded strictly by
+//!   [`decode_record`]): `delta` → [`NativeEvent::Delta`]; `accepted` →
+//!   [`NativeEvent::InputAccepted`] (at most once per input, only for an input written
+//!   to this Run; accepting `initial` is allowed and produces nothing); `tool_call` →
+//!   [`NativeEvent::ToolCall`]; `usage` (cumulative) → [`NativeEvent::Usage`]; `error`
+//!   (`message`, raw `code` / `http_status`) → [`NativeEvent::Error`], classified by
+//!   the Runtime. Blank lines are skipped. A record is at most
+//!   [`JSONL_RECORD_MAX_BYTES`] bytes with its `\n`.
+//! * **Protocol violation**: the first record that is too long, not UTF-8, not a known
+//!   record shape (unknown type or field, missing field, wrong value) or an `accepted`
+//!   for an unknown or already accepted input ([`RecordError`]) stops the program
+//!   (SIGTERM, grace, SIGKILL of its group), nothing after it is forwarded, and the Run
+//!   ends with [`NativeEvent::Error`] `program protocol violation: stdout record N:
+//!   <reason> (<code>)` and `Settled` `failed` — even if the program then exits 0. A
+//!   cancel that arrives after such a stop is [`AdapterError::Refused`].
+//! * **Outcome**: exit 0 → `completed`; a non-zero exit after the program sent an
+//!   `error` record → `failed` with no further error (the program's own error, with
+//!   its metadata, is the failure); otherwise as in plain mode.
+//! * Stderr is handled as in plain mode. Images are refused as in plain mode.
+//!
 //! # Declaration
 //! One agent kind, [`AGENT_KIND`], available; capabilities: see
 //! [`CommandAdapter::capabilities`], which documents each `true`. Of the seven
-//! capabilities the spec requires "always, for every execution", this adapter
-//! honestly declares `streaming`, `preparation` and `execution_controls` (plus
-//! `steering` with [`StdinMode::Open`]) but **not** `durable_turns`,
-//! `durable_input_receipts` or `tool_observations`.
+//! capabilities the spec requires "always, for every execution", plain mode honestly
+//! declares `streaming`, `preparation` and `execution_controls` (plus `steering` with
+//! [`StdinMode::Open`]) but **not** `durable_turns`, `durable_input_receipts` or
+//! `tool_observations`, so Core admits no Turn on it. `jsonl` mode declares all seven
+//! (and `usage`): its `accepted` record is the receipt semantics, `tool_call` records
+//! the observations, and every Turn settles with one confirmed outcome after a
+//! complete, strictly decoded stream. Neither mode declares
+//! `native_session_recovery`, so Core admits only the first Turn of a Session (a later
+//! one needs it by the capability table).
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::ffi::OsString;
 use std::io;
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::{ExitStatus, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -104,6 +140,8 @@ use nix::errno::Errno;
 use nix::sys::signal::{Signal, killpg};
 use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
 use nix::unistd::Pid;
+use serde::Deserialize;
+use serde_json::Value;
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWriteExt, BufReader};
 use tokio::process::{Child, ChildStdin, Command};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
@@ -117,7 +155,7 @@ use super::{
 use crate::core_runtime::wire::{
     AgentKind, AgentKindCapabilities, AgentKindDeclaration, CallId, ContentPart, ExecutorId,
     InputId, InteractionId, MessageInput, Outcome, OutputFormat, PermissionVerdict,
-    PromptForUserChoiceDecision, RunId, Uuid,
+    PromptForUserChoiceDecision, RunId, ToolCall, Usage, Uuid,
 };
 
 /// The one agent kind this adapter declares.
@@ -169,6 +207,17 @@ pub const DRAIN_AFTER_GIVE_UP_MAX_BYTES: usize = 1024 * 1024;
 /// a broken pipe on a write this small proves that no byte of it was read.
 pub const PIPE_BUF_BYTES: usize = 4096;
 
+/// Longest stdout record of the `jsonl` program protocol, in bytes including its `\n`.
+/// A longer record is a protocol violation (the Run fails; see "Program protocol").
+pub const JSONL_RECORD_MAX_BYTES: usize = 1024 * 1024;
+
+/// `input_id` of the `jsonl` stdin record that carries the Turn's own input.
+pub const INITIAL_INPUT_ID: &str = "initial";
+
+/// Bound on active inputs written to one Run (Core sends at most 256 per Turn). A
+/// further `write_input` is refused.
+pub const RUN_ACTIVE_INPUTS_MAX: usize = 1024;
+
 /// Variables copied from the Runtime's environment into the program's, when set.
 pub const PASSED_ENV: [&str; 3] = ["PATH", "HOME", "LANG"];
 
@@ -194,6 +243,21 @@ pub enum StdinMode {
     Open,
 }
 
+/// How the adapter talks to the program (see "Program protocol" in the module
+/// documentation).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ProgramProtocol {
+    /// Input text on stdin, every stdout line a text delta, the exit status as the
+    /// outcome. Honest for any program, so it declares neither durable receipts nor
+    /// tool observations.
+    #[default]
+    Plain,
+    /// One JSON record per line in both directions: input records on stdin;
+    /// `delta`, `accepted`, `tool_call`, `usage` and `error` records on stdout, decoded
+    /// strictly. Requires [`StdinMode::Open`].
+    Jsonl,
+}
+
 /// Configuration of the `command` adapter.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CommandConfig {
@@ -205,8 +269,10 @@ pub struct CommandConfig {
     /// Working directory of the program (the Runtime's workspace by default; the CLI
     /// sets it). Not used for Executors prepared without an execution environment.
     pub cwd: PathBuf,
-    /// Stdin handling.
+    /// Stdin handling ([`StdinMode::Open`] is required by [`ProgramProtocol::Jsonl`]).
     pub stdin: StdinMode,
+    /// Program protocol.
+    pub protocol: ProgramProtocol,
     /// Most programs alive at once (the daemon's `active_executions` bound). A start
     /// beyond it is refused; a Run counts until its group is confirmed gone.
     pub max_processes: usize,
@@ -218,14 +284,15 @@ pub struct CommandConfig {
 }
 
 impl CommandConfig {
-    /// A configuration with no arguments, [`StdinMode::Close`], at most `8` processes
-    /// and the default grace periods.
+    /// A configuration with no arguments, [`StdinMode::Close`],
+    /// [`ProgramProtocol::Plain`], at most `8` processes and the default grace periods.
     pub fn new(program: impl Into<PathBuf>, cwd: impl Into<PathBuf>) -> Self {
         Self {
             program: program.into(),
             args: Vec::new(),
             cwd: cwd.into(),
             stdin: StdinMode::Close,
+            protocol: ProgramProtocol::Plain,
             max_processes: 8,
             kill_grace: DEFAULT_KILL_GRACE,
             output_drain_grace: DEFAULT_OUTPUT_DRAIN_GRACE,
@@ -261,6 +328,10 @@ pub enum CommandConfigError {
     /// `max_processes` is 0, or a grace period is zero.
     #[error("invalid command adapter limit: {0}")]
     InvalidLimit(String),
+    /// Options that contradict each other ([`ProgramProtocol::Jsonl`] with
+    /// [`StdinMode::Close`]: active input needs an open stdin).
+    #[error("incompatible command adapter options: {0}")]
+    IncompatibleOptions(String),
 }
 
 impl CommandConfigError {
@@ -271,6 +342,7 @@ impl CommandConfigError {
             CommandConfigError::ProgramNotExecutable { .. } => "program_not_executable",
             CommandConfigError::WorkingDirectory { .. } => "invalid_working_directory",
             CommandConfigError::InvalidLimit(_) => "invalid_limit",
+            CommandConfigError::IncompatibleOptions(_) => "incompatible_options",
         }
     }
 }
@@ -357,6 +429,258 @@ pub fn input_text(input: &[MessageInput]) -> Result<String, AdapterError> {
     Ok(text)
 }
 
+/// The `jsonl` stdin record of one input, with its `\n`:
+/// `{"type":"input","input_id":"<input_id>","content":[<parts>]}` where `content` is
+/// the content parts of every message of `input`, in order, as the wire encodes them
+/// (`{"type":"text","text":"…"}`).
+///
+/// # Errors
+/// [`AdapterError::Refused`] when any part is an image (the adapter's stdin is
+/// text-only, as in plain mode, and `message_images` is declared false).
+pub fn jsonl_input_line(input_id: &str, input: &[MessageInput]) -> Result<String, AdapterError> {
+    let mut parts = Vec::new();
+    for (m, message) in input.iter().enumerate() {
+        for (p, part) in message.content.iter().enumerate() {
+            match part {
+                ContentPart::Text { .. } => parts.push(part),
+                ContentPart::Image { .. } => {
+                    return Err(AdapterError::Refused(format!(
+                        "message {m} part {p} is an image; the command adapter's stdin is text-only"
+                    )));
+                }
+            }
+        }
+    }
+    let record = serde_json::json!({"type": "input", "input_id": input_id, "content": parts});
+    let mut line = serde_json::to_string(&record)
+        .map_err(|e| AdapterError::Refused(format!("cannot encode the input record: {e}")))?;
+    line.push('\n');
+    Ok(line)
+}
+
+/// One stdout record of the `jsonl` program protocol (see "Program protocol"). Decoded
+/// strictly: an unknown `type`, an unknown or missing field, or a value of the wrong
+/// shape is refused.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
+pub enum ProgramRecord {
+    /// `{"type":"delta","text":"…"}`: a text fragment (→ [`NativeEvent::Delta`]).
+    Delta {
+        /// The text.
+        text: String,
+    },
+    /// `{"type":"accepted","input_id":"…"}`: the program consumed that input
+    /// (→ [`NativeEvent::InputAccepted`]).
+    Accepted {
+        /// The consumed input (an active input's ID, or [`INITIAL_INPUT_ID`]).
+        input_id: InputId,
+    },
+    /// `{"type":"tool_call","call_id","tool_name","state","observation":{"kind","summary"}}`
+    /// (→ [`NativeEvent::ToolCall`]; `state` is `started`, `completed` or `failed`).
+    ToolCall(ToolCall),
+    /// `{"type":"usage","input_tokens"?,"cached_input_tokens"?,"output_tokens"?,
+    /// "reasoning_output_tokens"?}`: a cumulative snapshot (→ [`NativeEvent::Usage`]).
+    Usage(Usage),
+    /// `{"type":"error","message":"…","code"?:…,"http_status"?:…}`: a native error
+    /// with raw metadata (→ [`NativeEvent::Error`]; the Runtime classifies it,
+    /// "Native failure classification").
+    Error {
+        /// The message.
+        message: String,
+        /// Raw native code (any JSON value).
+        #[serde(default)]
+        code: Option<Value>,
+        /// Raw native HTTP status (any JSON value).
+        #[serde(default)]
+        http_status: Option<Value>,
+    },
+}
+
+/// Why a `jsonl` stdout record was refused. Any of them fails the Run.
+/// [`RecordError::code`] is stable.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RecordError {
+    /// Longer than [`JSONL_RECORD_MAX_BYTES`] (an unterminated last record counts
+    /// with its missing `\n`).
+    #[error("longer than {max} bytes")]
+    TooLong {
+        /// The bound.
+        max: usize,
+    },
+    /// Not valid UTF-8.
+    #[error("not valid UTF-8")]
+    NotUtf8,
+    /// Not a JSON object of a known record shape.
+    #[error("not a valid record: {0}")]
+    Invalid(String),
+    /// `accepted` names an input this Run never wrote to the program.
+    #[error("`accepted` names input `{0}`, which was never written to this Run")]
+    UnknownInput(String),
+    /// `accepted` repeats an input already accepted.
+    #[error("`accepted` repeats input `{0}`")]
+    DuplicateAccept(String),
+}
+
+impl RecordError {
+    /// Stable machine-readable code.
+    pub fn code(&self) -> &'static str {
+        match self {
+            RecordError::TooLong { .. } => "record_too_long",
+            RecordError::NotUtf8 => "record_not_utf8",
+            RecordError::Invalid(_) => "invalid_record",
+            RecordError::UnknownInput(_) => "unknown_input",
+            RecordError::DuplicateAccept(_) => "duplicate_accept",
+        }
+    }
+}
+
+/// Decodes one stdout piece (a line with its `\n`, or the unterminated last one) of
+/// the `jsonl` protocol. A blank line (only whitespace) is `Ok(None)`.
+///
+/// # Errors
+/// [`RecordError::TooLong`], [`RecordError::NotUtf8`], [`RecordError::Invalid`].
+pub fn decode_record(piece: &[u8]) -> Result<Option<ProgramRecord>, RecordError> {
+    let terminated = piece.ends_with(b"\n");
+    if piece.len() + usize::from(!terminated) > JSONL_RECORD_MAX_BYTES {
+        return Err(RecordError::TooLong {
+            max: JSONL_RECORD_MAX_BYTES,
+        });
+    }
+    let text = std::str::from_utf8(piece).map_err(|_| RecordError::NotUtf8)?;
+    if text.trim().is_empty() {
+        return Ok(None);
+    }
+    serde_json::from_str(text)
+        .map(Some)
+        .map_err(|e| RecordError::Invalid(e.to_string()))
+}
+
+/// The active inputs of one `jsonl` Run.
+#[derive(Debug, Default)]
+struct JsonlInputs {
+    /// Inputs written (or being written) to the program.
+    written: HashSet<InputId>,
+    /// Inputs the program accepted.
+    accepted: HashSet<InputId>,
+}
+
+/// Protocol state of one `jsonl` Run, shared by `write_input`, the stdout decoder and
+/// the supervisor.
+struct JsonlRun {
+    inputs: Mutex<JsonlInputs>,
+    /// The program sent at least one `error` record.
+    reported_error: AtomicBool,
+    /// The first protocol violation (the Run fails with it).
+    violation: Mutex<Option<String>>,
+    /// Set to `true` on the first violation, so the supervisor stops the program.
+    violated: watch::Sender<bool>,
+}
+
+impl JsonlRun {
+    fn new() -> Self {
+        Self {
+            inputs: Mutex::new(JsonlInputs::default()),
+            reported_error: AtomicBool::new(false),
+            violation: Mutex::new(None),
+            violated: watch::Sender::new(false),
+        }
+    }
+
+    fn inputs(&self) -> MutexGuard<'_, JsonlInputs> {
+        self.inputs.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn violation(&self) -> Option<String> {
+        self.violation
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    fn violate(&self, message: String) {
+        tracing::warn!(%message, "command adapter: program protocol violation; stopping the program");
+        self.violation
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get_or_insert(message);
+        self.violated.send_replace(true);
+    }
+
+    /// Resolves once a violation was recorded.
+    async fn wait_violated(&self) {
+        let mut rx = self.violated.subscribe();
+        // The sender lives in `self`, so the wait cannot fail while `self` is borrowed.
+        let _ = rx.wait_for(|v| *v).await;
+    }
+
+    /// Registers `input_id` as written before it is written.
+    fn register_input(&self, input_id: &InputId) -> Result<(), AdapterError> {
+        if input_id.as_str() == INITIAL_INPUT_ID {
+            return Err(AdapterError::Refused(format!(
+                "input ID `{INITIAL_INPUT_ID}` is reserved for the Turn's own input"
+            )));
+        }
+        let mut inputs = self.inputs();
+        if inputs.written.len() >= RUN_ACTIVE_INPUTS_MAX {
+            return Err(AdapterError::Refused(format!(
+                "{RUN_ACTIVE_INPUTS_MAX} active inputs were already written to this run"
+            )));
+        }
+        if !inputs.written.insert(input_id.clone()) {
+            return Err(AdapterError::Refused(format!(
+                "input `{input_id}` was already written to this run"
+            )));
+        }
+        Ok(())
+    }
+
+    /// Forgets an input whose write provably did not reach the program.
+    fn unregister_input(&self, input_id: &InputId) {
+        self.inputs().written.remove(input_id);
+    }
+
+    /// The native event of one stdout piece (`None` for a blank line and for the
+    /// acceptance of [`INITIAL_INPUT_ID`], which the Run's start already committed).
+    fn translate(&self, piece: &[u8]) -> Result<Option<NativeEvent>, RecordError> {
+        let Some(record) = decode_record(piece)? else {
+            return Ok(None);
+        };
+        Ok(Some(match record {
+            ProgramRecord::Delta { text } => NativeEvent::Delta {
+                text,
+                item_id: None,
+            },
+            ProgramRecord::Accepted { input_id } => {
+                if input_id.as_str() == INITIAL_INPUT_ID {
+                    return Ok(None);
+                }
+                let mut inputs = self.inputs();
+                if !inputs.written.contains(&input_id) {
+                    return Err(RecordError::UnknownInput(input_id.to_string()));
+                }
+                if !inputs.accepted.insert(input_id.clone()) {
+                    return Err(RecordError::DuplicateAccept(input_id.to_string()));
+                }
+                NativeEvent::InputAccepted { input_id }
+            }
+            ProgramRecord::ToolCall(call) => NativeEvent::ToolCall(call),
+            ProgramRecord::Usage(usage) => NativeEvent::Usage(usage),
+            ProgramRecord::Error {
+                message,
+                code,
+                http_status,
+            } => {
+                self.reported_error.store(true, Ordering::SeqCst);
+                NativeEvent::Error {
+                    message,
+                    code,
+                    http_status,
+                }
+            }
+        }))
+    }
+}
+
 /// Why a Run's program is being stopped by the adapter.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum StopReason {
@@ -375,6 +699,8 @@ enum RunEnd {
     Stopped,
     /// Stopped, but the group could not be confirmed empty (the reason).
     Unconfirmed(String),
+    /// Stopped by the adapter because the program broke the `jsonl` protocol.
+    Violated,
 }
 
 /// The program's stdin, shared by the initial write and active input.
@@ -394,6 +720,8 @@ struct RunEntry {
     ended: watch::Receiver<Option<RunEnd>>,
     /// `Some` with [`StdinMode::Open`].
     stdin: Option<SharedStdin>,
+    /// `Some` with [`ProgramProtocol::Jsonl`].
+    jsonl: Option<Arc<JsonlRun>>,
 }
 
 /// One prepared Executor.
@@ -441,6 +769,7 @@ impl std::fmt::Debug for CommandAdapter {
         f.debug_struct("CommandAdapter")
             .field("program", &self.shared.config.program)
             .field("stdin", &self.shared.config.stdin)
+            .field("protocol", &self.shared.config.protocol)
             .finish_non_exhaustive()
     }
 }
@@ -496,6 +825,12 @@ impl CommandAdapter {
                 "grace periods must be positive".into(),
             ));
         }
+        if config.protocol == ProgramProtocol::Jsonl && config.stdin == StdinMode::Close {
+            return Err(CommandConfigError::IncompatibleOptions(
+                "the jsonl program protocol keeps stdin open for active input (stdin mode `open`)"
+                    .into(),
+            ));
+        }
         become_subreaper();
         let env = PASSED_ENV
             .iter()
@@ -517,10 +852,12 @@ impl CommandAdapter {
         &self.shared.config
     }
 
-    /// The capability declaration of the `command` agent kind for `stdin`.
+    /// The capability declaration of the `command` agent kind for `protocol` and
+    /// `stdin` (a [`ProgramProtocol::Jsonl`] configuration always has
+    /// [`StdinMode::Open`]; [`CommandAdapter::new`] refuses the other combination).
     ///
-    /// `true`, and why it is honest:
-    /// * `streaming`: stdout lines are forwarded as they are read.
+    /// `true` in both protocols, and why it is honest:
+    /// * `streaming`: stdout is forwarded as it is read.
     /// * `steering` (only with [`StdinMode::Open`]): active input is written to the
     ///   running program's stdin; `written` proves that write and nothing more.
     /// * `preparation`: `prepare` validates the program and reserves an Executor.
@@ -540,15 +877,36 @@ impl CommandAdapter {
     ///   daemon's own workspace implementation, never by the program ("Workspace
     ///   support includes the public Runtime workspace implementation").
     ///
-    /// Everything else is `false`: `durable_turns` (a Run is a process; nothing
-    /// survives a Runtime restart), `durable_input_receipts` (consumption of stdin
-    /// cannot be confirmed), `tool_observations` (the program's actions are opaque),
-    /// `native_session_recovery`, `resume` (no native Session), `usage` (no
-    /// measurement), `permissions`, `function_tools`, `function_result_images`,
-    /// `message_images` (stdin is text-only), `message_items`, `structured_output`,
-    /// `web_search_control`, `text_verbosity`, `tool_search`,
-    /// `subagent_observations`, every `mcp_http_*`.
-    pub fn capabilities(stdin: StdinMode) -> AgentKindCapabilities {
+    /// `true` only with [`ProgramProtocol::Jsonl`]:
+    /// * `durable_input_receipts`: the receipt semantics are the protocol's `accepted`
+    ///   record — the program's own statement that it consumed the input. It becomes
+    ///   [`NativeEvent::InputAccepted`] at most once per input, only for an input
+    ///   this Run wrote (anything else fails the Run), so `accepted` is never
+    ///   invented by the adapter ("active input `accepted`: the adapter confirmed
+    ///   native consumption under its declared receipt semantics").
+    /// * `tool_observations`: `tool_call` records carry the program's tool lifecycle
+    ///   with an engine-independent observation.
+    /// * `usage`: `usage` records carry a cumulative snapshot.
+    /// * `durable_turns`: every admitted Turn ends in exactly one confirmed native
+    ///   outcome delivered as the stream's last event after a complete, strictly
+    ///   decoded stream: the reaped exit status (an undecodable record fails the
+    ///   Run with an `error`, it is never dropped), or a cancellation confirmed only
+    ///   once the process group is empty. What it does **not** claim: a Run does not
+    ///   survive a Runtime restart and cannot be resumed (`native_session_recovery`
+    ///   and `resume` stay false); losing the Runtime is a lost event stream, which
+    ///   Core already records as `event_stream_incomplete` without inventing an
+    ///   outcome. A plain program's stdout is not a typed stream (lines are split
+    ///   and decoded lossily), so plain mode keeps `durable_turns` false.
+    ///
+    /// Everything else is `false`: `native_session_recovery`, `resume` (no native
+    /// Session), `permissions`, `function_tools`, `function_result_images`,
+    /// `message_images` (the adapter's stdin is text-only), `message_items`,
+    /// `structured_output`, `web_search_control`, `text_verbosity`, `tool_search`,
+    /// `subagent_observations`, every `mcp_http_*`; and in plain mode
+    /// `durable_turns`, `durable_input_receipts` (consumption of stdin cannot be
+    /// confirmed), `tool_observations` (the program's actions are opaque) and `usage`
+    /// (no measurement).
+    pub fn capabilities(protocol: ProgramProtocol, stdin: StdinMode) -> AgentKindCapabilities {
         let mut caps = AgentKindCapabilities::all(false);
         caps.streaming = true;
         caps.steering = stdin == StdinMode::Open;
@@ -560,6 +918,12 @@ impl CommandAdapter {
         caps.local_environment = true;
         caps.workspace_read_preparation = true;
         caps.workspace_output_export = true;
+        if protocol == ProgramProtocol::Jsonl {
+            caps.durable_turns = true;
+            caps.durable_input_receipts = true;
+            caps.tool_observations = true;
+            caps.usage = true;
+        }
         caps
     }
 
@@ -569,20 +933,25 @@ impl CommandAdapter {
             agent_kind: AgentKind::new(AGENT_KIND)
                 .unwrap_or_else(|_| unreachable!("`command` is a valid agent kind")),
             available: true,
-            capabilities: Self::capabilities(self.shared.config.stdin),
+            capabilities: Self::capabilities(self.shared.config.protocol, self.shared.config.stdin),
         }
     }
 
-    fn stdin_of(&self, run_id: &RunId) -> Result<SharedStdin, AdapterError> {
+    /// The stdin and (`jsonl` only) protocol state of a running program.
+    fn stdin_of(
+        &self,
+        run_id: &RunId,
+    ) -> Result<(SharedStdin, Option<Arc<JsonlRun>>), AdapterError> {
         let state = self.shared.lock();
         let run = state.runs.get(run_id).ok_or_else(|| {
             AdapterError::Refused(format!("no program is running for run `{run_id}`"))
         })?;
-        run.stdin.clone().ok_or_else(|| {
+        let stdin = run.stdin.clone().ok_or_else(|| {
             AdapterError::Unsupported(
                 "active input: stdin is closed after the Turn input (stdin mode `close`)".into(),
             )
-        })
+        })?;
+        Ok((stdin, run.jsonl.clone()))
     }
 }
 
@@ -682,8 +1051,11 @@ impl HarnessAdapter for CommandAdapter {
     }
 
     async fn start(&self, request: NativeStart, events: RunEventSink) -> Result<(), AdapterError> {
-        let text = input_text(&request.input)?;
         let config = &self.shared.config;
+        let text = match config.protocol {
+            ProgramProtocol::Plain => input_text(&request.input)?,
+            ProgramProtocol::Jsonl => jsonl_input_line(INITIAL_INPUT_ID, &request.input)?,
+        };
         let mut state = self.shared.lock();
         let executor = state.executors.get(&request.executor_id).ok_or_else(|| {
             AdapterError::Refused(format!(
@@ -770,6 +1142,7 @@ impl HarnessAdapter for CommandAdapter {
         });
         let (stop, stop_rx) = watch::channel(None);
         let (ended_tx, ended) = watch::channel(None);
+        let jsonl = (config.protocol == ProgramProtocol::Jsonl).then(|| Arc::new(JsonlRun::new()));
         state.runs.insert(
             request.run_id.clone(),
             RunEntry {
@@ -777,6 +1150,7 @@ impl HarnessAdapter for CommandAdapter {
                 stop,
                 ended,
                 stdin: (!close_after).then_some(stdin),
+                jsonl: jsonl.clone(),
             },
         );
         drop(state);
@@ -794,6 +1168,7 @@ impl HarnessAdapter for CommandAdapter {
                 stop: stop_rx,
                 ended: ended_tx,
                 permit,
+                jsonl,
             },
         ));
         Ok(())
@@ -805,14 +1180,26 @@ impl HarnessAdapter for CommandAdapter {
         input_id: &InputId,
         input: &[MessageInput],
     ) -> Result<(), AdapterError> {
-        let mut text = input_text(input)?;
-        if text.is_empty() {
-            text.push('\n');
-        }
-        let stdin = self.stdin_of(run_id)?;
+        let (stdin, jsonl) = self.stdin_of(run_id)?;
+        let Some(jsonl) = jsonl else {
+            let mut text = input_text(input)?;
+            if text.is_empty() {
+                text.push('\n');
+            }
+            let mut pipe = stdin.lock().await;
+            write_stdin(&mut pipe, text.as_bytes()).await?;
+            tracing::debug!(%run_id, %input_id, bytes = text.len(), "command adapter: active input written");
+            return Ok(());
+        };
+        let line = jsonl_input_line(input_id.as_str(), input)?;
+        jsonl.register_input(input_id)?;
         let mut pipe = stdin.lock().await;
-        write_stdin(&mut pipe, text.as_bytes()).await?;
-        tracing::debug!(%run_id, %input_id, bytes = text.len(), "command adapter: active input written");
+        let written = write_stdin(&mut pipe, line.as_bytes()).await;
+        if let Err(AdapterError::Refused(_)) = &written {
+            jsonl.unregister_input(input_id);
+        }
+        written?;
+        tracing::debug!(%run_id, %input_id, bytes = line.len(), "command adapter: active input record written");
         Ok(())
     }
 
@@ -836,6 +1223,9 @@ impl HarnessAdapter for CommandAdapter {
                 "the program had already exited; nothing was cancelled".into(),
             )),
             Some(RunEnd::Unconfirmed(reason)) => Err(AdapterError::Unknown(reason)),
+            Some(RunEnd::Violated) => Err(AdapterError::Refused(
+                "the program was stopped for a protocol violation; nothing was cancelled".into(),
+            )),
             None => Err(AdapterError::Unknown(
                 "the run ended without an outcome".into(),
             )),
@@ -1103,6 +1493,36 @@ async fn forward_stdout(
     }
 }
 
+/// Decodes `jsonl` stdout records into native events. The first refused record is
+/// recorded as the Run's protocol violation (which stops the program); nothing after
+/// it is delivered. Keeps reading (and discarding) afterwards, and when the Run's event
+/// stream was dropped, so the program never blocks on a full pipe.
+async fn forward_jsonl(
+    stdout: Box<dyn AsyncRead + Send + Unpin>,
+    events: RunEventSink,
+    mut give_up: watch::Receiver<bool>,
+    run: Arc<JsonlRun>,
+) {
+    let mut reader = PieceReader::new(stdout, JSONL_RECORD_MAX_BYTES);
+    let mut after_give_up = 0;
+    let mut delivering = true;
+    let mut number: u64 = 0;
+    while let Some(bytes) = next_or_give_up(&mut reader, &mut give_up, &mut after_give_up).await {
+        if !delivering {
+            continue;
+        }
+        number += 1;
+        match run.translate(&bytes) {
+            Ok(None) => {}
+            Ok(Some(event)) => delivering = events.send(event).await.is_ok(),
+            Err(e) => {
+                run.violate(format!("stdout record {number}: {e} ({})", e.code()));
+                delivering = false;
+            }
+        }
+    }
+}
+
 /// The bounded tail of stderr.
 #[derive(Debug, Default)]
 struct StderrTail {
@@ -1298,6 +1718,8 @@ struct RunProcess {
     stop: watch::Receiver<Option<StopReason>>,
     ended: watch::Sender<Option<RunEnd>>,
     permit: OwnedSemaphorePermit,
+    /// `Some` with [`ProgramProtocol::Jsonl`].
+    jsonl: Option<Arc<JsonlRun>>,
 }
 
 /// How the program ended, natively.
@@ -1335,12 +1757,21 @@ async fn supervise(shared: Arc<Shared>, mut p: RunProcess) {
     let config = &shared.config;
     let (give_up, give_up_rx) = watch::channel(false);
     let tail = Arc::new(Mutex::new(StderrTail::default()));
-    let mut output = OutputTasks {
-        stdout: Some(tokio::spawn(forward_stdout(
+    let stdout_task = match &p.jsonl {
+        Some(run) => tokio::spawn(forward_jsonl(
             p.stdout,
             p.events.clone(),
             give_up_rx.clone(),
-        ))),
+            run.clone(),
+        )),
+        None => tokio::spawn(forward_stdout(
+            p.stdout,
+            p.events.clone(),
+            give_up_rx.clone(),
+        )),
+    };
+    let mut output = OutputTasks {
+        stdout: Some(stdout_task),
         stderr: Some(tokio::spawn(collect_stderr(
             p.stderr,
             tail.clone(),
@@ -1348,10 +1779,19 @@ async fn supervise(shared: Arc<Shared>, mut p: RunProcess) {
         ))),
     };
     let mut stop = p.stop.clone();
+    let jsonl = p.jsonl.clone();
+    let violated = async {
+        match &jsonl {
+            Some(run) => run.wait_violated().await,
+            None => std::future::pending().await,
+        }
+    };
     let exited = tokio::select! {
         status = p.child.wait() => Some(status),
         // A dropped sender (adapter gone) also stops the program.
         _ = stop.wait_for(Option::is_some) => None,
+        // A protocol violation stops it too.
+        () = violated => None,
     };
     let (native, cleanup) = match exited {
         Some(status) => {
@@ -1368,9 +1808,18 @@ async fn supervise(shared: Arc<Shared>, mut p: RunProcess) {
     output.finish(&give_up, config.output_drain_grace).await;
     p.stdin_task.abort();
     let reason = *p.stop.borrow();
+    let violation = p.jsonl.as_ref().and_then(|run| run.violation());
+    let reported_error = p
+        .jsonl
+        .as_ref()
+        .is_some_and(|run| run.reported_error.load(Ordering::SeqCst));
 
     let end = match (&native, &cleanup) {
         (Native::Exited(_), _) => RunEnd::Exited,
+        // Only a cancel request can claim a stop the violation caused.
+        (Native::Stopped, _) if violation.is_some() && reason != Some(StopReason::Cancel) => {
+            RunEnd::Violated
+        }
         (Native::Stopped, Ok(())) => RunEnd::Stopped,
         (Native::Stopped, Err(reason)) => RunEnd::Unconfirmed(reason.clone()),
     };
@@ -1395,7 +1844,26 @@ async fn supervise(shared: Arc<Shared>, mut p: RunProcess) {
     let _ = p.ended.send(Some(end));
 
     let (error, outcome) = match native {
+        // An undecodable record fails the Run, whatever the program did next.
+        _ if violation.is_some() => {
+            let violation = violation.unwrap_or_default();
+            let mut message = format!("program protocol violation: {violation}");
+            if let Err(reason) = &cleanup {
+                message.push_str("; ");
+                message.push_str(reason);
+            }
+            (
+                Some(cut(&message, ERROR_DETAIL_MAX_BYTES).to_string()),
+                Outcome::Failed,
+            )
+        }
         Native::Exited(Ok(status)) if status.success() => (None, Outcome::Completed),
+        // The program already reported its failure natively (`jsonl` `error` record):
+        // an unclassified exit error after it would only bury its metadata.
+        Native::Exited(Ok(status)) if reported_error => {
+            tracing::info!(run_id = %p.run_id, %status, "command adapter: program failed after reporting an error");
+            (None, Outcome::Failed)
+        }
         Native::Exited(Ok(status)) => {
             let tail = tail.lock().unwrap_or_else(PoisonError::into_inner);
             tracing::info!(run_id = %p.run_id, %status, stderr_tail = ?tail.lines, "command adapter: program failed");
@@ -1485,6 +1953,29 @@ mod tests {
 
     fn fixture(script: &str) -> Fixture {
         fixture_with(script, StdinMode::Close, 4)
+    }
+
+    /// A `/bin/sh -c script` fixture speaking the `jsonl` protocol.
+    fn fixture_jsonl(script: &str) -> Fixture {
+        let dir = tempfile::tempdir().unwrap();
+        let mut config = CommandConfig::new("/bin/sh", dir.path());
+        config.args = vec!["-c".into(), script.into()];
+        config.stdin = StdinMode::Open;
+        config.protocol = ProgramProtocol::Jsonl;
+        config.kill_grace = Duration::from_millis(500);
+        config.output_drain_grace = Duration::from_millis(200);
+        Fixture {
+            adapter: CommandAdapter::new(config).unwrap(),
+            dir,
+        }
+    }
+
+    /// The `Error` event's message (panics on anything else).
+    fn error_message(event: &NativeEvent) -> &str {
+        match event {
+            NativeEvent::Error { message, .. } => message,
+            other => panic!("expected an error, got {other:?}"),
+        }
     }
 
     fn run(id: &str) -> RunId {
@@ -2014,8 +2505,263 @@ mod tests {
                 "{field}"
             );
         }
-        assert!(CommandAdapter::capabilities(StdinMode::Open).steering);
-        assert!(!CommandAdapter::capabilities(StdinMode::Open).durable_input_receipts);
+        assert!(CommandAdapter::capabilities(ProgramProtocol::Plain, StdinMode::Open).steering);
+        assert!(
+            !CommandAdapter::capabilities(ProgramProtocol::Plain, StdinMode::Open)
+                .durable_input_receipts
+        );
+    }
+
+    #[test]
+    fn jsonl_records_decode_strictly() {
+        assert_eq!(decode_record(b"  \n"), Ok(None));
+        assert_eq!(
+            decode_record(b"{\"type\":\"delta\",\"text\":\"hi\"}\n"),
+            Ok(Some(ProgramRecord::Delta { text: "hi".into() }))
+        );
+        let call = decode_record(
+            br#"{"type":"tool_call","call_id":"c1","tool_name":"ls","state":"completed","observation":{"kind":"command","summary":"ls -l"}}"#,
+        )
+        .unwrap()
+        .unwrap();
+        assert!(matches!(call, ProgramRecord::ToolCall(ref c) if c.call_id.as_str() == "c1"));
+        assert_eq!(
+            decode_record(br#"{"type":"usage","output_tokens":7}"#),
+            Ok(Some(ProgramRecord::Usage(Usage {
+                output_tokens: Some(7),
+                ..Usage::default()
+            })))
+        );
+        assert_eq!(
+            decode_record(br#"{"type":"error","message":"m","http_status":"x"}"#),
+            Ok(Some(ProgramRecord::Error {
+                message: "m".into(),
+                code: None,
+                http_status: Some(Value::from("x")),
+            }))
+        );
+        for bad in [
+            &br#"{"type":"delta","text":"hi","extra":1}"#[..],
+            br#"{"type":"delta"}"#,
+            br#"{"type":"shout","text":"hi"}"#,
+            br#"{"text":"hi"}"#,
+            br#"{"type":"usage","output_tokens":-1}"#,
+            br#"{"type":"tool_call","call_id":"c1","tool_name":"ls","state":"running","observation":{"kind":"k","summary":"s"}}"#,
+            b"[1,2]",
+            b"delta hi",
+        ] {
+            let err = decode_record(bad).unwrap_err();
+            assert_eq!(err.code(), "invalid_record", "{}", String::from_utf8_lossy(bad));
+        }
+        assert_eq!(decode_record(b"{\xff}\n"), Err(RecordError::NotUtf8));
+        // The bound counts the `\n`, present or missing.
+        let mut long = vec![b' '; JSONL_RECORD_MAX_BYTES - 1];
+        long.push(b'\n');
+        assert_eq!(decode_record(&long), Ok(None));
+        long.pop();
+        long.push(b' ');
+        assert_eq!(
+            decode_record(&long),
+            Err(RecordError::TooLong {
+                max: JSONL_RECORD_MAX_BYTES
+            })
+        );
+    }
+
+    #[test]
+    fn jsonl_input_lines_carry_the_content_parts() {
+        let line = jsonl_input_line(
+            INITIAL_INPUT_ID,
+            &[message(vec![text("a")]), message(vec![text("b\nc")])],
+        )
+        .unwrap();
+        assert!(line.ends_with('\n') && !line[..line.len() - 1].contains('\n'));
+        let record: Value = serde_json::from_str(&line).unwrap();
+        assert_eq!(
+            record,
+            serde_json::json!({"type": "input", "input_id": "initial", "content": [
+                {"type": "text", "text": "a"}, {"type": "text", "text": "b\nc"}]})
+        );
+        assert!(matches!(
+            jsonl_input_line("i1", &[message(vec![image()])]),
+            Err(AdapterError::Refused(_))
+        ));
+    }
+
+    #[tokio::test]
+    async fn jsonl_run_streams_typed_events_and_confirms_written_inputs() {
+        let f = fixture_jsonl(concat!(
+            "read first; printf '%s\\n' \"$first\" > initial.jsonl; ",
+            r#"echo '{"type":"delta","text":"one"}'; "#,
+            r#"echo '{"type":"tool_call","call_id":"c1","tool_name":"t","state":"started","observation":{"kind":"command","summary":"s"}}'; "#,
+            "read second; printf '%s\\n' \"$second\" > active.jsonl; ",
+            r#"echo '{"type":"accepted","input_id":"initial"}'; "#,
+            r#"echo '{"type":"accepted","input_id":"i1"}'; "#,
+            r#"echo '{"type":"usage","input_tokens":3}'"#,
+        ));
+        let mut rx = start(&f.adapter, "r1", vec![message(vec![text("hello")])]).await;
+        assert_eq!(next(&mut rx).await, delta("one"));
+        assert!(matches!(next(&mut rx).await, NativeEvent::ToolCall(_)));
+        // The Turn's own ID is reserved; a real input is written as one record.
+        let reserved = within(f.adapter.write_input(
+            &run("r1"),
+            &InputId::new(INITIAL_INPUT_ID).unwrap(),
+            &[message(vec![text("x")])],
+        ))
+        .await;
+        assert!(
+            matches!(reserved, Err(AdapterError::Refused(_))),
+            "{reserved:?}"
+        );
+        within(f.adapter.write_input(
+            &run("r1"),
+            &InputId::new("i1").unwrap(),
+            &[message(vec![text("more")])],
+        ))
+        .await
+        .unwrap();
+        assert_eq!(
+            until_settled(&mut rx).await,
+            vec![
+                NativeEvent::InputAccepted {
+                    input_id: InputId::new("i1").unwrap()
+                },
+                NativeEvent::Usage(Usage {
+                    input_tokens: Some(3),
+                    ..Usage::default()
+                }),
+                settled(Outcome::Completed)
+            ]
+        );
+        let initial = std::fs::read_to_string(f.dir.path().join("initial.jsonl")).unwrap();
+        assert_eq!(
+            initial,
+            jsonl_input_line(INITIAL_INPUT_ID, &[message(vec![text("hello")])]).unwrap()
+        );
+        let active = std::fs::read_to_string(f.dir.path().join("active.jsonl")).unwrap();
+        assert_eq!(
+            active,
+            jsonl_input_line("i1", &[message(vec![text("more")])]).unwrap()
+        );
+    }
+
+    /// Runs `script` (jsonl) to its end; returns every event.
+    async fn jsonl_events(script: &str) -> Vec<NativeEvent> {
+        let f = fixture_jsonl(script);
+        let mut rx = start(&f.adapter, "r1", vec![message(vec![text("go")])]).await;
+        let events = until_settled(&mut rx).await;
+        // The Run's process group is gone once it settled.
+        assert!(f.adapter.shared.lock().runs.is_empty());
+        events
+    }
+
+    #[tokio::test]
+    async fn malformed_records_fail_the_run_and_stop_the_program() {
+        let cases = [
+            (
+                r#"echo '{"type":"delta","text":"ok"}'; echo 'not json'; echo '{"type":"delta","text":"late"}'; sleep 1000"#,
+                "stdout record 2: not a valid record",
+            ),
+            (
+                r#"echo '{"type":"accepted","input_id":"never"}'; sleep 1000"#,
+                "(unknown_input)",
+            ),
+            (
+                "head -c 1100000 /dev/zero | tr '\\0' a; echo; sleep 1000",
+                "(record_too_long)",
+            ),
+            // A violation fails the Run even when the program then exits 0.
+            (
+                r#"echo '{"type":"delta","txt":"x"}'"#,
+                "unknown field `txt`",
+            ),
+        ];
+        for (script, expected) in cases {
+            let events = jsonl_events(script).await;
+            let n = events.len();
+            assert!(n >= 2, "{events:?}");
+            let message = error_message(&events[n - 2]);
+            assert!(
+                message.starts_with("program protocol violation: stdout record ")
+                    && message.contains(expected),
+                "{script}: {message}"
+            );
+            assert_eq!(events[n - 1], settled(Outcome::Failed));
+            assert!(!events.contains(&delta("late")), "{events:?}");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_reported_error_is_the_failure_of_a_non_zero_exit() {
+        let events = jsonl_events(
+            r#"echo '{"type":"error","message":"quota","code":"usage_limit_exceeded","http_status":429}'; exit 3"#,
+        )
+        .await;
+        assert_eq!(
+            events,
+            vec![
+                NativeEvent::Error {
+                    message: "quota".into(),
+                    code: Some(Value::from("usage_limit_exceeded")),
+                    http_status: Some(Value::from(429)),
+                },
+                settled(Outcome::Failed)
+            ]
+        );
+        // Without an error record, the exit status is reported as in plain mode.
+        let events = jsonl_events("exit 4").await;
+        assert!(error_message(&events[0]).contains("status 4"), "{events:?}");
+    }
+
+    #[tokio::test]
+    async fn jsonl_cancel_kills_the_whole_tree() {
+        let f = fixture_jsonl(r#"sleep 1000 & echo "{\"type\":\"delta\",\"text\":\"$!\"}"; wait"#);
+        let mut rx = start(&f.adapter, "r1", vec![message(vec![text("go")])]).await;
+        let child = pid_of(&next(&mut rx).await);
+        assert_eq!(
+            within(f.adapter.cancel(&run("r1"))).await,
+            Ok(CancelSettlement::StreamSettles)
+        );
+        assert_eq!(
+            until_settled(&mut rx).await,
+            vec![settled(Outcome::Cancelled)]
+        );
+        assert_gone(child);
+    }
+
+    #[test]
+    fn jsonl_requires_open_stdin_and_declares_its_receipts() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut config = CommandConfig::new("/bin/sh", dir.path());
+        config.protocol = ProgramProtocol::Jsonl;
+        let err = CommandAdapter::new(config.clone()).unwrap_err();
+        assert_eq!(err.code(), "incompatible_options");
+        config.stdin = StdinMode::Open;
+        let adapter = CommandAdapter::new(config).unwrap();
+        let caps = &adapter.declarations()[0].capabilities;
+        let expected_true = [
+            "streaming",
+            "steering",
+            "durable_turns",
+            "durable_input_receipts",
+            "preparation",
+            "execution_controls",
+            "tool_observations",
+            "usage",
+            "programmatic_tool_calling_disable",
+            "subagent_control",
+            "environment_none",
+            "local_environment",
+            "workspace_read_preparation",
+            "workspace_output_export",
+        ];
+        for field in AgentKindCapabilities::FIELDS {
+            assert_eq!(
+                caps.get(field),
+                Some(expected_true.contains(&field)),
+                "{field}"
+            );
+        }
     }
 
     #[tokio::test]

@@ -1,0 +1,298 @@
+//! End to end with real processes only (issue 3, item 6): `contract-impl core serve`,
+//! `contract-impl runtime --adapter command --command-protocol jsonl` running the
+//! shipped example program `tests/fixtures/echo_agent.py`, driven only through Core's
+//! public API (`docs/core-api.md`).
+//!
+//! Each Turn gets its own Session: a second Turn of a Session needs
+//! `native_session_recovery` (capability table), which the command adapter does not
+//! declare — Core refuses such a Turn `unsupported_capability` instead of running it.
+//!
+//! Nothing sleeps to wait for an event: public-API state is polled by
+//! [`common::Api::wait`] (bounded), the readiness line is awaited with a timeout, and
+//! both processes' groups are SIGKILLed by [`Proc`]'s `Drop`.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use common::{Api, text_input};
+use nix::errno::Errno;
+use nix::sys::signal::{Signal, kill, killpg};
+use nix::unistd::Pid;
+use serde_json::{Value, json};
+
+/// The device the Runtime presents (provisioned by Core at start-up).
+const DEVICE: &str = "e2e-device";
+/// Its daemon credential.
+const SECRET: &str = "rcd_0123456789abcdef0123456789abcdef";
+/// The Runtime's default Environment binding (`docs/launch-contract.md`), registered in
+/// Core through the public API.
+const ENVIRONMENT_ID: &str = "00000000-0000-4000-8000-000000000001";
+/// Bound on Core printing its readiness line.
+const READY_TIMEOUT: Duration = Duration::from_secs(10);
+/// Core configuration: a short heartbeat interval, so the Runtime's capabilities and
+/// liveness are fresh; the spec's cancel budget.
+const CORE_CONFIG: &str = r#"{"timers":{"heartbeat_interval_ms":500,"cancel_confirm_ms":15000}}"#;
+
+/// A child process in its own process group; `Drop` SIGKILLs the whole group and
+/// reaps the child.
+struct Proc {
+    child: Child,
+    name: &'static str,
+    /// Where its stderr goes (printed when a test fails).
+    stderr: PathBuf,
+}
+
+impl Proc {
+    fn spawn(name: &'static str, command: &mut Command, dir: &Path) -> Proc {
+        let stderr = dir.join(format!("{name}.stderr"));
+        let child = command
+            .process_group(0)
+            .stdin(Stdio::null())
+            .stderr(std::fs::File::create(&stderr).unwrap())
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {name}: {e}"));
+        Proc {
+            child,
+            name,
+            stderr,
+        }
+    }
+
+    fn pgid(&self) -> Pid {
+        Pid::from_raw(i32::try_from(self.child.id()).unwrap())
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = killpg(self.pgid(), Signal::SIGKILL);
+        let _ = self.child.wait();
+        if std::thread::panicking() {
+            let log = std::fs::read_to_string(&self.stderr).unwrap_or_default();
+            let tail: Vec<&str> = log.lines().rev().take(40).collect();
+            eprintln!("--- {} stderr (last lines, newest first) ---", self.name);
+            for line in tail {
+                eprintln!("{line}");
+            }
+        }
+    }
+}
+
+/// Starts Core on a fresh data directory; returns it and its base URL.
+fn start_core(dir: &Path) -> (Proc, String) {
+    let config = dir.join("core.json");
+    std::fs::write(&config, CORE_CONFIG).unwrap();
+    let mut core = Proc::spawn(
+        "core",
+        Command::new(env!("CARGO_BIN_EXE_contract-impl"))
+            .args(["core", "serve"])
+            .env("CONTRACT_LISTEN", "127.0.0.1:0")
+            .env("CONTRACT_DATA_DIR", dir.join("data"))
+            .env("CONTRACT_CORE_CONFIG", &config)
+            .env("CONTRACT_DEVICE_ID", DEVICE)
+            .env("CONTRACT_DAEMON_CREDENTIAL", SECRET)
+            .stdout(Stdio::piped()),
+        dir,
+    );
+    let stdout = core.child.stdout.take().unwrap();
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let mut line = String::new();
+        let _ = BufReader::new(stdout).read_line(&mut line);
+        let _ = tx.send(line);
+    });
+    let line = rx
+        .recv_timeout(READY_TIMEOUT)
+        .expect("Core printed no readiness line in time");
+    let ready: Value = serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line:?}"));
+    let base = ready["ready"]["base_url"].as_str().unwrap().to_string();
+    (core, base)
+}
+
+/// Starts the Runtime with the command adapter and the example program.
+fn start_runtime(dir: &Path, base: &str) -> Proc {
+    let workspace = dir.join("workspace");
+    std::fs::create_dir(&workspace).unwrap();
+    let program = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/echo_agent.py");
+    Proc::spawn(
+        "runtime",
+        Command::new(env!("CARGO_BIN_EXE_contract-impl"))
+            .args([
+                "runtime",
+                "--adapter",
+                "command",
+                "--command-protocol",
+                "jsonl",
+            ])
+            .arg("--command-program")
+            .arg(&program)
+            .env_clear()
+            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+            .env("CONTRACT_CORE_URL", base)
+            .env("CONTRACT_DEVICE_ID", DEVICE)
+            .env("CONTRACT_DAEMON_CREDENTIAL", SECRET)
+            .env("CONTRACT_WORKSPACE", &workspace)
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null()),
+        dir,
+    )
+}
+
+/// Creates an Agent of kind `command` and returns its ID.
+async fn agent(api: &Api) -> String {
+    let (status, agent) = api
+        .post(
+            "/agents",
+            json!({"agent_kind": "command", "model": "echo", "system_prompt": "Echo."}),
+        )
+        .await;
+    assert_eq!(status, 201, "{agent}");
+    agent["agent_id"].as_str().unwrap().into()
+}
+
+/// Creates a Session of `agent_id` on the Runtime's Environment.
+async fn session(api: &Api, agent_id: &str) -> String {
+    let (status, session) = api
+        .post(
+            "/sessions",
+            json!({"agent_id": agent_id, "environment_id": ENVIRONMENT_ID}),
+        )
+        .await;
+    assert_eq!(status, 201, "{session}");
+    session["session_id"].as_str().unwrap().into()
+}
+
+/// Starts a Turn with one text message; returns the Turn ID.
+async fn turn(api: &Api, session_id: &str, text: &str) -> String {
+    let (status, turn) = api
+        .post(
+            &format!("/sessions/{session_id}/turns"),
+            json!({"input": text_input(text)}),
+        )
+        .await;
+    assert_eq!(status, 201, "{turn}");
+    turn["turn_id"].as_str().unwrap().into()
+}
+
+/// A Turn's events (`GET /v1/turns/{id}/events`).
+async fn events(api: &Api, turn_id: &str) -> Vec<Value> {
+    api.get(&format!("/turns/{turn_id}/events")).await["events"]
+        .as_array()
+        .unwrap()
+        .clone()
+}
+
+/// The concatenated text of a Turn's `delta` events.
+fn delta_text(events: &[Value]) -> String {
+    events
+        .iter()
+        .filter(|e| e["type"] == "delta")
+        .map(|e| e["payload"]["text"].as_str().unwrap())
+        .collect()
+}
+
+fn types(events: &[Value]) -> Vec<&str> {
+    events.iter().map(|e| e["type"].as_str().unwrap()).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn core_runtime_and_a_command_harness_end_to_end() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_core, base) = start_core(dir.path());
+    let _runtime = start_runtime(dir.path(), &base);
+    let api = Api::new(&base);
+
+    // The Runtime's own Environment binding, registered through the public API.
+    let (status, env) = api
+        .post(
+            "/environments",
+            json!({"type": "self_hosted", "environment_id": ENVIRONMENT_ID}),
+        )
+        .await;
+    assert_eq!(status, 201, "{env}");
+    let agent_id = agent(&api).await;
+
+    // 1. A Turn runs the program and completes with its echo and usage. (Started before
+    //    the Runtime's first heartbeat may have arrived: Core keeps it queued until then.)
+    let session_id = session(&api, &agent_id).await;
+    let echo = turn(&api, &session_id, "hello world").await;
+    let done = api.wait_state(&echo, "completed").await;
+    assert_eq!(done["device_id"], DEVICE);
+    assert_eq!(done["outcome"]["native_outcome"], "completed");
+    assert_eq!(
+        done["outcome"]["usage"],
+        json!({"input_tokens": 2, "output_tokens": 3})
+    );
+    let evs = events(&api, &echo).await;
+    assert_eq!(types(&evs), ["delta", "usage", "done"], "{evs:?}");
+    assert_eq!(delta_text(&evs), "echo: hello world\n");
+
+    // 2. Active input on a running Turn: written to the program's stdin, `accepted`
+    //    by the program itself, and the cursor advances.
+    let session_id = session(&api, &agent_id).await;
+    let steer = turn(&api, &session_id, "/steer wait for more").await;
+    let input_id = api.input(&steer, "and this too").await;
+    let inputs = api
+        .wait(&format!("/turns/{steer}/inputs"), |v| {
+            v["inputs"][0]["state"] == "accepted"
+        })
+        .await;
+    assert_eq!(inputs["inputs"][0]["input_id"], input_id.as_str());
+    assert_eq!(inputs["input_cursor"], 1);
+    api.wait_state(&steer, "completed").await;
+    assert_eq!(
+        delta_text(&events(&api, &steer).await),
+        "echo: /steer wait for more\necho: and this too\n"
+    );
+
+    // 3. A program's own error record keeps its raw metadata; the Runtime classifies it.
+    let session_id = session(&api, &agent_id).await;
+    let fail = turn(&api, &session_id, "/fail now").await;
+    let failed = api.wait_state(&fail, "failed").await;
+    assert_eq!(failed["outcome"]["error_code"], "engine_failed", "{failed}");
+    assert_eq!(failed["outcome"]["engine_error_code"], "server_error");
+    assert_eq!(types(&events(&api, &fail).await), ["error", "done"]);
+
+    // 4. Cancel a long-running Turn: it ends `cancelled` and the program's whole
+    //    process tree (the program and its `sleep` child) is gone.
+    let session_id = session(&api, &agent_id).await;
+    let sleeper = turn(&api, &session_id, "/sleep").await;
+    let evs = api
+        .wait(&format!("/turns/{sleeper}/events"), |v| {
+            delta_text(v["events"].as_array().unwrap()).contains("sleeping (pid ")
+        })
+        .await;
+    let evs = evs["events"].as_array().unwrap();
+    assert!(
+        evs.iter().any(|e| e["type"] == "tool_call"
+            && e["payload"]["state"] == "started"
+            && e["payload"]["observation"]["kind"] == "command"),
+        "{evs:?}"
+    );
+    let text = delta_text(evs);
+    let pid: i32 = text
+        .split("sleeping (pid ")
+        .nth(1)
+        .and_then(|rest| rest.split(')').next())
+        .and_then(|pid| pid.parse().ok())
+        .unwrap_or_else(|| panic!("no pid in {text:?}"));
+    assert_eq!(kill(Pid::from_raw(pid), None), Ok(()), "the child runs");
+    let (status, body) = api
+        .post(&format!("/turns/{sleeper}/cancel"), json!({}))
+        .await;
+    assert_eq!(status, 202, "{body}");
+    let cancelled = api.wait_state(&sleeper, "cancelled").await;
+    assert_eq!(cancelled["cancel_requested"], true);
+    // The cancel receipt is sent only once the group was confirmed empty.
+    assert_eq!(
+        kill(Pid::from_raw(pid), None),
+        Err(Errno::ESRCH),
+        "the program's child survived the cancel"
+    );
+}
