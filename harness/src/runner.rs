@@ -78,8 +78,10 @@ async fn run_scenario_reporting_launch(
         }
     };
     if let Some(failure) = &outcome.failure {
-        let launch = (failure.step.is_none() && failure.what == "launch")
-            .then(|| failure.message.lines().next().unwrap_or("").to_string());
+        let launch = (failure.step.is_none() && failure.what == "launch").then(|| {
+            let first = failure.message.lines().next().unwrap_or("");
+            first.trim_end_matches("; stderr tail:").to_string()
+        });
         let result = ScenarioResult::fail(
             id,
             side,

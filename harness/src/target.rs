@@ -7,9 +7,10 @@
 //!   target's working directory.
 //! * [`Target`]: the target process. [`Target::spawn`] splits `--target-cmd` like a POSIX
 //!   shell would (no shell involved), starts it in a **new process group** with the given
-//!   environment, captures stderr into a bounded [`StderrTail`] (last
-//!   [`STDERR_TAIL_LINES`] lines, at most [`STDERR_TAIL_BYTES`]) and scans every stderr
-//!   byte for a secret. [`Target::await_ready`] races a readiness future against the
+//!   environment, captures stderr and stdout into bounded [`StderrTail`]s (last
+//!   [`STDERR_TAIL_LINES`] lines, at most [`STDERR_TAIL_BYTES`], each) and scans every
+//!   output byte for a secret ([`redact_secret`] keeps it out of messages).
+//!   [`resolve_program`] checks a command's program up front. [`Target::await_ready`] races a readiness future against the
 //!   process exiting and the start-up deadline ([`Target::await_ready_or_exit`] reports
 //!   an exit as an outcome instead of an error, for scenarios that expect one);
 //!   [`Target::wait_exit`] awaits the exit itself. [`Target::shutdown`] sends `SIGTERM` to

@@ -28,8 +28,13 @@
 //! ready instead fails that step.
 //!
 //! Every HTTP request and WebSocket message the target sends is checked for the daemon
-//! credential (URL, body, frame) and the target's stderr is scanned for it; any sighting
-//! fails the run. Every step has a deadline (`step_timeout`).
+//! credential (URL also percent-encoded, every header but an exact
+//! `Authorization: Bearer <credential>`, body, frame, close reason) and the target's
+//! stderr and stdout are scanned for it; any sighting fails the run with
+//! `credential leaked in <channel>`, the credential redacted from every message.
+//! After the last step of a passing run, [`END_CLOSE_REASON`]: the harness closes the
+//! connection and fails on any non-heartbeat frame the target emits before its Close
+//! reply. Every step has a deadline (`step_timeout`).
 //!
 //! **Side `core`**: [`drive`] hands the run to [`super::core_target`], where the harness
 //! plays the Runtime, performs `api:` steps against the target Core and sends the

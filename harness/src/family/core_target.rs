@@ -29,7 +29,9 @@
 //! | `expect_exit` | refused: it checks a Runtime process |
 //!
 //! Everything Core answers or sends is checked for the daemon credential, and Core's
-//! stderr is scanned for it; any sighting fails the run. This module never renders or
+//! stderr and stdout are scanned for it; any sighting fails the run. After the last step
+//! of a passing run the harness closes the connection (1000 `scenario complete`) and
+//! fails on any non-heartbeat frame Core sends before its Close reply. This module never renders or
 //! compares goldens and never prints.
 
 use std::time::Duration;
