@@ -14,7 +14,7 @@ JOBS    ?=
 HARNESS_ARGS ?=
 
 .PHONY: check-runtime-contract check setup build test lint fmt fmt-check clippy doc \
-        contract contract-core coverage golden-review golden-accept schema bench clean
+        contract contract-core coverage golden-review golden-accept schema clean
 
 ## The main job: build everything, replay every scenario against our binaries, print coverage.
 check-runtime-contract: setup build contract contract-core coverage

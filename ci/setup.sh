@@ -11,6 +11,9 @@ need() {
 }
 
 need cargo "the Rust toolchain (cargo, rustc)"
+# The end-to-end test's example Harness program (impl/tests/fixtures/echo_agent.py) is
+# stdlib-only Python.
+need python3 "CPython 3 (standard library only), for the example command Harness program"
 # rustfmt and clippy ship as toolchain components; report clearly if they are absent.
 cargo fmt --version >/dev/null 2>&1 || { echo "setup: rustfmt component missing (rustup component add rustfmt)" >&2; exit 1; }
 cargo clippy --version >/dev/null 2>&1 || { echo "setup: clippy component missing (rustup component add clippy)" >&2; exit 1; }
