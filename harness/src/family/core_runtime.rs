@@ -551,7 +551,7 @@ impl Session {
                 sent.map_err(|e| format!("sending raw bytes failed: {e}"))
             }
             Step::ExpectClose { code, reason } => self.expect_close(*code, reason.as_deref()).await,
-            Step::Api(_) => Ok(()),
+            Step::Api(_) | Step::ApiResult(_) => Ok(()),
             Step::Crash => {
                 Err("crash restarts a target Core; the Runtime is the target here".into())
             }
@@ -1410,11 +1410,15 @@ mod tests {
                     call: crate::scenario::model::ApiCall {
                         method: "GET".into(),
                         path: "/v1/turns/$t".into(),
+                        query: None,
                         body: None,
                     },
                     expect: HttpResponseSpec { status: 200, body: None },
                     poll: false,
+                    id: None,
+                    wait: true,
                 }),
+                Step::ApiResult(crate::scenario::model::ApiResultStep { id: "files1".into() }),
                 Step::HalfClose { code: None, reason: None },
             ],
         )

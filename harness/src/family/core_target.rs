@@ -14,7 +14,8 @@
 //! | `runtime:` | substitute placeholders (minting unbound ones: admission handles, Executor IDs, …), schema-check as Runtime → Core, send as one text frame |
 //! | `core:` | the next thing Core does must be a text frame: strict parse, schema-check as Core → Runtime, record, match (Core-generated session, Run and preparation IDs bind to placeholders) |
 //! | `native:` | skipped (the scripted Runtime sends the resulting frames itself) |
-//! | `api:` | the call (placeholders substituted in path and body) to `<base_url><path>`; status checked, body matched (binds); recorded as `api response`; `poll: true` repeats a GET until it matches, within the step deadline |
+//! | `api:` | the call (placeholders substituted in path, query values and body) to `<base_url><path>?<query>` (query percent-encoded, [`encode_query`]); status checked, body matched (binds); recorded as `api response`; `poll: true` repeats a GET until it matches, within the step deadline; `await: false` starts the call in its own task and goes on (at most [`API_IN_FLIGHT_MAX`] in flight, each bounded by [`API_ASYNC_CALL_TIMEOUT`]) |
+//! | `api_result:` | waits (step deadline) for the answer of the asynchronous call with that `id`, then checks and records it like `api:` |
 //! | `bootstrap` | POST the bootstrap request with the Bearer credential (body default `{device_id}`); status and body pattern checked (default `200` with `connection_url` and `heartbeat_interval_ms`); the `connection_url` is used by the next `connect` |
 //! | `connect` | dial the WebSocket with the Bearer header and the query (defaults `device_id`, `version: WIRE_VERSION`, overridden key by key); `101` (default) must upgrade, another status must be answered with that status and body pattern. A new connection supersedes the current one, which stays open (unread) until the end of the run, so Core has to fence it itself |
 //! | `handshake` | `bootstrap` + `connect` + one full heartbeat (the launch declarations: `config.runtime.agent_kinds` or kind `controlled` with every capability `true`; `runtime_version` [`RUNTIME_VERSION`]) |
@@ -34,6 +35,7 @@
 //! fails on any non-heartbeat frame Core sends before its Close reply. This module never renders or
 //! compares goldens and never prints.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use contract_impl::core_runtime::wire::Direction;
@@ -52,9 +54,11 @@ use crate::bind::Bindings;
 use crate::golden::{EntryKind, GoldenEntry, Recording};
 use crate::matcher::{match_frame, schema_check};
 use crate::scenario::model::{
-    ApiStep, BootstrapStep, ConnectStep, HttpResponseSpec, Party, RawMessage, Scenario, Step,
+    API_IN_FLIGHT_MAX, ApiCall, ApiStep, BootstrapStep, ConnectStep, HttpResponseSpec, Party,
+    RawMessage, Scenario, Step,
 };
 use crate::target::{LaunchSpec, RunDir, Target, redact_secret};
+use crate::transport::TransportError;
 use crate::transport::client::{HttpAnswer, HttpClient, WsDial, dial_ws};
 use crate::transport::http::{BOOTSTRAP_PATH, WS_PATH};
 use crate::transport::ws::{WsConnection, WsEvent, truncate};
@@ -73,6 +77,48 @@ pub const READY_LINES_MAX: usize = 64;
 
 /// Pause between two calls of a polling `api:` step (bounded by the step deadline).
 pub const API_POLL_INTERVAL: Duration = Duration::from_millis(20);
+
+/// Bound on one asynchronous `api:` call (`await: false`), from its start to Core's
+/// answer (its `api_result:` step waits at most the step deadline on top of the steps
+/// run meanwhile). Above Core's own Files bound (30 s).
+pub const API_ASYNC_CALL_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// Percent-encodes query parameters as `name=value&…` (RFC 3986: every byte but the
+/// unreserved `A-Z a-z 0-9 - . _ ~` becomes `%XX`), in the given order.
+pub fn encode_query(params: &[(String, String)]) -> String {
+    fn encode(text: &str, out: &mut String) {
+        for byte in text.bytes() {
+            if byte.is_ascii_alphanumeric() || matches!(byte, b'-' | b'.' | b'_' | b'~') {
+                out.push(char::from(byte));
+            } else {
+                out.push_str(&format!("%{byte:02X}"));
+            }
+        }
+    }
+    let mut out = String::new();
+    for (i, (name, value)) in params.iter().enumerate() {
+        if i > 0 {
+            out.push('&');
+        }
+        encode(name, &mut out);
+        out.push('=');
+        encode(value, &mut out);
+    }
+    out
+}
+
+/// An asynchronous `api:` call in flight; its task is aborted when it is dropped (a run
+/// that ends early leaves nothing running).
+struct InFlightCall {
+    api: ApiStep,
+    handle: tokio::task::JoinHandle<Result<HttpAnswer, TransportError>>,
+}
+
+impl Drop for InFlightCall {
+    fn drop(&mut self) {
+        self.handle.abort();
+    }
+}
 
 /// Most superseded connections kept open at once (see `connect`).
 pub const SUPERSEDED_CONNECTIONS_MAX: usize = 4;
@@ -274,6 +320,7 @@ pub async fn drive(scenario: &Scenario, opts: &DriveOptions) -> DriveOutcome {
         step_timeout: opts.step_timeout,
         startup_timeout: opts.startup_timeout,
         step: 0,
+        in_flight: BTreeMap::new(),
     };
     let mut failure = None;
     for (i, step) in scenario.steps.iter().enumerate() {
@@ -422,6 +469,9 @@ struct CoreSession {
     startup_timeout: Duration,
     /// 1-based index of the running step.
     step: usize,
+    /// Asynchronous `api:` calls started and not yet awaited, by ID (at most
+    /// [`API_IN_FLIGHT_MAX`]).
+    in_flight: BTreeMap<String, InFlightCall>,
 }
 
 type StepResult<T = ()> = Result<T, String>;
@@ -511,6 +561,7 @@ impl CoreSession {
             }
             Step::ExpectClose { code, reason } => self.expect_close(*code, reason.as_deref()).await,
             Step::Api(api) => self.api(api).await,
+            Step::ApiResult(r) => self.api_result(&r.id).await,
             Step::Crash => self.crash().await,
             Step::ExpectExit { .. } => Err(
                 "expect_exit checks the exit of a target Runtime process; with Core as the \
@@ -804,19 +855,65 @@ impl CoreSession {
         }
     }
 
-    async fn api(&mut self, api: &ApiStep) -> StepResult {
+    /// The URL of `call`: placeholders substituted in the path segments and the query
+    /// values, the query percent-encoded ([`encode_query`]).
+    fn api_url(&mut self, call: &ApiCall) -> StepResult<String> {
+        let text = |value: Value| match value {
+            Value::String(s) => s,
+            other => other.to_string(),
+        };
         let mut segments = Vec::new();
-        for segment in api.call.path.split('/') {
+        for segment in call.path.split('/') {
             let value = self
                 .bindings
                 .substitute(&Value::String(segment.to_string()), false)
                 .map_err(|e| format!("cannot build the path: {e}"))?;
-            segments.push(match value {
-                Value::String(s) => s,
-                other => other.to_string(),
-            });
+            segments.push(text(value));
         }
-        let path = segments.join("/");
+        let mut url = format!("{}{}", self.base_url, segments.join("/"));
+        if let Some(query) = &call.query {
+            let mut params = Vec::new();
+            for (name, template) in query {
+                let value = self
+                    .bindings
+                    .substitute(&Value::String(template.clone()), false)
+                    .map_err(|e| format!("cannot build the query parameter `{name}`: {e}"))?;
+                params.push((name.clone(), text(value)));
+            }
+            url.push('?');
+            url.push_str(&encode_query(&params));
+        }
+        Ok(url)
+    }
+
+    /// Checks and records the final answer of an `api:` call (synchronous or awaited
+    /// by `api_result:`).
+    fn settle_api(&mut self, api: &ApiStep, answer: &HttpAnswer, polled: bool) -> StepResult {
+        let what = format!("api {} {}", api.call.method, api.call.path);
+        self.check_secret(&String::from_utf8_lossy(&answer.body), "an API answer")?;
+        let answer_value = answer_body(answer);
+        let checked = self.check_answer(&what, &api.expect, answer, &answer_value);
+        let mut record = json!({
+            "method": api.call.method,
+            "path": api.call.path,
+            "status": answer.status,
+            "body": answer_value,
+        });
+        if let Some(query) = &api.call.query {
+            record["query"] = json!(query);
+        }
+        self.record("api response", EntryKind::HttpResponse, record);
+        checked.map_err(|m| {
+            if polled {
+                format!("{m}\n  (polled until the step deadline)")
+            } else {
+                m
+            }
+        })
+    }
+
+    async fn api(&mut self, api: &ApiStep) -> StepResult {
+        let url = self.api_url(&api.call)?;
         let body = match &api.call.body {
             Some(template) => Some(
                 self.bindings
@@ -827,8 +924,10 @@ impl CoreSession {
             ),
             None => None,
         };
-        let url = format!("{}{path}", self.base_url);
         let what = format!("api {} {}", api.call.method, api.call.path);
+        if !api.wait {
+            return self.start_api(api, url, body);
+        }
         let deadline = Instant::now() + self.step_timeout;
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
@@ -837,32 +936,79 @@ impl CoreSession {
                 .request(&api.call.method, &url, None, body.clone(), left)
                 .await
                 .map_err(|e| format!("{what}: the request failed: {e}"))?;
-            self.check_secret(&String::from_utf8_lossy(&answer.body), "an API answer")?;
-            let answer_value = answer_body(&answer);
-            let checked = self.check_answer(&what, &api.expect, &answer, &answer_value);
-            let retry =
-                api.poll && checked.is_err() && Instant::now() + API_POLL_INTERVAL < deadline;
+            let retry = api.poll
+                && Instant::now() + API_POLL_INTERVAL < deadline
+                && self.peek_mismatch(api, &answer);
             if !retry {
-                self.record(
-                    "api response",
-                    EntryKind::HttpResponse,
-                    json!({
-                        "method": api.call.method,
-                        "path": api.call.path,
-                        "status": answer.status,
-                        "body": answer_value,
-                    }),
-                );
-                return checked.map_err(|m| {
-                    if api.poll {
-                        format!("{m}\n  (polled until the step deadline)")
-                    } else {
-                        m
-                    }
-                });
+                return self.settle_api(api, &answer, api.poll);
             }
             tokio::time::sleep(API_POLL_INTERVAL).await;
         }
+    }
+
+    /// Whether `answer` fails `api.expect` (without binding anything).
+    fn peek_mismatch(&self, api: &ApiStep, answer: &HttpAnswer) -> bool {
+        if answer.status != api.expect.status {
+            return true;
+        }
+        let Some(pattern) = &api.expect.body else {
+            return false;
+        };
+        let mut trial = self.bindings.clone();
+        match_frame(pattern, &answer_body(answer), &mut trial).is_err()
+    }
+
+    /// Starts the asynchronous call of an `api: {await: false}` step: the request runs
+    /// in its own task (bounded by [`API_ASYNC_CALL_TIMEOUT`]) while the next steps run.
+    fn start_api(&mut self, api: &ApiStep, url: String, body: Option<Vec<u8>>) -> StepResult {
+        let Some(id) = api.id.clone() else {
+            return Err("an `api` step with `await: false` needs an `id`".into());
+        };
+        if self.in_flight.contains_key(&id) {
+            return Err(format!("api call `{id}` is already in flight"));
+        }
+        if self.in_flight.len() >= API_IN_FLIGHT_MAX {
+            return Err(format!(
+                "at most {API_IN_FLIGHT_MAX} asynchronous api calls may be in flight at once"
+            ));
+        }
+        let http = self.http.clone();
+        let method = api.call.method.clone();
+        let handle = tokio::spawn(async move {
+            http.request(&method, &url, None, body, API_ASYNC_CALL_TIMEOUT)
+                .await
+        });
+        self.in_flight.insert(
+            id,
+            InFlightCall {
+                api: api.clone(),
+                handle,
+            },
+        );
+        Ok(())
+    }
+
+    /// `api_result:` — awaits the answer of the asynchronous call `id` within the step
+    /// deadline, then checks and records it like a synchronous `api:` step.
+    async fn api_result(&mut self, id: &str) -> StepResult {
+        let Some(mut call) = self.in_flight.remove(id) else {
+            return Err(format!(
+                "no asynchronous api call `{id}` is in flight (never started, or already awaited)"
+            ));
+        };
+        let what = format!("api {} {}", call.api.call.method, call.api.call.path);
+        let joined = tokio::time::timeout(self.step_timeout, &mut call.handle)
+            .await
+            .map_err(|_| {
+                format!(
+                    "{what} (`{id}`): no answer within {}",
+                    show_duration(self.step_timeout)
+                )
+            })?;
+        let answer = joined
+            .map_err(|e| format!("{what} (`{id}`): the request task failed: {e}"))?
+            .map_err(|e| format!("{what} (`{id}`): the request failed: {e}"))?;
+        self.settle_api(&call.api, &answer, false)
     }
 
     async fn crash(&mut self) -> StepResult {
@@ -1117,6 +1263,225 @@ mod tests {
         assert_eq!(
             default_heartbeat(&custom)["payload"]["supported_agent_kinds"],
             json!([])
+        );
+    }
+
+    #[test]
+    fn queries_are_percent_encoded() {
+        let params = [
+            ("path".to_string(), "src/a b/ü~x.py".to_string()),
+            ("q".to_string(), "a&b=c?#%".to_string()),
+        ];
+        assert_eq!(
+            encode_query(&params),
+            "path=src%2Fa%20b%2F%C3%BC~x.py&q=a%26b%3Dc%3F%23%25"
+        );
+        assert_eq!(encode_query(&[("path".into(), String::new())]), "path=");
+    }
+
+    // A fake Core for the driver tests: the same test binary, started by the driver as
+    // the target with `CRH_FAKE_CORE` set. It serves HTTP with the harness's own scripted
+    // server: `GET /v1/wait` is held until a `POST /v1/release` has arrived, then answered
+    // `200 {"path", "query"}`; the release itself gets `204`. Anything else: `404`.
+    async fn fake_core_main() {
+        let mut server = crate::transport::http::ScriptedCore::start().await.unwrap();
+        // libtest has printed `test … ` without a line end: start a fresh line.
+        println!("\n{}", json!({"ready": {"base_url": server.base_url()}}));
+        let mut held = Vec::new();
+        // The held call may arrive after the release (its task races the next step).
+        let mut released = false;
+        while let Some(request) = server.next_request().await {
+            match (request.method.as_str(), request.path.as_str()) {
+                ("GET", "/v1/wait") => held.push(request),
+                ("POST", "/v1/release") => {
+                    released = true;
+                    request.respond(204, None).unwrap();
+                }
+                _ => request
+                    .respond(404, Some(&json!({"error": "not_found"})))
+                    .unwrap(),
+            }
+            if released {
+                for waiting in held.drain(..) {
+                    let body = json!({"path": waiting.path, "query": waiting.query});
+                    waiting.respond(200, Some(&body)).unwrap();
+                }
+            }
+        }
+    }
+
+    /// The fake Core's entry point (a no-op in a normal test run).
+    #[test]
+    fn fake_core() {
+        if std::env::var_os("CRH_FAKE_CORE").is_none() {
+            return;
+        }
+        tokio::runtime::Runtime::new()
+            .unwrap()
+            .block_on(fake_core_main());
+    }
+
+    async fn drive_fake_core(steps: Vec<Step>) -> DriveOutcome {
+        let exe = std::env::current_exe().unwrap();
+        let cmd = format!(
+            "env CRH_FAKE_CORE=1 {} --exact family::core_target::tests::fake_core --nocapture --test-threads 1",
+            shell_words::quote(&exe.display().to_string())
+        );
+        let opts = DriveOptions {
+            target_cmd: cmd,
+            step_timeout: Duration::from_millis(1500),
+            startup_timeout: Duration::from_secs(20),
+        };
+        let scenario = Scenario {
+            pending: Default::default(),
+            family: "core_runtime".into(),
+            name: "driver_test".into(),
+            summary: String::new(),
+            covers: vec![],
+            sides: Some(vec![crate::scenario::model::Side::Core]),
+            config: Default::default(),
+            steps,
+            path: "driver_test.yaml".into(),
+        };
+        drive(&scenario, &opts).await
+    }
+
+    fn call(method: &str, path: &str, query: Option<(&str, &str)>) -> ApiCall {
+        ApiCall {
+            method: method.into(),
+            path: path.into(),
+            query: query.map(|(k, v)| [(k.to_string(), v.to_string())].into()),
+            body: None,
+        }
+    }
+
+    fn wait_step(id: Option<&str>, expect_body: Option<Value>) -> Step {
+        Step::Api(ApiStep {
+            call: call("GET", "/v1/wait", Some(("path", "a"))),
+            expect: HttpResponseSpec {
+                status: 200,
+                body: expect_body,
+            },
+            poll: false,
+            id: id.map(Into::into),
+            wait: id.is_none(),
+        })
+    }
+
+    fn release_step() -> Step {
+        Step::Api(ApiStep {
+            call: call("POST", "/v1/release", None),
+            expect: HttpResponseSpec {
+                status: 204,
+                body: None,
+            },
+            poll: false,
+            id: None,
+            wait: true,
+        })
+    }
+
+    fn failure_text(outcome: &DriveOutcome) -> String {
+        outcome
+            .failure
+            .as_ref()
+            .map(ToString::to_string)
+            .unwrap_or_default()
+    }
+
+    #[tokio::test]
+    async fn asynchronous_api_calls_run_while_later_steps_do() {
+        // A first synchronous call, then one Core holds until a later step.
+        let bind = Step::Api(ApiStep {
+            call: call("GET", "/v1/unknown", None),
+            expect: HttpResponseSpec {
+                status: 404,
+                body: Some(json!({"error": "$_"})),
+            },
+            poll: false,
+            id: None,
+            wait: true,
+        });
+        let outcome = drive_fake_core(vec![
+            bind,
+            Step::Api(ApiStep {
+                call: call("GET", "/v1/wait", Some(("path", "src/a b.py"))),
+                expect: HttpResponseSpec {
+                    status: 200,
+                    body: Some(json!({"path": "/v1/wait", "query": "$q"})),
+                },
+                poll: false,
+                id: Some("files1".into()),
+                wait: false,
+            }),
+            // The held call is answered only once this one arrives: a step that waited
+            // for the first call's answer would never get here.
+            release_step(),
+            Step::ApiResult(crate::scenario::model::ApiResultStep {
+                id: "files1".into(),
+            }),
+        ])
+        .await;
+        assert!(
+            outcome.failure.is_none(),
+            "{}\n{}",
+            failure_text(&outcome),
+            outcome.stderr_tail
+        );
+        assert_eq!(
+            outcome.bindings.get("q"),
+            Some(&json!("path=src%2Fa%20b.py"))
+        );
+        let steps: Vec<(usize, &str)> = outcome
+            .recording
+            .entries
+            .iter()
+            .map(|e| (e.step, e.label.as_str()))
+            .collect();
+        // The asynchronous answer is recorded at its `api_result` step.
+        assert_eq!(
+            steps,
+            [
+                (1, "api response"),
+                (3, "api response"),
+                (4, "api response")
+            ]
+        );
+        assert_eq!(
+            outcome.recording.entries[2].body["query"],
+            json!({"path": "src/a b.py"})
+        );
+    }
+
+    #[tokio::test]
+    async fn an_unanswered_asynchronous_call_fails_its_result_step() {
+        let outcome = drive_fake_core(vec![
+            wait_step(Some("files1"), None),
+            Step::ApiResult(crate::scenario::model::ApiResultStep {
+                id: "files1".into(),
+            }),
+        ])
+        .await;
+        let failure = outcome.failure.expect("the result step must time out");
+        assert_eq!(failure.step, Some(2));
+        assert!(
+            failure.message.contains("no answer within 1500ms"),
+            "{}",
+            failure.message
+        );
+        // A synchronous call that Core holds fails its own step.
+        let outcome = drive_fake_core(vec![wait_step(None, None)]).await;
+        let failure = outcome.failure.expect("the held call must time out");
+        assert_eq!(failure.step, Some(1));
+        // An unknown ID (the loader refuses it; the driver still reports it).
+        let outcome = drive_fake_core(vec![Step::ApiResult(
+            crate::scenario::model::ApiResultStep { id: "nope".into() },
+        )])
+        .await;
+        assert!(
+            failure_text(&outcome).contains("no asynchronous api call `nope`"),
+            "{}",
+            failure_text(&outcome)
         );
     }
 

@@ -18,8 +18,8 @@ use serde_json::{Map, Value};
 use serde_saphyr::{Location, Spanned};
 
 use super::model::{
-    ApiStep, BootstrapStep, ConnectStep, ExitCodeSpec, Party, RawMessage, Scenario, ScenarioConfig,
-    Side, Step,
+    ApiResultStep, ApiStep, BootstrapStep, ConnectStep, ExitCodeSpec, Party, RawMessage, Scenario,
+    ScenarioConfig, Side, Step,
 };
 use super::validation::{self, Spans, StepSpan};
 
@@ -221,6 +221,7 @@ enum RawStep {
     SendBytes(RawBytes),
     ExpectClose(RawClose),
     Api(ApiStep),
+    ApiResult(ApiResultStep),
     Crash(Empty),
     ExpectExit(RawExit),
 }
@@ -480,6 +481,7 @@ impl Converter<'_> {
                 reason: c.reason,
             },
             RawStep::Api(v) => Step::Api(v),
+            RawStep::ApiResult(v) => Step::ApiResult(v),
             RawStep::Crash(Empty {}) => Step::Crash,
             RawStep::ExpectExit(e) => Step::ExpectExit {
                 code: e.code.map(|c| c.0),
@@ -704,6 +706,116 @@ steps:
             Ok(_) => panic!("expected an error for:\n{text}"),
             Err(e) => e.to_string(),
         }
+    }
+
+    #[test]
+    fn async_api_calls_and_queries_are_checked() {
+        let head = "family: core_runtime\nname: x\nsummary: s\ncovers: [CR-A-001]\nsides: [core]\nsteps:\n";
+        let start = |id: &str| {
+            format!(
+                "  - api: {{ call: {{ method: GET, path: /v1/sessions/s-1/files/content, query: {{ path: \"src/a b.py\" }} }}, expect: {{ status: 200 }}, id: {id}, await: false }}\n"
+            )
+        };
+        let result = |id: &str| format!("  - api_result: {{ id: {id} }}\n");
+        let (_dir, ok) = load(
+            "x",
+            &format!(
+                "{head}{}  - silence: 1ms\n{}",
+                start("files1"),
+                result("files1")
+            ),
+        );
+        let s = ok.unwrap();
+        match &s.steps[0] {
+            Step::Api(api) => {
+                assert!(!api.wait);
+                assert_eq!(api.id.as_deref(), Some("files1"));
+                let query = api.call.query.as_ref().unwrap();
+                assert_eq!(query["path"], "src/a b.py");
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(
+            s.steps[2],
+            Step::ApiResult(ApiResultStep {
+                id: "files1".into()
+            })
+        );
+        // Unknown ID, located at the api_result step (line 7).
+        let err = load_err("x", &format!("{head}{}", result("nope")));
+        assert!(err.contains("no earlier `api` step"), "{err}");
+        assert!(err.contains(":7:"), "{err}");
+        // Awaited before it was started.
+        let err = load_err("x", &format!("{head}{}{}", result("a"), start("a")));
+        assert!(err.contains("no earlier `api` step"), "{err}");
+        // Never awaited, located at the api step (line 7).
+        let err = load_err("x", &format!("{head}{}", start("a")));
+        assert!(err.contains("never awaited"), "{err}");
+        assert!(err.contains(":7:"), "{err}");
+        // Awaited twice.
+        let err = load_err(
+            "x",
+            &format!("{head}{}{}{}", start("a"), result("a"), result("a")),
+        );
+        assert!(err.contains("already awaited by step 2"), "{err}");
+        // The same ID started twice.
+        let err = load_err(
+            "x",
+            &format!("{head}{}{}{}", start("a"), start("a"), result("a")),
+        );
+        assert!(err.contains("already used by step 1"), "{err}");
+        // Too many in flight.
+        let ids = ["a", "b", "c", "d", "e"];
+        let starts: String = ids.iter().map(|id| start(id)).collect();
+        let results: String = ids.iter().map(|id| result(id)).collect();
+        let err = load_err("x", &format!("{head}{starts}{results}"));
+        assert!(err.contains("more than 4"), "{err}");
+        // `await: false` without an ID, an ID without `await: false`, polling, bad IDs.
+        for (step, needle) in [
+            (
+                "{ call: { method: GET, path: /v1/x }, expect: { status: 200 }, await: false }",
+                "needs an `id`",
+            ),
+            (
+                "{ call: { method: GET, path: /v1/x }, expect: { status: 200 }, id: a }",
+                "add `await: false`",
+            ),
+            (
+                "{ call: { method: GET, path: /v1/x }, expect: { status: 200 }, id: a, await: false, poll: true }",
+                "cannot poll",
+            ),
+            (
+                "{ call: { method: GET, path: \"/v1/x?path=a\" }, expect: { status: 200 } }",
+                "call.query",
+            ),
+            (
+                "{ call: { method: GET, path: /v1/x, query: { \"\": a } }, expect: { status: 200 } }",
+                "non-empty literal",
+            ),
+        ] {
+            let err = load_err("x", &format!("{head}  - api: {step}\n"));
+            assert!(err.contains(needle), "{step}: {err}");
+        }
+        let err = load_err(
+            "x",
+            &format!(
+                "{head}  - api: {{ call: {{ method: GET, path: /v1/x }}, expect: {{ status: 200 }}, id: \"a b\", await: false }}\n  - api_result: {{ id: \"a b\" }}\n"
+            ),
+        );
+        assert!(err.contains("must be 1..=64 letters"), "{err}");
+        let err = load_err(
+            "x",
+            &format!("{head}  - api_result: {{ id: a, extra: 1 }}\n"),
+        );
+        assert!(err.contains("extra"), "{err}");
+        // A placeholder used only in a query value is a typo.
+        let err = load_err(
+            "x",
+            &format!(
+                "{head}  - api: {{ call: {{ method: GET, path: /v1/x, query: {{ path: $typo }} }}, expect: {{ status: 200 }} }}\n"
+            ),
+        );
+        assert!(err.contains("`$typo` appears nowhere else"), "{err}");
     }
 
     #[test]

@@ -292,6 +292,16 @@ pub struct HttpResponseSpec {
 /// HTTP methods an `api:` call may use.
 pub const API_METHODS: &[&str] = &["GET", "POST", "PUT", "PATCH", "DELETE"];
 
+/// Most asynchronous `api:` calls (`await: false`) a scenario may have in flight at once
+/// (started and not yet awaited by their `api_result:` step).
+pub const API_IN_FLIGHT_MAX: usize = 4;
+
+/// Most query parameters one `api:` call may carry (`call.query`).
+pub const API_QUERY_PARAMS_MAX: usize = 16;
+
+/// Longest `api:` call ID (`id: files1`), in bytes.
+pub const API_CALL_ID_MAX_BYTES: usize = 64;
+
 /// `api:` — one call to the target Core's public API and the answer it must give.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -305,6 +315,29 @@ pub struct ApiStep {
     /// `completed` after `done`). Default `false`: one call, which must match.
     #[serde(default)]
     pub poll: bool,
+    /// Name of an asynchronous call (`await: false`), which a later
+    /// `api_result: {id}` step awaits. Only together with `await: false`.
+    #[serde(default)]
+    pub id: Option<String>,
+    /// `false` starts the call and goes on with the next step at once (the answer is
+    /// awaited and matched by the `api_result:` step naming [`ApiStep::id`]), for calls
+    /// Core answers only after the scripted Runtime has acted. Default `true`: the step
+    /// waits for the answer.
+    #[serde(default = "default_true", rename = "await")]
+    pub wait: bool,
+}
+
+fn default_true() -> bool {
+    true
+}
+
+/// `api_result:` — awaits the answer of the asynchronous `api:` call named `id` (within
+/// the step deadline) and matches it against that call's `expect`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ApiResultStep {
+    /// The [`ApiStep::id`] of an earlier `api:` step with `await: false`.
+    pub id: String,
 }
 
 /// The request of an [`ApiStep`].
@@ -316,6 +349,11 @@ pub struct ApiCall {
     /// Path under the base URL, starting with `/v1/`; placeholders are written as
     /// whole path segments (`/v1/turns/$turn`) and substituted.
     pub path: String,
+    /// Query parameters (name → value), percent-encoded by the harness and appended to
+    /// the path in name order; a value may be a placeholder (substituted). At most
+    /// [`API_QUERY_PARAMS_MAX`].
+    #[serde(default)]
+    pub query: Option<BTreeMap<String, String>>,
     /// JSON body (placeholders substituted, unbound ones minted).
     #[serde(default)]
     pub body: Option<Value>,
@@ -376,6 +414,9 @@ pub enum Step {
     },
     /// `api:` — a call to Core's public API (performed only when Core is the target).
     Api(ApiStep),
+    /// `api_result:` — awaits and matches the answer of an asynchronous `api:` call
+    /// (performed only when Core is the target).
+    ApiResult(ApiResultStep),
     /// `crash:` — the target Core is killed with `SIGKILL` (its whole process group) and
     /// started again with the same data directory and environment; the step ends when it
     /// is ready again. Only for scenarios that run on side `core` alone.
@@ -436,6 +477,7 @@ impl Step {
             Step::SendBytes(_) => "send_bytes",
             Step::ExpectClose { .. } => "expect_close",
             Step::Api(_) => "api",
+            Step::ApiResult(_) => "api_result",
             Step::Crash => "crash",
             Step::ExpectExit { .. } => "expect_exit",
         }
@@ -450,6 +492,7 @@ impl Step {
             }
             Step::Native { op, .. } => format!("native {op}"),
             Step::Api(api) => format!("api {} {}", api.call.method, api.call.path),
+            Step::ApiResult(r) => format!("api_result {}", r.id),
             Step::Silence(d) => format!("silence {}ms", d.as_millis()),
             Step::AnyOrder(steps) => format!("any_order of {} frames", steps.len()),
             other => other.keyword().to_string(),

@@ -18,8 +18,9 @@ use serde_json::Value;
 use serde_saphyr::Location;
 
 use super::model::{
-    API_METHODS, ApiStep, ExitCodeSpec, GENERATED_FILE_MAX_BYTES, GENERATED_TOTAL_MAX_BYTES, Party,
-    Scenario, Side, Step, WorkspaceSeed,
+    API_CALL_ID_MAX_BYTES, API_IN_FLIGHT_MAX, API_METHODS, API_QUERY_PARAMS_MAX, ApiStep,
+    ExitCodeSpec, GENERATED_FILE_MAX_BYTES, GENERATED_TOTAL_MAX_BYTES, Party, Scenario, Side, Step,
+    WorkspaceSeed,
 };
 use crate::bind::malformed_placeholders;
 use crate::matcher::{GENERATED_MARKER, GeneratedPattern};
@@ -435,9 +436,53 @@ impl Checker<'_> {
             self.issue(
                 Some(location),
                 format!(
-                    "api: path `{}` must start with `/v1/` and hold no query, fragment or space",
+                    "api: path `{}` must start with `/v1/` and hold no query, fragment or space \
+                     (write query parameters under `call.query`)",
                     call.path
                 ),
+            );
+        }
+        if let Some(query) = &call.query {
+            if query.len() > API_QUERY_PARAMS_MAX {
+                self.issue(
+                    Some(location),
+                    format!(
+                        "api: `call.query` has {} parameters, more than {API_QUERY_PARAMS_MAX}",
+                        query.len()
+                    ),
+                );
+            }
+            for (name, value) in query {
+                if name.is_empty() || name.starts_with('$') {
+                    self.issue(
+                        Some(location),
+                        format!("api: query parameter name `{name}` must be a non-empty literal"),
+                    );
+                }
+                self.placeholders(location, "api.call.query", &Value::String(value.clone()));
+            }
+        }
+        match (&api.id, api.wait) {
+            (None, false) => self.issue(
+                Some(location),
+                "api: `await: false` needs an `id` (the `api_result:` step that awaits the call names it)",
+            ),
+            (Some(id), true) => self.issue(
+                Some(location),
+                format!("api: `id: {id}` names an asynchronous call: add `await: false`"),
+            ),
+            (Some(id), false) if !is_api_call_id(id) => self.issue(
+                Some(location),
+                format!(
+                    "api: call ID `{id}` must be 1..={API_CALL_ID_MAX_BYTES} letters, digits, `_` or `-`"
+                ),
+            ),
+            _ => {}
+        }
+        if api.poll && !api.wait {
+            self.issue(
+                Some(location),
+                "api: `poll` repeats a call until it matches; an asynchronous call (`await: false`) cannot poll",
             );
         }
         for segment in call.path.split('/') {
@@ -577,6 +622,9 @@ fn sight_step(
             for segment in api.call.path.split('/') {
                 add("api.call.path", &Value::String(segment.into()), core, None);
             }
+            for value in api.call.query.iter().flat_map(|q| q.values()) {
+                add("api.call.query", &Value::String(value.clone()), core, None);
+            }
             if let Some(body) = &api.call.body {
                 add("api.call.body", body, core, None);
             }
@@ -622,6 +670,91 @@ fn single_use_placeholders(scenario: &Scenario, spans: &Spans, issues: &mut Vec<
                 only.step, only.what
             ),
         });
+    }
+}
+
+/// Whether `id` is a well-formed `api:` call ID: 1..=[`API_CALL_ID_MAX_BYTES`] ASCII
+/// letters, digits, `_` or `-`.
+pub fn is_api_call_id(id: &str) -> bool {
+    !id.is_empty()
+        && id.len() <= API_CALL_ID_MAX_BYTES
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+}
+
+/// Checks the asynchronous `api:` calls (`await: false`) against their `api_result:`
+/// steps, in step order: every ID is started once, awaited exactly once, after its start,
+/// and at most [`API_IN_FLIGHT_MAX`] calls are in flight at any point.
+fn async_api_calls(scenario: &Scenario, spans: &Spans, issues: &mut Vec<Issue>) {
+    let mut issue = |location: Location, message: String| {
+        issues.push(Issue {
+            location: Some(location),
+            message,
+        });
+    };
+    // ID → (step number, location) of its start; `awaited` holds the IDs already awaited.
+    let mut started: std::collections::BTreeMap<&str, (usize, Location)> = Default::default();
+    let mut in_flight: BTreeSet<&str> = BTreeSet::new();
+    let mut awaited: std::collections::BTreeMap<&str, usize> = Default::default();
+    for (i, step) in scenario.steps.iter().enumerate() {
+        let location = spans.step_items.get(i).map_or(spans.steps, |s| s.location);
+        let n = i + 1;
+        match step {
+            Step::Api(ApiStep {
+                id: Some(id),
+                wait: false,
+                ..
+            }) => {
+                if let Some((first, _)) = started.get(id.as_str()) {
+                    issue(
+                        location,
+                        format!("step {n}: api call ID `{id}` is already used by step {first}"),
+                    );
+                    continue;
+                }
+                started.insert(id, (n, location));
+                in_flight.insert(id);
+                if in_flight.len() > API_IN_FLIGHT_MAX {
+                    issue(
+                        location,
+                        format!(
+                            "step {n}: {} asynchronous api calls would be in flight at once, more than {API_IN_FLIGHT_MAX}",
+                            in_flight.len()
+                        ),
+                    );
+                }
+            }
+            Step::ApiResult(result) => {
+                let id = result.id.as_str();
+                if let Some(first) = awaited.get(id) {
+                    issue(
+                        location,
+                        format!("step {n}: api call `{id}` is already awaited by step {first}"),
+                    );
+                } else if in_flight.remove(id) {
+                    awaited.insert(id, n);
+                } else {
+                    issue(
+                        location,
+                        format!(
+                            "step {n}: api_result names `{id}`, but no earlier `api` step with \
+                             `await: false` started a call with that ID"
+                        ),
+                    );
+                }
+            }
+            _ => {}
+        }
+    }
+    for id in in_flight {
+        let (n, location) = started[id];
+        issue(
+            location,
+            format!(
+                "step {n}: api call `{id}` is never awaited (add `- api_result: {{id: {id}}}`)"
+            ),
+        );
     }
 }
 
@@ -736,5 +869,6 @@ pub fn validate(scenario: &Scenario, spans: &Spans) -> Vec<Issue> {
         }
     }
     single_use_placeholders(scenario, spans, &mut c.issues);
+    async_api_calls(scenario, spans, &mut c.issues);
     c.issues
 }

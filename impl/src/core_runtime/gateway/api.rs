@@ -10,22 +10,27 @@ use std::sync::Arc;
 use axum::Json;
 use axum::Router;
 use axum::body::Bytes;
-use axum::extract::{Path, Query, State};
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
+use base64::Engine as _;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::admission::AgentDefinition;
 use super::files::{self, FilesError};
+use super::files_write::{self, WriteError};
 use super::turn::FrozenSession;
 use super::{Core, TurnMsg, now_ms};
 use crate::core_runtime::store::{
     AgentRecord, EVENTS_PAGE_MAX, EnvironmentKind, EnvironmentRecord, InteractionKind,
     InteractionState, SessionRecord, StoreError, TurnRecord, TurnState,
 };
-use crate::core_runtime::wire::limits::{INPUT_MESSAGES_MAX, TRANSPORT_FRAME_MAX_BYTES};
+use crate::core_runtime::wire::limits::{
+    INPUT_MESSAGES_MAX, PUBLIC_INLINE_WRITE_MAX_BYTES, TRANSPORT_FRAME_MAX_BYTES,
+};
 use crate::core_runtime::wire::{
     MessageInput, PermissionVerdict, PromptForUserChoiceDecision, ReadOperation, Uuid,
     validate_question_answers,
@@ -34,6 +39,16 @@ use crate::wire::bounded::{BoundedString, BoundedVec};
 
 /// Bound on a public request body (bytes): an input must fit one transport frame.
 pub const BODY_MAX_BYTES: usize = TRANSPORT_FRAME_MAX_BYTES;
+
+/// JSON overhead allowed around the base64 content of a file write (the members
+/// `content_base64` and `sha256`, with whitespace).
+pub const WRITE_BODY_ENVELOPE_BYTES: usize = 1024;
+
+/// Bound on the body of `PUT /v1/sessions/{id}/files/content`: the base64 encoding of
+/// the 5 MiB decoded inline limit plus [`WRITE_BODY_ENVELOPE_BYTES`]; a larger body
+/// is refused `request_too_large` (413) before it is parsed.
+pub const WRITE_BODY_MAX_BYTES: usize =
+    (PUBLIC_INLINE_WRITE_MAX_BYTES as usize).div_ceil(3) * 4 + WRITE_BODY_ENVELOPE_BYTES;
 
 /// Default page size of `GET /v1/turns/{id}/events`.
 pub const EVENTS_PAGE_DEFAULT: u32 = 100;
@@ -44,6 +59,8 @@ pub struct ApiError {
     status: StatusCode,
     code: &'static str,
     message: String,
+    /// Extra members of the error object (e.g. `write_id`).
+    details: serde_json::Map<String, Value>,
 }
 
 impl ApiError {
@@ -52,7 +69,12 @@ impl ApiError {
             status,
             code,
             message: message.into(),
+            details: serde_json::Map::new(),
         }
+    }
+    fn with(mut self, key: &str, value: impl Into<Value>) -> Self {
+        self.details.insert(key.to_string(), value.into());
+        self
     }
     fn bad(code: &'static str, message: impl Into<String>) -> Self {
         Self::new(StatusCode::BAD_REQUEST, code, message)
@@ -80,11 +102,10 @@ impl From<StoreError> for ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        (
-            self.status,
-            Json(json!({ "error": self.code, "message": self.message })),
-        )
-            .into_response()
+        let mut body = self.details;
+        body.insert("error".into(), Value::from(self.code));
+        body.insert("message".into(), Value::from(self.message));
+        (self.status, Json(Value::Object(body))).into_response()
     }
 }
 
@@ -121,7 +142,13 @@ pub fn routes() -> Router<Arc<Core>> {
         .route("/v1/sessions/{id}", get(get_session))
         .route("/v1/sessions/{id}/turns", post(create_turn))
         .route("/v1/sessions/{id}/files", get(list_files))
-        .route("/v1/sessions/{id}/files/content", get(read_file))
+        .route(
+            "/v1/sessions/{id}/files/content",
+            get(read_file)
+                .put(write_file)
+                .layer(DefaultBodyLimit::max(WRITE_BODY_MAX_BYTES)),
+        )
+        .route("/v1/sessions/{id}/files/writes/{write_id}", get(get_write))
         .route("/v1/turns/{id}", get(get_turn))
         .route("/v1/turns/{id}/events", get(get_events))
         .route("/v1/turns/{id}/inputs", post(send_input).get(list_inputs))
@@ -555,6 +582,98 @@ async fn read_file(
         "path": path,
         "data": r.data,
         "truncated": r.truncated.unwrap_or(false),
+    }))
+    .into_response())
+}
+
+impl From<WriteError> for ApiError {
+    fn from(err: WriteError) -> Self {
+        let status = match &err {
+            WriteError::Files(e) => return ApiError::from(e.clone()),
+            WriteError::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            WriteError::InvalidDigest | WriteError::DigestMismatch => StatusCode::BAD_REQUEST,
+            WriteError::Rejected { .. } => StatusCode::UNPROCESSABLE_ENTITY,
+            WriteError::Unknown { .. } => StatusCode::SERVICE_UNAVAILABLE,
+        };
+        let mut api = Self::new(status, err.code(), err.to_string());
+        if let Some(id) = err.write_id() {
+            api = api.with("write_id", id);
+        }
+        if let WriteError::Rejected { code, .. } = &err {
+            api = api.with("runtime_error_code", code.as_str());
+        }
+        api
+    }
+}
+
+/// Body of `PUT /v1/sessions/{id}/files/content`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct WriteBody {
+    /// The complete file, standard base64 with padding.
+    content_base64: String,
+    /// Optional SHA-256 of the decoded content (lower-case hex), checked by Core.
+    #[serde(default)]
+    sha256: Option<String>,
+}
+
+async fn write_file(
+    State(core): State<Arc<Core>>,
+    Path(session_id): Path<String>,
+    Query(q): Query<FilesQuery>,
+    body: Result<Bytes, BytesRejection>,
+) -> ApiResult {
+    let body = body.map_err(|e| {
+        if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "request_too_large",
+                format!("file write bodies are limited to {WRITE_BODY_MAX_BYTES} bytes"),
+            )
+        } else {
+            ApiError::bad("invalid_request", e.body_text())
+        }
+    })?;
+    let path = q
+        .path
+        .filter(|p| !p.is_empty())
+        .ok_or_else(|| ApiError::bad("invalid_path", "path is required"))?;
+    let req: WriteBody = crate::wire::decode_strict(&body)
+        .map_err(|e| ApiError::bad("invalid_request", format!("{e} ({})", e.code())))?;
+    let content = base64::engine::general_purpose::STANDARD
+        .decode(req.content_base64.as_bytes())
+        .map_err(|e| ApiError::bad("invalid_request", format!("content_base64: {e}")))?;
+    // The write runs on its own task: a client that goes away (observer cancellation)
+    // does not cut the transfer short; the reservation settles as it would have.
+    let task = tokio::spawn(async move {
+        files_write::write(&core, &session_id, &path, content, req.sha256.as_deref()).await
+    });
+    let committed = task.await.map_err(|e| {
+        ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal_error",
+            format!("the write task failed: {e}"),
+        )
+    })??;
+    Ok(Json(json!({
+        "write_id": committed.write_id, "path": committed.path, "size": committed.size,
+        "sha256": committed.sha256, "state": "committed",
+    }))
+    .into_response())
+}
+
+async fn get_write(
+    State(core): State<Arc<Core>>,
+    Path((session_id, write_id)): Path<(String, String)>,
+) -> ApiResult {
+    let w = core
+        .store
+        .call(move |s| s.write_reservation(&session_id, &write_id))
+        .await?;
+    Ok(Json(json!({
+        "write_id": w.reservation_id, "session_id": w.session_id, "path": w.path,
+        "size": w.size, "sha256": w.sha256, "state": files_write::public_state(&core, &w),
+        "created_at_ms": w.created_at_ms,
     }))
     .into_response())
 }

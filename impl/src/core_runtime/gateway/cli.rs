@@ -1,11 +1,18 @@
-//! `contract-impl core …`: the Core server and its credential administration.
+//! `contract-impl core …`: the Core server, its credential administration and the
+//! operator settlement of write reservations.
 //!
 //! ```text
 //! contract-impl core serve [--listen ADDR] [--data-dir DIR] [--config FILE]
 //! contract-impl core credential issue  --data-dir DIR --device-id ID
 //! contract-impl core credential revoke --data-dir DIR --credential-id ID
 //! contract-impl core credential list   --data-dir DIR
+//! contract-impl core write settle --data-dir DIR --write-id ID --state committed|rejected
 //! ```
+//!
+//! `write settle` is the operator's explicit settlement of an `unknown` write
+//! reservation ("Workspace operations": blocked "until exactly settled"; Core never
+//! replays the write): the operator attests, from the workspace, whether the file was
+//! installed. Exit code 2 when the reservation is not `reserved`.
 //!
 //! `serve` reads `CONTRACT_LISTEN`, `CONTRACT_DATA_DIR`, `CONTRACT_CORE_CONFIG` when the
 //! flags are absent, provisions `CONTRACT_DEVICE_ID` / `CONTRACT_DAEMON_CREDENTIAL`
@@ -23,7 +30,7 @@ use clap::{Args, Subcommand};
 
 use super::{CoreConfig, now_ms};
 use crate::core_runtime::store::credential::{generate_credential_id, generate_secret};
-use crate::core_runtime::store::{CoreStore, SqliteStore};
+use crate::core_runtime::store::{CoreStore, SqliteStore, StoreError, WriteState};
 
 /// Environment variable of the device provisioned at start-up.
 pub const DEVICE_ENV: &str = "CONTRACT_DEVICE_ID";
@@ -50,6 +57,34 @@ enum CoreCommand {
     /// Issue, revoke or list daemon credentials.
     #[command(subcommand)]
     Credential(CredentialCommand),
+    /// Settle durable write reservations.
+    #[command(subcommand)]
+    Write(WriteCommand),
+}
+
+#[derive(Debug, Subcommand)]
+enum WriteCommand {
+    /// Explicitly settle an `unknown` write reservation (it stays blocking until then).
+    Settle {
+        /// Data directory.
+        #[arg(long)]
+        data_dir: PathBuf,
+        /// Write reservation ID (`write-…`).
+        #[arg(long)]
+        write_id: String,
+        /// The attested outcome.
+        #[arg(long, value_enum)]
+        state: SettledState,
+    },
+}
+
+/// The outcome an operator can attest for an `unknown` write.
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+enum SettledState {
+    /// The file was installed.
+    Committed,
+    /// Nothing was installed.
+    Rejected,
 }
 
 #[derive(Debug, Args)]
@@ -109,6 +144,40 @@ pub fn run(args: CoreArgs) -> ExitCode {
     match args.command {
         CoreCommand::Serve(args) => serve(args),
         CoreCommand::Credential(cmd) => credential(cmd),
+        CoreCommand::Write(cmd) => write(cmd),
+    }
+}
+
+fn write(cmd: WriteCommand) -> ExitCode {
+    let WriteCommand::Settle {
+        data_dir,
+        write_id,
+        state,
+    } = cmd;
+    let mut store = match open(&data_dir) {
+        Ok(s) => s,
+        Err(c) => return c,
+    };
+    let state = match state {
+        SettledState::Committed => WriteState::Committed,
+        SettledState::Rejected => WriteState::Rejected,
+    };
+    match store.settle_write(&write_id, state) {
+        Ok(()) => {
+            println!(
+                "{}",
+                serde_json::json!({ "write_id": write_id, "state": state.as_str() })
+            );
+            ExitCode::SUCCESS
+        }
+        Err(e @ StoreError::InvalidState(_)) => {
+            eprintln!("error: {e} ({})", e.code());
+            ExitCode::from(EXIT_USAGE)
+        }
+        Err(e) => {
+            eprintln!("error: {e} ({})", e.code());
+            ExitCode::from(EXIT_FAILURE)
+        }
     }
 }
 

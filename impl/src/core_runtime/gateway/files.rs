@@ -27,12 +27,12 @@ use super::admission::{AdmissionContext, AdmissionRefusal, check_admission};
 use super::connection::{DeviceConnection, RouteKind};
 use super::turn::FrozenSession;
 use super::{Core, TURN_QUEUE_MAX, TurnMsg};
-use crate::core_runtime::store::{EnvironmentKind, StoreError};
+use crate::core_runtime::store::{EnvironmentKind, SessionRecord, StoreError};
 use crate::core_runtime::wire::{
-    AgentKindDeclaration, EnvironmentType, ExecutionConfiguration, ExecutionPrepare,
-    ExecutionRelease, Frame, LocalEnvironment, Message, PreparationStatus, ReadOperation,
-    RuntimePrepare, RuntimePrepareResult, Uuid, WirePath, WorkspaceRead, WorkspaceReadResult,
-    WorkspaceStatus, WorkspaceTarget,
+    AdmissionHandle, AgentKindDeclaration, EnvironmentType, ExecutionConfiguration,
+    ExecutionPrepare, ExecutionRelease, Frame, LocalEnvironment, Message, PreparationStatus,
+    ReadOperation, RuntimePrepare, RuntimePrepareResult, Uuid, WirePath, WorkspaceRead,
+    WorkspaceReadResult, WorkspaceStatus, WorkspaceTarget,
 };
 
 /// Bound on one Files operation, from reservation to confirmed close (Core policy; the
@@ -67,7 +67,7 @@ pub enum FilesError {
     #[error("the Runtime refused the read: {0}")]
     Refused(String),
     /// Incomplete read, uncertain cleanup, lost connection or timeout: no data.
-    #[error("the read is unavailable: {0}")]
+    #[error("the Files operation is unavailable: {0}")]
     Unavailable(String),
 }
 
@@ -88,12 +88,13 @@ impl FilesError {
     }
 }
 
-/// Releases the Session reservation and the task's routes on every exit path.
-struct Reservation {
-    core: Arc<Core>,
-    session_id: String,
-    key: String,
-    conn: Option<Arc<DeviceConnection>>,
+/// Releases the Session scheduling reservation and the task's routes on every exit
+/// path.
+pub(super) struct Reservation {
+    pub(super) core: Arc<Core>,
+    pub(super) session_id: String,
+    pub(super) key: String,
+    pub(super) conn: Option<Arc<DeviceConnection>>,
 }
 
 impl Drop for Reservation {
@@ -111,11 +112,54 @@ impl Drop for Reservation {
     }
 }
 
-fn wire_code(value: impl serde::Serialize) -> String {
+/// The wire name of a serializable code.
+pub(super) fn wire_code(value: impl serde::Serialize) -> String {
     serde_json::to_value(value)
         .ok()
         .and_then(|v| v.as_str().map(str::to_string))
         .unwrap_or_else(|| "unknown".into())
+}
+
+/// The frozen identity a Files operation targets.
+pub(super) struct SessionTarget {
+    /// The Session record.
+    pub(super) session: SessionRecord,
+    /// The frozen Agent kind.
+    pub(super) agent_kind: String,
+    /// The Session ID as a wire UUID.
+    pub(super) session_uuid: Uuid,
+    /// The frozen Environment identity.
+    pub(super) environment_id: Uuid,
+    /// The frozen Environment type (never `none`).
+    pub(super) environment_type: EnvironmentType,
+}
+
+/// Loads the Session and its frozen Environment.
+///
+/// # Errors
+/// [`FilesError::NoWorkspace`] for an Environment of type `none`; store errors.
+pub(super) async fn session_target(
+    core: &Arc<Core>,
+    session_id: &str,
+) -> Result<SessionTarget, FilesError> {
+    let sid = session_id.to_string();
+    let session = core.store.call(move |s| s.session(&sid)).await?;
+    let frozen: FrozenSession = serde_json::from_value(session.frozen.clone())
+        .map_err(|e| StoreError::Corrupt(e.to_string()))?;
+    let environment_type = match frozen.environment_type {
+        EnvironmentKind::None => return Err(FilesError::NoWorkspace),
+        EnvironmentKind::OpenaiHosted => EnvironmentType::OpenaiHosted,
+        EnvironmentKind::SelfHosted => EnvironmentType::SelfHosted,
+    };
+    let environment_id = Uuid::new(session.environment_id.clone()).map_err(StoreError::Corrupt)?;
+    let session_uuid = Uuid::new(session.session_id.clone()).map_err(StoreError::Corrupt)?;
+    Ok(SessionTarget {
+        agent_kind: frozen.agent.agent_kind.to_string(),
+        session,
+        session_uuid,
+        environment_id,
+        environment_type,
+    })
 }
 
 /// Runs one idle read of `path` in the Session's workspace (see the module docs).
@@ -129,17 +173,13 @@ pub async fn idle_read(
     path: &str,
 ) -> Result<WorkspaceReadResult, FilesError> {
     let path = WirePath::new(path).map_err(|e| FilesError::InvalidPath(e.to_string()))?;
-    let sid = session_id.to_string();
-    let session = core.store.call(move |s| s.session(&sid)).await?;
-    let frozen: FrozenSession = serde_json::from_value(session.frozen.clone())
-        .map_err(|e| StoreError::Corrupt(e.to_string()))?;
-    let environment_type = match frozen.environment_type {
-        EnvironmentKind::None => return Err(FilesError::NoWorkspace),
-        EnvironmentKind::OpenaiHosted => EnvironmentType::OpenaiHosted,
-        EnvironmentKind::SelfHosted => EnvironmentType::SelfHosted,
-    };
-    let environment_id = Uuid::new(session.environment_id.clone()).map_err(StoreError::Corrupt)?;
-    let session_uuid = Uuid::new(session.session_id.clone()).map_err(StoreError::Corrupt)?;
+    let SessionTarget {
+        session,
+        agent_kind,
+        session_uuid,
+        environment_id,
+        environment_type,
+    } = session_target(core, session_id).await?;
     // The Session scheduling reservation.
     {
         let mut set = core
@@ -167,7 +207,7 @@ pub async fn idle_read(
     {
         return Err(FilesError::SessionBusy);
     }
-    let (conn, decl) = select(core, frozen.agent.agent_kind.as_str())?;
+    let (conn, decl) = select(core, &agent_kind)?;
     let (tx, mut rx) = mpsc::channel(TURN_QUEUE_MAX);
     if let Ok(mut turns) = core.turns.lock() {
         turns.insert(key.clone(), tx);
@@ -194,7 +234,9 @@ pub async fn idle_read(
     result
 }
 
-fn select(
+/// Picks the first connected device (by ID) whose declaration admits an idle Files
+/// operation on the read-only profile.
+pub(super) fn select(
     core: &Core,
     agent_kind: &str,
 ) -> Result<(Arc<DeviceConnection>, AgentKindDeclaration), FilesError> {
@@ -222,16 +264,18 @@ fn select(
     Err(refusal.map_or(FilesError::NoDevice, FilesError::Unsupported))
 }
 
-struct Op<'a> {
-    conn: &'a Arc<DeviceConnection>,
-    key: &'a str,
-    rx: &'a mut mpsc::Receiver<TurnMsg>,
-    deadline: Instant,
+/// One Files operation's view of its connection: frames routed to `key`, bounded by
+/// `deadline`.
+pub(super) struct Op<'a> {
+    pub(super) conn: &'a Arc<DeviceConnection>,
+    pub(super) key: &'a str,
+    pub(super) rx: &'a mut mpsc::Receiver<TurnMsg>,
+    pub(super) deadline: Instant,
 }
 
 impl Op<'_> {
     /// The next frame for this operation; `Err` on connection loss or timeout.
-    async fn next(&mut self) -> Result<Frame, FilesError> {
+    pub(super) async fn next(&mut self) -> Result<Frame, FilesError> {
         let msg = tokio::select! {
             m = self.rx.recv() => m,
             _ = tokio::time::sleep_until(self.deadline) => {
@@ -247,7 +291,7 @@ impl Op<'_> {
         }
     }
 
-    async fn send(&self, frame: Frame) -> Result<(), FilesError> {
+    pub(super) async fn send(&self, frame: Frame) -> Result<(), FilesError> {
         if self.conn.send(&frame).await {
             Ok(())
         } else {
@@ -255,7 +299,7 @@ impl Op<'_> {
         }
     }
 
-    fn route(&self, kind: RouteKind, id: &str) -> Result<(), FilesError> {
+    pub(super) fn route(&self, kind: RouteKind, id: &str) -> Result<(), FilesError> {
         if self.conn.route(kind, id, self.key) {
             Ok(())
         } else {
@@ -263,15 +307,15 @@ impl Op<'_> {
         }
     }
 
-    async fn run(
-        mut self,
+    /// Initializes the Environment on this connection (once) and prepares a read-only
+    /// owner; returns the preparation request ID and the admission handle.
+    pub(super) async fn prepare_read_only(
+        &mut self,
         decl: &AgentKindDeclaration,
         session_id: Uuid,
-        environment_id: Uuid,
+        environment_id: &Uuid,
         environment_type: EnvironmentType,
-        operation: ReadOperation,
-        path: WirePath,
-    ) -> Result<WorkspaceReadResult, FilesError> {
+    ) -> Result<(String, AdmissionHandle), FilesError> {
         if !self.conn.initialized(environment_id.as_str()) {
             let transfer = format!("init-{}", Uuid::random());
             self.route(RouteKind::Transfer, &transfer)?;
@@ -333,6 +377,56 @@ impl Op<'_> {
                 }
             }
         };
+        Ok((prep_id, handle))
+    }
+
+    /// Sends `execution_release` and waits for the confirmed close (`released`).
+    pub(super) async fn release(
+        &mut self,
+        prep_id: String,
+        handle: &AdmissionHandle,
+    ) -> Result<(), FilesError> {
+        self.send(Frame::new(
+            prep_id,
+            Message::ExecutionRelease(ExecutionRelease {
+                admission_handle: handle.clone(),
+            }),
+        ))
+        .await?;
+        loop {
+            if let Message::PreparationStatus(status) = self.next().await?.message {
+                match status {
+                    PreparationStatus::Released {
+                        admission_handle, ..
+                    } if admission_handle == *handle => return Ok(()),
+                    PreparationStatus::Failed {
+                        admission_handle,
+                        error_code,
+                        ..
+                    } if admission_handle == *handle => {
+                        return Err(FilesError::Unavailable(wire_code(error_code)));
+                    }
+                    PreparationStatus::Rejected { error_code, .. } => {
+                        return Err(FilesError::Unavailable(wire_code(error_code)));
+                    }
+                    _ => {}
+                }
+            }
+        }
+    }
+
+    async fn run(
+        mut self,
+        decl: &AgentKindDeclaration,
+        session_id: Uuid,
+        environment_id: Uuid,
+        environment_type: EnvironmentType,
+        operation: ReadOperation,
+        path: WirePath,
+    ) -> Result<WorkspaceReadResult, FilesError> {
+        let (prep_id, handle) = self
+            .prepare_read_only(decl, session_id, &environment_id, environment_type)
+            .await?;
         let op_id = format!("read-{}", Uuid::random());
         self.route(RouteKind::Operation, &op_id)?;
         self.send(Frame::new(
@@ -354,33 +448,7 @@ impl Op<'_> {
             }
         };
         // Release, and wait for the confirmed close before delivering anything.
-        self.send(Frame::new(
-            prep_id,
-            Message::ExecutionRelease(ExecutionRelease {
-                admission_handle: handle.clone(),
-            }),
-        ))
-        .await?;
-        loop {
-            if let Message::PreparationStatus(status) = self.next().await?.message {
-                match status {
-                    PreparationStatus::Released {
-                        admission_handle, ..
-                    } if admission_handle == handle => break,
-                    PreparationStatus::Failed {
-                        admission_handle,
-                        error_code,
-                        ..
-                    } if admission_handle == handle => {
-                        return Err(FilesError::Unavailable(wire_code(error_code)));
-                    }
-                    PreparationStatus::Rejected { error_code, .. } => {
-                        return Err(FilesError::Unavailable(wire_code(error_code)));
-                    }
-                    _ => {}
-                }
-            }
-        }
+        self.release(prep_id, &handle).await?;
         match result.status {
             WorkspaceStatus::Ok => Ok(result),
             WorkspaceStatus::Unavailable => Err(FilesError::Unavailable(

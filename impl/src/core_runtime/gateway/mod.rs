@@ -7,6 +7,7 @@
 //!   the old owner lease, heartbeat snapshots, frame routing.
 //! * [`turn`]: the five-step Turn execution, active input, cancel, interactions.
 //! * [`files`]: idle Files reads through the read-only preparation profile.
+//! * [`files_write`]: Files writes, durably reserved before admission.
 //! * [`api`]: the public HTTP JSON API under `/v1` (`docs/core-api.md`).
 //! * [`cli`]: `contract-impl core serve` and `core credential issue|revoke|list`.
 //!
@@ -18,6 +19,7 @@ pub mod cli;
 pub mod config;
 pub mod connection;
 pub mod files;
+pub mod files_write;
 pub mod turn;
 
 use std::collections::{HashMap, HashSet};
@@ -112,6 +114,9 @@ pub struct Core {
     /// Sessions held by a Files operation's scheduling reservation: the scheduler
     /// claims none of their Turns until it ends.
     pub files_reserved: Mutex<HashSet<String>>,
+    /// Write reservations whose `workspace_write` task runs in this process; a reserved
+    /// write not in this set is `unknown` ([`files_write`]).
+    pub writes_in_flight: Mutex<HashSet<String>>,
     /// Wakes the scheduler.
     pub wake: Notify,
     /// Base URL (`http://127.0.0.1:<port>`), known once bound.
@@ -180,6 +185,7 @@ pub async fn serve(
         devices: Mutex::new(HashMap::new()),
         turns: Mutex::new(HashMap::new()),
         files_reserved: Mutex::new(HashSet::new()),
+        writes_in_flight: Mutex::new(HashSet::new()),
         wake: Notify::new(),
         base_url: format!("http://{addr}"),
     });

@@ -321,6 +321,32 @@ pub enum WriteState {
     Committed,
     /// The exact rejection receipt arrived.
     Rejected,
+    /// Settled without a receipt because no `workspace_write` frame was ever queued
+    /// for the Runtime (e.g. no device could be admitted): nothing can have changed.
+    Abandoned,
+}
+
+impl WriteState {
+    /// The stored and public name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WriteState::Reserved => "reserved",
+            WriteState::Committed => "committed",
+            WriteState::Rejected => "rejected",
+            WriteState::Abandoned => "abandoned",
+        }
+    }
+
+    /// Parses [`WriteState::as_str`].
+    pub fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "reserved" => WriteState::Reserved,
+            "committed" => WriteState::Committed,
+            "rejected" => WriteState::Rejected,
+            "abandoned" => WriteState::Abandoned,
+            _ => return None,
+        })
+    }
 }
 
 /// A durable write reservation.
@@ -730,7 +756,8 @@ pub trait CoreStore: Send {
     /// # Errors
     /// [`StoreError::WriteReserved`], [`StoreError::SessionBusy`], [`StoreError::NotFound`].
     fn reserve_write(&mut self, reservation: &WriteReservation) -> Result<(), StoreError>;
-    /// Settles a reservation with its exact receipt (`committed` or `rejected`).
+    /// Settles a reservation with its exact receipt (`committed` or `rejected`), or as
+    /// `abandoned` when no write frame was ever queued for the Runtime.
     ///
     /// # Errors
     /// [`StoreError::InvalidState`] unless it is `reserved`.
@@ -740,6 +767,15 @@ pub trait CoreStore: Send {
     /// # Errors
     /// Database failures only.
     fn open_write(&mut self, session_id: &str) -> Result<Option<WriteReservation>, StoreError>;
+    /// One reservation of a Session, in any state.
+    ///
+    /// # Errors
+    /// [`StoreError::NotFound`] unless `reservation_id` belongs to `session_id`.
+    fn write_reservation(
+        &mut self,
+        session_id: &str,
+        reservation_id: &str,
+    ) -> Result<WriteReservation, StoreError>;
 
     // --- restart -----------------------------------------------------------------
 

@@ -271,11 +271,7 @@ fn session_has_open_write(tx: &Transaction<'_>, session_id: &str) -> Result<bool
 }
 
 fn write_state_str(state: WriteState) -> &'static str {
-    match state {
-        WriteState::Reserved => "reserved",
-        WriteState::Committed => "committed",
-        WriteState::Rejected => "rejected",
-    }
+    state.as_str()
 }
 
 impl SqliteStore {
@@ -1236,6 +1232,36 @@ impl CoreStore for SqliteStore {
         }))
     }
 
+    fn write_reservation(
+        &mut self,
+        session_id: &str,
+        reservation_id: &str,
+    ) -> Result<WriteReservation, StoreError> {
+        type Row = (String, i64, String, String, i64);
+        let row: Option<Row> = self
+            .conn
+            .query_row(
+                "SELECT path, size, sha256, state, created_at_ms FROM write_reservations WHERE session_id = ?1 AND reservation_id = ?2",
+                params![session_id, reservation_id],
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?)),
+            )
+            .optional()?;
+        let r = row.ok_or_else(|| StoreError::NotFound {
+            kind: "write",
+            id: reservation_id.to_string(),
+        })?;
+        Ok(WriteReservation {
+            reservation_id: reservation_id.to_string(),
+            session_id: session_id.to_string(),
+            path: r.0,
+            size: r.1 as u64,
+            sha256: r.2,
+            state: WriteState::parse(&r.3)
+                .ok_or_else(|| StoreError::Corrupt(format!("write state `{}`", r.3)))?,
+            created_at_ms: r.4,
+        })
+    }
+
     fn recover(&mut self, now_ms: i64) -> Result<RecoveryReport, StoreError> {
         let tx = self.tx()?;
         let mut report = RecoveryReport::default();
@@ -1475,6 +1501,14 @@ mod tests {
         );
         s.settle_write("w1", WriteState::Committed).unwrap();
         assert!(s.settle_write("w1", WriteState::Rejected).is_err());
+        assert_eq!(
+            s.write_reservation("s1", "w1").unwrap().state,
+            WriteState::Committed
+        );
+        assert_eq!(
+            s.write_reservation("other", "w1").unwrap_err().code(),
+            "not_found"
+        );
         s.create_turn("t1", "s1", &json!([]), 4).unwrap();
     }
 
