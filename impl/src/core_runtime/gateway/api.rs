@@ -21,7 +21,9 @@ use serde_json::{Value, json};
 
 use super::admission::AgentDefinition;
 use super::files::{self, FilesError};
+use super::files_export::{self, ExportError};
 use super::files_write::{self, WriteError};
+use super::suspension::{self, Fence, SuspensionError};
 use super::turn::FrozenSession;
 use super::{Core, TurnMsg, now_ms};
 use crate::core_runtime::store::{
@@ -138,6 +140,8 @@ pub fn routes() -> Router<Arc<Core>> {
         .route("/v1/agents/{id}", get(get_agent))
         .route("/v1/environments", post(create_environment))
         .route("/v1/environments/{id}", get(get_environment))
+        .route("/v1/environments/{id}/quiesce", post(quiesce_environment))
+        .route("/v1/environments/{id}/resume", post(resume_environment))
         .route("/v1/sessions", post(create_session))
         .route("/v1/sessions/{id}", get(get_session))
         .route("/v1/sessions/{id}/turns", post(create_turn))
@@ -149,6 +153,7 @@ pub fn routes() -> Router<Arc<Core>> {
                 .layer(DefaultBodyLimit::max(WRITE_BODY_MAX_BYTES)),
         )
         .route("/v1/sessions/{id}/files/writes/{write_id}", get(get_write))
+        .route("/v1/sessions/{id}/files/export", get(export_files))
         .route("/v1/turns/{id}", get(get_turn))
         .route("/v1/turns/{id}/events", get(get_events))
         .route("/v1/turns/{id}/inputs", post(send_input).get(list_inputs))
@@ -227,6 +232,51 @@ async fn create_environment(State(core): State<Arc<Core>>, body: Bytes) -> ApiRe
 async fn get_environment(State(core): State<Arc<Core>>, Path(id): Path<String>) -> ApiResult {
     let e = core.store.call(move |s| s.environment(&id)).await?;
     Ok(Json(environment_json(&e)).into_response())
+}
+
+impl From<SuspensionError> for ApiError {
+    fn from(err: SuspensionError) -> Self {
+        let status = match &err {
+            SuspensionError::Store(e) => return ApiError::from(e.clone()),
+            SuspensionError::InvalidSuspensionId => StatusCode::BAD_REQUEST,
+            SuspensionError::NoWorkspace => StatusCode::CONFLICT,
+            SuspensionError::NoDevice | SuspensionError::Unavailable(_) => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
+        };
+        Self::new(status, err.code(), err.to_string())
+    }
+}
+
+fn fence_json(outcome: suspension::FenceOutcome) -> ApiResult {
+    let mut value = json!({
+        "suspension_id": outcome.suspension_id,
+        "environment_id": outcome.result.environment_id.as_str(),
+        "status": outcome.result.status,
+    });
+    if let Some(code) = outcome.result.error_code {
+        value["error_code"] = json!(code);
+    }
+    Ok(Json(value).into_response())
+}
+
+async fn quiesce_environment(State(core): State<Arc<Core>>, Path(id): Path<String>) -> ApiResult {
+    fence_json(suspension::fence(&core, &id, Fence::Quiesce, None).await?)
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ResumeRequest {
+    suspension_id: String,
+}
+
+async fn resume_environment(
+    State(core): State<Arc<Core>>,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> ApiResult {
+    let req: ResumeRequest = parse(&body)?;
+    fence_json(suspension::fence(&core, &id, Fence::Resume, Some(&req.suspension_id)).await?)
 }
 
 #[derive(Deserialize)]
@@ -582,6 +632,35 @@ async fn read_file(
         "path": path,
         "data": r.data,
         "truncated": r.truncated.unwrap_or(false),
+    }))
+    .into_response())
+}
+
+impl From<ExportError> for ApiError {
+    fn from(err: ExportError) -> Self {
+        match err {
+            ExportError::Files(e) => e.into(),
+            ExportError::TooLarge => {
+                Self::new(StatusCode::PAYLOAD_TOO_LARGE, err.code(), err.to_string())
+            }
+        }
+    }
+}
+
+async fn export_files(
+    State(core): State<Arc<Core>>,
+    Path(session_id): Path<String>,
+    Query(q): Query<FilesQuery>,
+) -> ApiResult {
+    let path = q
+        .path
+        .filter(|p| !p.is_empty())
+        .ok_or_else(|| ApiError::bad("invalid_path", "path is required"))?;
+    let export = files_export::idle_export(&core, &session_id, &path).await?;
+    Ok(Json(json!({
+        "path": path,
+        "archive_base64": base64::engine::general_purpose::STANDARD.encode(&export.archive),
+        "sha256": export.sha256,
     }))
     .into_response())
 }

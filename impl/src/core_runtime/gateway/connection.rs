@@ -414,10 +414,12 @@ fn dispatch(core: &Arc<Core>, conn: &Arc<DeviceConnection>, bytes: &[u8]) -> Opt
             return None;
         }
         Message::PreparationStatus(_) => route(RouteKind::Preparation, &frame.id),
-        Message::RuntimePrepareResult(_) => route(RouteKind::Transfer, &frame.id),
-        Message::WorkspaceReadResult(_) | Message::WorkspaceWriteResult(_) => {
-            route(RouteKind::Operation, &frame.id)
-        }
+        Message::RuntimePrepareResult(_)
+        | Message::EnvironmentQuiesced(_)
+        | Message::EnvironmentResumed(_) => route(RouteKind::Transfer, &frame.id),
+        Message::WorkspaceReadResult(_)
+        | Message::WorkspaceWriteResult(_)
+        | Message::WorkspaceExportResult(_) => route(RouteKind::Operation, &frame.id),
         Message::PermissionCancel(_) => route(RouteKind::Interaction, &frame.id),
         Message::InteractionDecisionAck(_) => {
             route(RouteKind::Interaction, &frame.id).or_else(|| route(RouteKind::Run, &frame.id))

@@ -173,56 +173,12 @@ pub async fn idle_read(
     path: &str,
 ) -> Result<WorkspaceReadResult, FilesError> {
     let path = WirePath::new(path).map_err(|e| FilesError::InvalidPath(e.to_string()))?;
-    let SessionTarget {
-        session,
-        agent_kind,
-        session_uuid,
-        environment_id,
-        environment_type,
-    } = session_target(core, session_id).await?;
-    // The Session scheduling reservation.
-    {
-        let mut set = core
-            .files_reserved
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
-        if !set.insert(session.session_id.clone()) {
-            return Err(FilesError::SessionBusy);
-        }
-    }
-    let key = format!("files-{}", Uuid::random());
-    let mut reservation = Reservation {
-        core: core.clone(),
-        session_id: session.session_id.clone(),
-        key: key.clone(),
-        conn: None,
-    };
-    let sid = session.session_id.clone();
-    if core
-        .store
-        .call(move |s| s.active_turn(&sid))
-        .await?
-        .is_some()
-        || core.turns.lock().map(|t| t.len()).unwrap_or(usize::MAX) >= super::ACTIVE_TURNS_MAX
-    {
-        return Err(FilesError::SessionBusy);
-    }
-    let (conn, decl) = select(core, &agent_kind)?;
-    let (tx, mut rx) = mpsc::channel(TURN_QUEUE_MAX);
-    if let Ok(mut turns) = core.turns.lock() {
-        turns.insert(key.clone(), tx);
-    }
-    reservation.conn = Some(conn.clone());
-    let deadline = Instant::now() + FILES_OPERATION_TIMEOUT;
-    let op = Op {
-        conn: &conn,
-        key: &key,
-        rx: &mut rx,
-        deadline,
-    };
+    let mut idle = IdleOp::begin(core, session_id).await?;
+    let (session_uuid, environment_id, environment_type) = idle.target();
+    let (op, decl) = idle.op();
     let result = op
         .run(
-            &decl,
+            decl,
             session_uuid,
             environment_id,
             environment_type,
@@ -230,8 +186,103 @@ pub async fn idle_read(
             path,
         )
         .await;
-    drop(reservation);
+    drop(idle);
     result
+}
+
+/// An idle Files operation's held state: the Session scheduling reservation, the
+/// selected device and the routed frame queue. Dropping it releases the reservation.
+pub(super) struct IdleOp {
+    reservation: Reservation,
+    conn: Arc<DeviceConnection>,
+    decl: AgentKindDeclaration,
+    rx: mpsc::Receiver<TurnMsg>,
+    deadline: Instant,
+    session_uuid: Uuid,
+    environment_id: Uuid,
+    environment_type: EnvironmentType,
+}
+
+impl IdleOp {
+    /// Loads the Session, takes its scheduling reservation (refused while a Turn of it
+    /// is not terminal) and selects a device admitting the read-only profile.
+    ///
+    /// # Errors
+    /// [`FilesError`] for every refusal before any Runtime work.
+    pub(super) async fn begin(core: &Arc<Core>, session_id: &str) -> Result<Self, FilesError> {
+        let SessionTarget {
+            session,
+            agent_kind,
+            session_uuid,
+            environment_id,
+            environment_type,
+        } = session_target(core, session_id).await?;
+        // The Session scheduling reservation.
+        {
+            let mut set = core
+                .files_reserved
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            if !set.insert(session.session_id.clone()) {
+                return Err(FilesError::SessionBusy);
+            }
+        }
+        let key = format!("files-{}", Uuid::random());
+        let mut reservation = Reservation {
+            core: core.clone(),
+            session_id: session.session_id.clone(),
+            key: key.clone(),
+            conn: None,
+        };
+        let sid = session.session_id.clone();
+        if core
+            .store
+            .call(move |s| s.active_turn(&sid))
+            .await?
+            .is_some()
+            || core.turns.lock().map(|t| t.len()).unwrap_or(usize::MAX) >= super::ACTIVE_TURNS_MAX
+        {
+            return Err(FilesError::SessionBusy);
+        }
+        let (conn, decl) = select(core, &agent_kind)?;
+        let (tx, rx) = mpsc::channel(TURN_QUEUE_MAX);
+        if let Ok(mut turns) = core.turns.lock() {
+            turns.insert(key, tx);
+        }
+        reservation.conn = Some(conn.clone());
+        Ok(Self {
+            reservation,
+            conn,
+            decl,
+            rx,
+            deadline: Instant::now() + FILES_OPERATION_TIMEOUT,
+            session_uuid,
+            environment_id,
+            environment_type,
+        })
+    }
+
+    /// The frozen Session ID, Environment ID and Environment type.
+    pub(super) fn target(&self) -> (Uuid, Uuid, EnvironmentType) {
+        (
+            self.session_uuid.clone(),
+            self.environment_id.clone(),
+            self.environment_type,
+        )
+    }
+
+    /// The operation's view of its connection, and the selected declaration.
+    pub(super) fn op(&mut self) -> (Op<'_>, &AgentKindDeclaration) {
+        (
+            Op {
+                conn: &self.conn,
+                key: &self.reservation.key,
+                rx: &mut self.rx,
+                deadline: self.deadline,
+            },
+            &self.decl,
+        )
+    }
 }
 
 /// Picks the first connected device (by ID) whose declaration admits an idle Files

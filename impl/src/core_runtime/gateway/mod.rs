@@ -7,7 +7,9 @@
 //!   the old owner lease, heartbeat snapshots, frame routing.
 //! * [`turn`]: the five-step Turn execution, active input, cancel, interactions.
 //! * [`files`]: idle Files reads through the read-only preparation profile.
+//! * [`files_export`]: idle Files exports (tar archives), same profile as reads.
 //! * [`files_write`]: Files writes, durably reserved before admission.
+//! * [`suspension`]: `environment_quiesce` / `environment_resume` (suspension fencing).
 //! * [`api`]: the public HTTP JSON API under `/v1` (`docs/core-api.md`).
 //! * [`cli`]: `contract-impl core serve` and `core credential issue|revoke|list`.
 //!
@@ -19,7 +21,9 @@ pub mod cli;
 pub mod config;
 pub mod connection;
 pub mod files;
+pub mod files_export;
 pub mod files_write;
+pub mod suspension;
 pub mod turn;
 
 use std::collections::{HashMap, HashSet};
