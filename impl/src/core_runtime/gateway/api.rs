@@ -20,6 +20,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::admission::AgentDefinition;
+use super::env_files::{self, TransferError};
 use super::files::{self, FilesError};
 use super::files_export::{self, ExportError};
 use super::files_write::{self, WriteError};
@@ -51,6 +52,13 @@ pub const WRITE_BODY_ENVELOPE_BYTES: usize = 1024;
 /// is refused `request_too_large` (413) before it is parsed.
 pub const WRITE_BODY_MAX_BYTES: usize =
     (PUBLIC_INLINE_WRITE_MAX_BYTES as usize).div_ceil(3) * 4 + WRITE_BODY_ENVELOPE_BYTES;
+
+/// Bound on the body of `POST /v1/environments/{id}/files`: the base64 encoding of
+/// the 5 MiB decoded inline limit, the longest wire path and
+/// [`WRITE_BODY_ENVELOPE_BYTES`]; a larger body is refused `request_too_large` (413).
+pub const ENV_FILES_BODY_MAX_BYTES: usize = WRITE_BODY_MAX_BYTES
+    + crate::core_runtime::wire::limits::PATH_MAX_BYTES
+    + WRITE_BODY_ENVELOPE_BYTES;
 
 /// Default page size of `GET /v1/turns/{id}/events`.
 pub const EVENTS_PAGE_DEFAULT: u32 = 100;
@@ -142,6 +150,10 @@ pub fn routes() -> Router<Arc<Core>> {
         .route("/v1/environments/{id}", get(get_environment))
         .route("/v1/environments/{id}/quiesce", post(quiesce_environment))
         .route("/v1/environments/{id}/resume", post(resume_environment))
+        .route(
+            "/v1/environments/{id}/files",
+            post(install_environment_file).layer(DefaultBodyLimit::max(ENV_FILES_BODY_MAX_BYTES)),
+        )
         .route("/v1/sessions", post(create_session))
         .route("/v1/sessions/{id}", get(get_session))
         .route("/v1/sessions/{id}/turns", post(create_turn))
@@ -609,7 +621,7 @@ async fn list_files(
     Query(q): Query<FilesQuery>,
 ) -> ApiResult {
     let path = q.path.unwrap_or_default();
-    let r = files::idle_read(&core, &session_id, ReadOperation::Directory, &path).await?;
+    let r = files::read(&core, &session_id, ReadOperation::Directory, &path).await?;
     Ok(Json(json!({
         "path": path,
         "entries": r.entries.map(|e| e.into_inner()).unwrap_or_default(),
@@ -627,7 +639,7 @@ async fn read_file(
         .path
         .filter(|p| !p.is_empty())
         .ok_or_else(|| ApiError::bad("invalid_path", "path is required"))?;
-    let r = files::idle_read(&core, &session_id, ReadOperation::Bytes, &path).await?;
+    let r = files::read(&core, &session_id, ReadOperation::Bytes, &path).await?;
     Ok(Json(json!({
         "path": path,
         "data": r.data,
@@ -753,6 +765,74 @@ async fn get_write(
         "write_id": w.reservation_id, "session_id": w.session_id, "path": w.path,
         "size": w.size, "sha256": w.sha256, "state": files_write::public_state(&core, &w),
         "created_at_ms": w.created_at_ms,
+    }))
+    .into_response())
+}
+
+impl From<TransferError> for ApiError {
+    fn from(err: TransferError) -> Self {
+        let status = match &err {
+            TransferError::Store(e) => return ApiError::from(e.clone()),
+            TransferError::InvalidPath(_) => StatusCode::BAD_REQUEST,
+            TransferError::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            TransferError::NoWorkspace | TransferError::Busy => StatusCode::CONFLICT,
+            TransferError::Failed(_) => StatusCode::UNPROCESSABLE_ENTITY,
+            TransferError::NoDevice | TransferError::Unavailable(_) => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
+        };
+        let mut api = Self::new(status, err.code(), err.to_string());
+        if let TransferError::Failed(code) = &err {
+            api = api.with("runtime_error_code", code.as_str());
+        }
+        api
+    }
+}
+
+/// Body of `POST /v1/environments/{id}/files`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct InstallBody {
+    path: String,
+    kind: crate::core_runtime::wire::TransferKind,
+    /// The complete body, standard base64 with padding.
+    content_base64: String,
+}
+
+async fn install_environment_file(
+    State(core): State<Arc<Core>>,
+    Path(environment_id): Path<String>,
+    body: Result<Bytes, BytesRejection>,
+) -> ApiResult {
+    let body = body.map_err(|e| {
+        if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "request_too_large",
+                format!("installation bodies are limited to {ENV_FILES_BODY_MAX_BYTES} bytes"),
+            )
+        } else {
+            ApiError::bad("invalid_request", e.body_text())
+        }
+    })?;
+    let req: InstallBody = crate::wire::decode_strict(&body)
+        .map_err(|e| ApiError::bad("invalid_request", format!("{e} ({})", e.code())))?;
+    let content = base64::engine::general_purpose::STANDARD
+        .decode(req.content_base64.as_bytes())
+        .map_err(|e| ApiError::bad("invalid_request", format!("content_base64: {e}")))?;
+    // Own task: a client that goes away does not cut the transfer short.
+    let task = tokio::spawn(async move {
+        env_files::install(&core, &environment_id, &req.path, req.kind, content).await
+    });
+    let installed = task.await.map_err(|e| {
+        ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal_error",
+            format!("the installation task failed: {e}"),
+        )
+    })??;
+    Ok(Json(json!({
+        "path": installed.path, "size": installed.size, "sha256": installed.sha256,
     }))
     .into_response())
 }

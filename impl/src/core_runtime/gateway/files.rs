@@ -1,5 +1,5 @@
-//! Idle Files reads ("Workspace operations"): list a directory or read a file of a
-//! Session's Environment while no Turn runs.
+//! Files reads ("Workspace operations"): list a directory or read a file of a
+//! Session's Environment, idle (while no Turn runs) or during an active execution.
 //!
 //! Core holds a Session scheduling reservation ([`Core::files_reserved`]; the
 //! scheduler claims no Turn of a reserved Session) for the whole operation, selects a
@@ -16,6 +16,11 @@
 //! incomplete read, a lost connection, `failed` (e.g. `cleanup_unconfirmed`) or the
 //! [`FILES_OPERATION_TIMEOUT`] returns `unavailable` without data. The reservation is
 //! released before the result is delivered. Nothing is retried or replayed.
+//!
+//! During an active execution ([`read`]: the Session's Turn is `running` with a Run on
+//! its device's current connection) the read names that exact Run instead: one
+//! `workspace_read` with `target: {run_id}` and the frozen Environment on the Run's
+//! connection, without preparation or release ([`run_read`]).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -27,12 +32,12 @@ use super::admission::{AdmissionContext, AdmissionRefusal, check_admission};
 use super::connection::{DeviceConnection, RouteKind};
 use super::turn::FrozenSession;
 use super::{Core, TURN_QUEUE_MAX, TurnMsg};
-use crate::core_runtime::store::{EnvironmentKind, SessionRecord, StoreError};
+use crate::core_runtime::store::{EnvironmentKind, SessionRecord, StoreError, TurnState};
 use crate::core_runtime::wire::{
     AdmissionHandle, AgentKindDeclaration, EnvironmentType, ExecutionConfiguration,
     ExecutionPrepare, ExecutionRelease, Frame, LocalEnvironment, Message, PreparationStatus,
-    ReadOperation, RuntimePrepare, RuntimePrepareResult, Uuid, WirePath, WorkspaceRead,
-    WorkspaceReadResult, WorkspaceStatus, WorkspaceTarget,
+    ReadOperation, RunId, RuntimePrepare, RuntimePrepareResult, Uuid, WirePath, WorkspaceErrorCode,
+    WorkspaceRead, WorkspaceReadResult, WorkspaceStatus, WorkspaceTarget,
 };
 
 /// Bound on one Files operation, from reservation to confirmed close (Core policy; the
@@ -160,6 +165,147 @@ pub(super) async fn session_target(
         environment_id,
         environment_type,
     })
+}
+
+/// Runs one Files read of `path` in the Session's workspace: against the Session's
+/// active Run when one is running on its device's current connection ([`run_read`]),
+/// otherwise an idle read ([`idle_read`], which refuses a Session with a non-terminal
+/// Turn: `session_busy`).
+///
+/// # Errors
+/// Any [`FilesError`].
+pub async fn read(
+    core: &Arc<Core>,
+    session_id: &str,
+    operation: ReadOperation,
+    path: &str,
+) -> Result<WorkspaceReadResult, FilesError> {
+    let wire_path = WirePath::new(path).map_err(|e| FilesError::InvalidPath(e.to_string()))?;
+    let target = session_target(core, session_id).await?;
+    let sid = target.session.session_id.clone();
+    let active = core
+        .store
+        .call(move |s| match s.active_turn(&sid)? {
+            Some(turn_id) => s.turn(&turn_id).map(Some),
+            None => Ok(None),
+        })
+        .await?;
+    if let Some(turn) = active
+        && turn.state == TurnState::Running
+        && let (Some(run_id), Some(device_id), Some(epoch)) =
+            (turn.run_id, turn.device_id, turn.owner_epoch)
+    {
+        let conn = core
+            .devices
+            .lock()
+            .ok()
+            .and_then(|d| d.get(&device_id).cloned())
+            .filter(|c| c.epoch == epoch && !c.is_closed());
+        if let Some(conn) = conn {
+            let run_id = RunId::new(run_id).map_err(StoreError::Corrupt)?;
+            return run_read(
+                core,
+                &conn,
+                run_id,
+                target.environment_id,
+                operation,
+                wire_path,
+            )
+            .await;
+        }
+    }
+    idle_read(core, session_id, operation, path).await
+}
+
+/// Removes a Run-targeted read's task entry and routes on every exit path.
+struct RunReadGuard {
+    core: Arc<Core>,
+    conn: Arc<DeviceConnection>,
+    key: String,
+}
+
+impl Drop for RunReadGuard {
+    fn drop(&mut self) {
+        self.conn.unroute_turn(&self.key);
+        if let Ok(mut turns) = self.core.turns.lock() {
+            turns.remove(&self.key);
+        }
+    }
+}
+
+/// Reads `path` against the active Run `run_id` on `conn` (the connection the Run was
+/// started on): one `workspace_read` with `target: {run_id}` and the exact frozen
+/// Environment, no preparation and no release. Takes no scheduling reservation (the
+/// Session's Turn holds the execution); leaves the Run untouched.
+///
+/// # Errors
+/// The Runtime's refusal ([`FilesError::NotFound`], [`FilesError::InvalidPath`],
+/// [`FilesError::Refused`]); [`FilesError::Unavailable`] for `unavailable`, connection
+/// loss or the [`FILES_OPERATION_TIMEOUT`], without data.
+pub async fn run_read(
+    core: &Arc<Core>,
+    conn: &Arc<DeviceConnection>,
+    run_id: RunId,
+    environment_id: Uuid,
+    operation: ReadOperation,
+    path: WirePath,
+) -> Result<WorkspaceReadResult, FilesError> {
+    let key = format!("files-{}", Uuid::random());
+    let (tx, mut rx) = mpsc::channel(TURN_QUEUE_MAX);
+    if let Ok(mut turns) = core.turns.lock() {
+        turns.insert(key.clone(), tx);
+    }
+    let _guard = RunReadGuard {
+        core: core.clone(),
+        conn: conn.clone(),
+        key: key.clone(),
+    };
+    let mut op = Op {
+        conn,
+        key: &key,
+        rx: &mut rx,
+        deadline: Instant::now() + FILES_OPERATION_TIMEOUT,
+    };
+    let op_id = format!("read-{}", Uuid::random());
+    op.route(RouteKind::Operation, &op_id)?;
+    op.send(Frame::new(
+        op_id,
+        Message::WorkspaceRead(WorkspaceRead {
+            target: WorkspaceTarget::RunId(run_id),
+            environment_id,
+            operation,
+            path,
+            max_bytes: None,
+            max_entries: None,
+            offset: None,
+        }),
+    ))
+    .await?;
+    let result = loop {
+        if let Message::WorkspaceReadResult(r) = op.next().await?.message {
+            break r;
+        }
+    };
+    read_outcome(result)
+}
+
+/// Maps a `workspace_read_result` to the Files result: data only for `ok`.
+fn read_outcome(result: WorkspaceReadResult) -> Result<WorkspaceReadResult, FilesError> {
+    match result.status {
+        WorkspaceStatus::Ok => Ok(result),
+        WorkspaceStatus::Unavailable => Err(FilesError::Unavailable(
+            result.error_code.map_or("unavailable".into(), wire_code),
+        )),
+        WorkspaceStatus::Refused | WorkspaceStatus::Rejected => match result.error_code {
+            Some(WorkspaceErrorCode::NotFound) => Err(FilesError::NotFound),
+            Some(WorkspaceErrorCode::InvalidPath) => {
+                Err(FilesError::InvalidPath("refused by the Runtime".into()))
+            }
+            code => Err(FilesError::Refused(
+                code.map_or("refused".into(), wire_code),
+            )),
+        },
+    }
 }
 
 /// Runs one idle read of `path` in the Session's workspace (see the module docs).
@@ -500,22 +646,6 @@ impl Op<'_> {
         };
         // Release, and wait for the confirmed close before delivering anything.
         self.release(prep_id, &handle).await?;
-        match result.status {
-            WorkspaceStatus::Ok => Ok(result),
-            WorkspaceStatus::Unavailable => Err(FilesError::Unavailable(
-                result.error_code.map_or("unavailable".into(), wire_code),
-            )),
-            WorkspaceStatus::Refused | WorkspaceStatus::Rejected => match result.error_code {
-                Some(crate::core_runtime::wire::WorkspaceErrorCode::NotFound) => {
-                    Err(FilesError::NotFound)
-                }
-                Some(crate::core_runtime::wire::WorkspaceErrorCode::InvalidPath) => {
-                    Err(FilesError::InvalidPath("refused by the Runtime".into()))
-                }
-                code => Err(FilesError::Refused(
-                    code.map_or("refused".into(), wire_code),
-                )),
-            },
-        }
+        read_outcome(result)
     }
 }

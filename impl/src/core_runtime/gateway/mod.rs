@@ -6,9 +6,11 @@
 //! * [`connection`]: bootstrap, WebSocket upgrade (exact version or 426), fencing of
 //!   the old owner lease, heartbeat snapshots, frame routing.
 //! * [`turn`]: the five-step Turn execution, active input, cancel, interactions.
-//! * [`files`]: idle Files reads through the read-only preparation profile.
+//! * [`files`]: Files reads: idle through the read-only preparation profile, or
+//!   against the Session's running Run.
 //! * [`files_export`]: idle Files exports (tar archives), same profile as reads.
 //! * [`files_write`]: Files writes, durably reserved before admission.
+//! * [`env_files`]: Environment file installation through `runtime_prepare` transfers.
 //! * [`suspension`]: `environment_quiesce` / `environment_resume` (suspension fencing).
 //! * [`api`]: the public HTTP JSON API under `/v1` (`docs/core-api.md`).
 //! * [`cli`]: `contract-impl core serve` and `core credential issue|revoke|list`.
@@ -20,6 +22,7 @@ pub mod api;
 pub mod cli;
 pub mod config;
 pub mod connection;
+pub mod env_files;
 pub mod files;
 pub mod files_export;
 pub mod files_write;

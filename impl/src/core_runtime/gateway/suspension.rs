@@ -111,7 +111,7 @@ impl Drop for Registration {
 }
 
 /// Picks the device bound to `environment_id` (see the module docs).
-fn bound_device(core: &Core, environment_id: &str) -> Option<Arc<DeviceConnection>> {
+pub(super) fn bound_device(core: &Core, environment_id: &str) -> Option<Arc<DeviceConnection>> {
     let mut devices: Vec<Arc<DeviceConnection>> = core
         .devices
         .lock()
