@@ -319,3 +319,73 @@ async fn turn_completes_through_the_public_api() {
         }
     }
 }
+
+async fn device_status(client: &reqwest::Client, base: &str, device: &str) -> (u16, Value) {
+    let resp = client
+        .get(format!("{base}/v1/devices/{device}"))
+        .send()
+        .await
+        .unwrap();
+    let status = resp.status().as_u16();
+    (status, resp.json().await.unwrap_or(Value::Null))
+}
+
+/// Polls the device status until `pred` holds (bounded by [`STEP`]).
+async fn await_status(
+    client: &reqwest::Client,
+    base: &str,
+    pred: impl Fn(&Value) -> bool,
+) -> Value {
+    let deadline = tokio::time::Instant::now() + STEP;
+    loop {
+        let (status, body) = device_status(client, base, DEVICE).await;
+        assert_eq!(status, 200, "{body}");
+        if pred(&body) {
+            return body;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "last status: {body}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn device_status_follows_connection_and_heartbeat() {
+    let core = start_core();
+    let client = reqwest::Client::new();
+    let (status, err) = device_status(&client, &core.base, "no-such-device").await;
+    assert_eq!((status, err["error"].as_str()), (404, Some("not_found")));
+    let (status, body) = device_status(&client, &core.base, DEVICE).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["connected"], false);
+    assert_eq!(body["declaration_known"], false);
+
+    let (_, boot) = post(
+        &client,
+        format!("{}/api/v1/agent-daemon/bootstrap", core.base),
+        json!({"device_id": DEVICE}),
+        Some(SECRET),
+    )
+    .await;
+    let mut ws = connect(&core.base, boot["connection_url"].as_str().unwrap()).await;
+    let body = await_status(&client, &core.base, |b| b["connected"] == true).await;
+    assert_eq!(body["declaration_known"], false, "{body}");
+    assert_eq!(body["agent_kinds"], json!([]));
+    let epoch = body["owner_epoch"].as_u64().unwrap();
+    assert!(epoch >= 1, "{body}");
+
+    send(&mut ws, json!({"type": "heartbeat", "id": "hb-1", "payload": {"runtime_version": "test",
+        "supported_agent_kinds": [{"agent_kind": "controlled", "available": true, "capabilities": caps()}]}})).await;
+    let body = await_status(&client, &core.base, |b| b["declaration_known"] == true).await;
+    assert_eq!(body["device_id"], DEVICE);
+    assert_eq!(body["connected"], true);
+    assert_eq!(body["owner_epoch"].as_u64(), Some(epoch));
+    assert_eq!(body["agent_kinds"], json!(["controlled"]));
+
+    ws.close(None).await.unwrap();
+    let body = await_status(&client, &core.base, |b| b["connected"] == false).await;
+    assert_eq!(body["declaration_known"], false, "{body}");
+    assert_eq!(body["owner_epoch"].as_u64(), Some(epoch));
+}

@@ -18,7 +18,7 @@
 //! | `api_result:` | waits (step deadline) for the answer of the asynchronous call with that `id`, then checks and records it like `api:` |
 //! | `bootstrap` | POST the bootstrap request with the Bearer credential (body default `{device_id}`); status and body pattern checked (default `200` with `connection_url` and `heartbeat_interval_ms`); the `connection_url` is used by the next `connect` |
 //! | `connect` | dial the WebSocket with the Bearer header and the query (defaults `device_id`, `version: WIRE_VERSION`, overridden key by key); `101` (default) must upgrade, another status must be answered with that status and body pattern. A new connection supersedes the current one, which stays open (unread) until the end of the run, so Core has to fence it itself |
-//! | `handshake` | `bootstrap` + `connect` + one full heartbeat (the launch declarations: `config.runtime.agent_kinds` or kind `controlled` with every capability `true`; `runtime_version` [`RUNTIME_VERSION`]) |
+//! | `handshake` | `bootstrap` + `connect` + one full heartbeat (the launch declarations: `config.runtime.agent_kinds` or kind `controlled` with every capability `true`; `runtime_version` [`RUNTIME_VERSION`]), then polls `GET /v1/devices/{device_id}` until Core reports the device connected with a known declaration (step deadline; not recorded). The first `runtime: {type: heartbeat}` after a `connect` waits the same way |
 //! | `reconnect` | `bootstrap` + `connect` with defaults |
 //! | `silence: d` | Core emits nothing on the connection for `d` |
 //! | `any_order` | frames are received until each `core:` expectation matched exactly one |
@@ -314,6 +314,7 @@ pub async fn drive(scenario: &Scenario, opts: &DriveOptions) -> DriveOutcome {
         ws: None,
         superseded: Vec::new(),
         connection_url: None,
+        undeclared: None,
         heartbeat: default_heartbeat(scenario),
         bindings: Bindings::new(),
         recording: Recording::new(),
@@ -462,6 +463,10 @@ struct CoreSession {
     superseded: Vec<WsConnection>,
     /// The `connection_url` of the last successful bootstrap.
     connection_url: Option<String>,
+    /// The device of the current connection while no heartbeat was sent on it: the
+    /// next `runtime: {type: heartbeat}` step waits for Core to apply it
+    /// ([`Self::await_declaration`]).
+    undeclared: Option<String>,
     heartbeat: Value,
     bindings: Bindings,
     recording: Recording,
@@ -516,7 +521,16 @@ impl CoreSession {
             Step::Frame {
                 party: Party::Runtime,
                 frame,
-            } => self.send_frame(frame).await,
+            } => {
+                self.send_frame(frame).await?;
+                // The first heartbeat on a fresh connection: wait until Core applied it.
+                if frame.get("type").and_then(Value::as_str) == Some("heartbeat")
+                    && let Some(device) = self.undeclared.take()
+                {
+                    self.await_declaration(&device).await?;
+                }
+                Ok(())
+            }
             Step::Frame { party, .. } => Err(format!("`{party}` cannot send frames")),
             Step::Native { .. } => Ok(()),
             Step::Bootstrap(spec) => self.bootstrap(spec, None).await,
@@ -528,7 +542,9 @@ impl CoreSession {
                     .await?;
                 self.connect(&ConnectStep::default()).await?;
                 let heartbeat = self.heartbeat.clone();
-                self.send_frame(&heartbeat).await
+                self.send_frame(&heartbeat).await?;
+                self.undeclared = None;
+                self.await_declaration(DEVICE_ID).await
             }
             Step::Reconnect => {
                 self.bootstrap(&BootstrapStep::default(), None).await?;
@@ -820,6 +836,10 @@ impl CoreSession {
             .map_err(|e| format!("the WebSocket dial failed: {e}"))?;
         match dial {
             WsDial::Upgraded(conn) => {
+                self.undeclared = query
+                    .get("device_id")
+                    .and_then(Value::as_str)
+                    .map(str::to_string);
                 self.record(
                     "connect response",
                     EntryKind::HttpResponse,
@@ -852,6 +872,41 @@ impl CoreSession {
                 );
                 self.check_answer("connect", &expect, &answer, &body)
             }
+        }
+    }
+
+    /// Polls Core's device status (`GET /v1/devices/{device}`, "Core under test" in
+    /// `docs/launch-contract.md`) until the device is connected with a known
+    /// declaration, within the step deadline. Core announces no event for having
+    /// applied a heartbeat, so this is a bounded poll; the polls are not recorded.
+    async fn await_declaration(&mut self, device: &str) -> StepResult {
+        let url = format!("{}/v1/devices/{device}", self.base_url);
+        let deadline = Instant::now() + self.step_timeout;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let answer = self
+                .http
+                .request("GET", &url, None, None, left)
+                .await
+                .map_err(|e| format!("device status of {device:?}: the request failed: {e}"))?;
+            let body = answer_body(&answer);
+            let ready = answer.status == 200
+                && body.get("connected") == Some(&Value::Bool(true))
+                && body.get("declaration_known") == Some(&Value::Bool(true));
+            if ready {
+                return Ok(());
+            }
+            if Instant::now() + API_POLL_INTERVAL >= deadline {
+                return Err(format!(
+                    "Core did not report device {device:?} connected with a known declaration \
+                     (GET /v1/devices/{device}) within {} after the heartbeat; last answer: \
+                     status {} body {}",
+                    show_duration(self.step_timeout),
+                    answer.status,
+                    show(&body)
+                ));
+            }
+            tokio::time::sleep(API_POLL_INTERVAL).await;
         }
     }
 

@@ -144,6 +144,7 @@ fn accepted(value: Value) -> ApiResult {
 /// The public routes.
 pub fn routes() -> Router<Arc<Core>> {
     Router::new()
+        .route("/v1/devices/{id}", get(get_device))
         .route("/v1/agents", post(create_agent))
         .route("/v1/agents/{id}", get(get_agent))
         .route("/v1/environments", post(create_environment))
@@ -197,6 +198,38 @@ async fn create_agent(State(core): State<Arc<Core>>, body: Bytes) -> ApiResult {
     let value = json!({ "agent_id": record.agent_id, "definition": record.definition, "created_at_ms": record.created_at_ms });
     core.store.call(move |s| s.insert_agent(&record)).await?;
     created(value)
+}
+
+/// `GET /v1/devices/{id}`: the device's connection status. `declaration_known` is
+/// true only once a valid heartbeat was applied on the current connection.
+async fn get_device(State(core): State<Arc<Core>>, Path(id): Path<String>) -> ApiResult {
+    let device = id.clone();
+    let stored_epoch = core.store.call(move |s| s.owner_epoch(&device)).await?;
+    let conn = core
+        .devices
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .get(&id)
+        .cloned()
+        .filter(|c| !c.is_closed());
+    let (connected, epoch, snapshot) = match &conn {
+        Some(c) => (true, c.epoch, c.snapshot()),
+        None => (false, stored_epoch, None),
+    };
+    let agent_kinds: Vec<&str> = snapshot
+        .as_deref()
+        .unwrap_or_default()
+        .iter()
+        .map(|d| d.agent_kind.as_str())
+        .collect();
+    Ok(Json(json!({
+        "device_id": id,
+        "connected": connected,
+        "owner_epoch": epoch,
+        "declaration_known": snapshot.is_some(),
+        "agent_kinds": agent_kinds,
+    }))
+    .into_response())
 }
 
 async fn get_agent(State(core): State<Arc<Core>>, Path(id): Path<String>) -> ApiResult {

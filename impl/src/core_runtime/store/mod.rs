@@ -520,6 +520,11 @@ pub trait CoreStore: Send {
     /// # Errors
     /// [`StoreError::NotFound`] for an unknown device.
     fn bump_owner_epoch(&mut self, device_id: &str) -> Result<u64, StoreError>;
+    /// Reads the device's current owner epoch.
+    ///
+    /// # Errors
+    /// [`StoreError::NotFound`] for an unknown device.
+    fn owner_epoch(&mut self, device_id: &str) -> Result<u64, StoreError>;
 
     // --- configuration records ---------------------------------------------------
 

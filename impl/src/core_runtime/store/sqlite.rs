@@ -462,6 +462,21 @@ impl CoreStore for SqliteStore {
         Ok(epoch as u64)
     }
 
+    fn owner_epoch(&mut self, device_id: &str) -> Result<u64, StoreError> {
+        let epoch: Option<i64> = self
+            .conn
+            .query_row(
+                "SELECT owner_epoch FROM devices WHERE device_id = ?1",
+                params![device_id],
+                |r| r.get(0),
+            )
+            .optional()?;
+        epoch.map(|e| e as u64).ok_or_else(|| StoreError::NotFound {
+            kind: "device",
+            id: device_id.to_string(),
+        })
+    }
+
     fn insert_agent(&mut self, agent: &AgentRecord) -> Result<(), StoreError> {
         let tx = self.tx()?;
         let n = tx.execute(
