@@ -450,15 +450,8 @@ fn dispatch(core: &Arc<Core>, conn: &Arc<DeviceConnection>, bytes: &[u8]) -> Opt
                 .lock()
                 .ok()
                 .and_then(|t| t.get(&turn_id).cloned());
-            if let Some(tx) = sender
-                && let Err(mpsc::error::TrySendError::Full(_)) =
-                    tx.try_send(TurnMsg::Frame(Box::new(frame)))
-            {
-                // Subscriber overflow: close this Turn's subscription explicitly.
-                conn.unroute_turn(&turn_id);
-                tokio::spawn(async move {
-                    let _ = tx.send(TurnMsg::Overflow).await;
-                });
+            if let Some(tx) = sender {
+                deliver(conn, &turn_id, tx, frame);
             }
         }
         None => {
@@ -466,4 +459,77 @@ fn dispatch(core: &Arc<Core>, conn: &Arc<DeviceConnection>, bytes: &[u8]) -> Opt
         }
     }
     None
+}
+
+/// Queues `frame` for the Turn task behind `tx`; `false` when its queue was full.
+/// On overflow the frame is dropped, every route of the Turn is removed (later frames
+/// find no route) and [`TurnMsg::Overflow`] is delivered once space frees, so the
+/// Turn closes its subscription explicitly.
+fn deliver(
+    conn: &DeviceConnection,
+    turn_id: &str,
+    tx: mpsc::Sender<TurnMsg>,
+    frame: Frame,
+) -> bool {
+    let Err(mpsc::error::TrySendError::Full(_)) = tx.try_send(TurnMsg::Frame(Box::new(frame)))
+    else {
+        return true;
+    };
+    // Subscriber overflow: close this Turn's subscription explicitly.
+    conn.unroute_turn(turn_id);
+    tokio::spawn(async move {
+        let _ = tx.send(TurnMsg::Overflow).await;
+    });
+    false
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core_runtime::gateway::TURN_QUEUE_MAX;
+
+    fn frame(run: &str) -> Frame {
+        let text = json!({"type": "delta", "id": run, "payload": {"text": "x"}}).to_string();
+        Frame::decode(text.as_bytes(), Direction::RuntimeToCore).expect("valid delta")
+    }
+
+    /// A Turn task that never reads (its receiver is held, not polled) fills its
+    /// bounded queue; the next frame is not queued, the Turn's routes are dropped (so
+    /// further frames are not routed) and `Overflow` follows the queued frames: the
+    /// explicit observation error, not an invented frame.
+    #[tokio::test]
+    async fn a_full_turn_queue_unroutes_the_turn_and_delivers_overflow() {
+        let (out, _out_rx) = mpsc::channel(1);
+        let conn = DeviceConnection {
+            device_id: "device-1".into(),
+            conn_id: 1,
+            epoch: 1,
+            out,
+            state: Mutex::default(),
+        };
+        assert!(conn.route(RouteKind::Run, "run-1", "turn-1"));
+        let (tx, mut rx) = mpsc::channel(TURN_QUEUE_MAX);
+        for _ in 0..TURN_QUEUE_MAX {
+            assert!(deliver(&conn, "turn-1", tx.clone(), frame("run-1")));
+        }
+        assert_eq!(
+            conn.lookup(RouteKind::Run, "run-1").as_deref(),
+            Some("turn-1")
+        );
+        // The consumer is stalled: the queue is full.
+        assert!(!deliver(&conn, "turn-1", tx.clone(), frame("run-1")));
+        assert_eq!(conn.lookup(RouteKind::Run, "run-1"), None, "still routed");
+        drop(tx);
+        for i in 0..TURN_QUEUE_MAX {
+            let msg = rx.recv().await;
+            assert!(
+                matches!(msg, Some(TurnMsg::Frame(_))),
+                "message {i}: {msg:?}"
+            );
+        }
+        let msg = rx.recv().await;
+        assert!(matches!(msg, Some(TurnMsg::Overflow)), "{msg:?}");
+        // Nothing else: the overflowed frame was not queued, no frame was invented.
+        assert!(rx.recv().await.is_none());
+    }
 }
