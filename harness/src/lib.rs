@@ -5,6 +5,7 @@
 //! target, family drivers and runner build on it.
 
 pub mod bind;
+pub mod drive;
 pub mod family;
 pub mod golden;
 pub mod matcher;

@@ -20,6 +20,7 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 
+use contract_harness::family;
 use contract_harness::golden::{self, GoldenMode};
 use contract_harness::report::{self, ScenarioResult};
 use contract_harness::requirements;
@@ -64,9 +65,10 @@ struct FamilyArgs {
 struct RunArgs {
     #[command(flatten)]
     family: FamilyArgs,
-    /// The side under test (`runtime` or `core`).
-    #[arg(long, value_parser = parse_side)]
-    side: Side,
+    /// The side under test, one the family has (`contract-harness list --family F`
+    /// names them; core_runtime: `runtime` or `core`).
+    #[arg(long)]
+    side: String,
     /// Command that starts the target (split like a POSIX shell, no shell involved).
     #[arg(long)]
     target_cmd: String,
@@ -127,10 +129,6 @@ enum GoldenAction {
     },
 }
 
-fn parse_side(text: &str) -> Result<Side, String> {
-    Side::parse(text).ok_or_else(|| format!("unknown side `{text}` (use `runtime` or `core`)"))
-}
-
 fn parse_jobs(text: &str) -> Result<usize, String> {
     match text.parse::<usize>() {
         Ok(0) => Err("--jobs must be at least 1".into()),
@@ -161,6 +159,14 @@ fn main() -> ExitCode {
 }
 
 fn load(args: &FamilyArgs) -> Result<Vec<Scenario>, ExitCode> {
+    if family::family(&args.family).is_none() {
+        eprintln!(
+            "--family: unknown family `{}`; families: {}",
+            args.family,
+            family::known()
+        );
+        return Err(ExitCode::from(EXIT_USAGE));
+    }
     load_family(&args.scenarios, &args.family).map_err(|errors| {
         print_load_errors(&errors);
         ExitCode::from(EXIT_USAGE)
@@ -175,6 +181,13 @@ fn print_load_errors(errors: &[LoadError]) {
 }
 
 fn run(args: RunArgs) -> ExitCode {
+    let side = match family::resolve(&args.family.family, &args.side) {
+        Ok((_, side)) => side,
+        Err(e) => {
+            eprintln!("--family/--side: {e}");
+            return ExitCode::from(EXIT_USAGE);
+        }
+    };
     // One usage error up front rather than one launch failure per scenario.
     if let Err(e) = contract_harness::target::resolve_program(&args.target_cmd) {
         eprintln!("--target-cmd: {e}");
@@ -186,16 +199,16 @@ fn run(args: RunArgs) -> ExitCode {
     };
     let (pending, runs): (Vec<Scenario>, Vec<Scenario>) = scenarios
         .into_iter()
-        .filter(|s| s.runs_on(args.side))
+        .filter(|s| s.runs_on(side))
         .filter(|s| args.filter.as_deref().is_none_or(|f| s.id().contains(f)))
-        .partition(|s| s.pending_reason(args.side).is_some());
-    let runs: Vec<(Scenario, Side)> = runs.into_iter().map(|s| (s, args.side)).collect();
+        .partition(|s| s.pending_reason(side).is_some());
+    let runs: Vec<(Scenario, Side)> = runs.into_iter().map(|s| (s, side)).collect();
     for s in &pending {
         println!(
             "PENDING {} [{}]: {}",
             s.id(),
-            args.side,
-            s.pending_reason(args.side).unwrap_or("")
+            side,
+            s.pending_reason(side).unwrap_or("")
         );
     }
     if runs.is_empty()
@@ -204,7 +217,7 @@ fn run(args: RunArgs) -> ExitCode {
     {
         eprintln!(
             "no {} scenario for side {} matches `{filter}`",
-            args.family.family, args.side
+            args.family.family, side
         );
         return ExitCode::from(EXIT_USAGE);
     }
@@ -316,6 +329,14 @@ fn list(args: &FamilyArgs) -> ExitCode {
         Ok(s) => s,
         Err(code) => return code,
     };
+    if let Some(info) = family::family(&args.family) {
+        for side in info.sides {
+            println!(
+                "side {}: the harness plays {}; ours: contract-impl {}",
+                side.side, side.harness_plays, side.impl_args
+            );
+        }
+    }
     for s in &scenarios {
         let sides: Vec<&str> = s.target_sides().iter().map(|side| side.as_str()).collect();
         println!("{} [{}] {}", s.id(), sides.join(","), s.summary);

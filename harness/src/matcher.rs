@@ -1,8 +1,8 @@
-//! Matching an emitted frame against a scenario frame, and the wire-schema check.
+//! Matching an emitted frame against a scenario frame.
 //!
 //! This module owns the pattern semantics of `docs/scenario-format.md` ("Matching"):
 //! object keys the scenario writes must be present and match (keys it leaves out are
-//! ignored here and checked by [`schema_check`] instead); arrays match element-wise with
+//! ignored here and checked by the family's codec, `crate::drive::Codec`, instead); arrays match element-wise with
 //! equal length; scalars must be equal; a placeholder matches any value and binds it
 //! (see [`crate::bind`]); `$absent` under a key requires the key to be missing; the
 //! object `{$generated: {seed, offset?, size}}` matches a base64 string whose decoded
@@ -16,9 +16,6 @@
 
 use std::fmt;
 
-use contract_impl::core_runtime::wire::Direction;
-use contract_impl::core_runtime::wire::frame::validate_value;
-use contract_impl::wire::WireError;
 use serde_json::Value;
 
 use crate::bind::{Bindings, Placeholder, Token, parse_token};
@@ -356,15 +353,6 @@ fn match_at(
     }
 }
 
-/// Checks an emitted frame against the core-runtime wire schema, as sent by the party
-/// `direction` names (strict JSON, known type, right direction, typed payload).
-///
-/// # Errors
-/// The [`WireError`] of [`validate_value`].
-pub fn schema_check(frame: &Value, direction: Direction) -> Result<(), WireError> {
-    validate_value(frame, direction).map(|_| ())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -514,11 +502,5 @@ mod tests {
         assert!(match_frame(&pat, &json!({"a": "1", "b": "2"}), &mut b).is_err());
         assert!(b.is_empty());
         match_frame(&pat, &json!({"a": "1", "b": "1"}), &mut b).unwrap();
-    }
-
-    #[test]
-    fn schema_check_rejects_wrong_direction_and_unknown_type() {
-        let frame = json!({"type": "no_such_type", "id": "x", "payload": {}});
-        assert!(schema_check(&frame, Direction::RuntimeToCore).is_err());
     }
 }

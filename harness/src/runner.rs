@@ -12,7 +12,8 @@ use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
 
-use crate::family::core_runtime::{self, DriveOptions, DriveOutcome};
+use crate::drive::{DriveOptions, DriveOutcome, FailureCode, Phase};
+use crate::family;
 use crate::golden::{self, GoldenMode};
 use crate::report::ScenarioResult;
 use crate::scenario::{Scenario, Side};
@@ -62,32 +63,21 @@ async fn run_scenario_reporting_launch(
         step_timeout: opts.step_timeout,
         startup_timeout: opts.startup_timeout,
     };
-    let (outcome, generated_keys): (DriveOutcome, &[&str]) = match scenario.family.as_str() {
-        core_runtime::FAMILY => (
-            core_runtime::drive(scenario, side, &drive_opts).await,
-            core_runtime::generated_keys(side),
-        ),
-        other => {
-            let result = ScenarioResult::fail(
-                id,
-                side,
-                started.elapsed(),
-                format!("family `{other}` has no driver in this harness yet"),
-            );
-            return (result, None);
-        }
-    };
+    let outcome = family::drive(scenario, side, &drive_opts).await;
+    let generated_keys = family::generated_keys(&scenario.family, side);
     if let Some(failure) = &outcome.failure {
-        let launch = (failure.step.is_none() && failure.what == "launch").then(|| {
-            let first = failure.message.lines().next().unwrap_or("");
-            first.trim_end_matches("; stderr tail:").to_string()
-        });
+        let launch = (failure.code == FailureCode::LaunchFailed && failure.phase == Phase::Launch)
+            .then(|| {
+                let first = failure.message.lines().next().unwrap_or("");
+                first.trim_end_matches("; stderr tail:").to_string()
+            });
         let result = ScenarioResult::fail(
             id,
             side,
             started.elapsed(),
             with_target_context(failure.to_string(), &outcome),
-        );
+        )
+        .with_code(failure.code, failure.phase);
         return (result, launch);
     }
     let rendered = golden::render(
@@ -107,14 +97,16 @@ async fn run_scenario_reporting_launch(
                 side,
                 started.elapsed(),
                 with_target_context(format!("scenario {id} [{side}]: {text}"), &outcome),
-            ),
+            )
+            .with_code(FailureCode::GoldenMismatch, Phase::Golden),
         },
         Err(e) => ScenarioResult::fail(
             id.clone(),
             side,
             started.elapsed(),
             format!("scenario {id} [{side}]: golden {}: {e}", path.display()),
-        ),
+        )
+        .with_code(FailureCode::HarnessError, Phase::Golden),
     };
     result.golden = Some(path.display().to_string());
     (result, None)
@@ -195,7 +187,8 @@ pub async fn run_many(
                             side,
                             started.elapsed(),
                             format!("scenario {id} [{side}]: the harness task failed: {e}"),
-                        ),
+                        )
+                        .with_code(FailureCode::HarnessError, Phase::Launch),
                         None,
                     ),
                 }

@@ -8,7 +8,9 @@
 //!   process; a no-op when it is up to date) so the suite is self-sufficient.
 //! * Goldens: checked by default; `CONTRACT_GOLDEN=accept` writes them, `=pending`
 //!   writes `.pending` files for review.
-//! * Side `core` trials run `contract-impl core serve`. A scenario side listed under the
+//! * Families and sides come from the harness's registry
+//!   (`contract_harness::family::FAMILIES`); each side's trials run `contract-impl` with
+//!   that side's `impl_args` (`runtime`, `core serve`). A scenario side listed under the
 //!   scenario's `pending:` is listed but **ignored** (kind `[pending]`; the reasons are
 //!   printed on stderr before the run), so nothing not-yet-ported passes silently.
 //!
@@ -19,14 +21,13 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
 
+use contract_harness::family::{self, FAMILIES};
 use contract_harness::golden::GoldenMode;
 use contract_harness::report::console;
 use contract_harness::requirements;
 use contract_harness::runner::{self, RunOptions};
 use contract_harness::scenario::{Side, load_family};
 use libtest_mimic::{Arguments, Failed, Trial};
-
-const FAMILIES: &[&str] = &["core_runtime"];
 
 fn workspace_root() -> PathBuf {
     let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
@@ -84,14 +85,15 @@ fn golden_mode() -> GoldenMode {
     }
 }
 
-/// The `--target-cmd` for a side, with the binary path quoted for the splitter.
-fn target_cmd(side: Side) -> Result<String, Failed> {
+/// The `--target-cmd` for a side of a family (from the registry), with the binary path
+/// quoted for the splitter.
+fn target_cmd(family_name: &str, side: Side) -> Result<String, Failed> {
+    let info = family::family(family_name)
+        .and_then(|f| f.side(side.as_str()))
+        .ok_or_else(|| format!("family `{family_name}` has no side `{side}` in the registry"))?;
     let bin = impl_binary()?;
     let quoted = shell_words::quote(&bin.display().to_string()).into_owned();
-    Ok(match side {
-        Side::Runtime => format!("{quoted} runtime"),
-        Side::Core => format!("{quoted} core serve"),
-    })
+    Ok(format!("{quoted} {}", info.impl_args))
 }
 
 fn main() {
@@ -102,7 +104,8 @@ fn main() {
     let mut trials = Vec::new();
     let mut pending_reasons = Vec::new();
 
-    for &family in FAMILIES {
+    for info in FAMILIES {
+        let family = info.name;
         let loaded = load_family(&scenarios_dir, family);
         let load_errors = match &loaded {
             Ok(_) => None,
@@ -146,7 +149,7 @@ fn main() {
                 let golden_dir = golden_dir.clone();
                 let trial = Trial::test(name, move || {
                     let opts = RunOptions {
-                        target_cmd: target_cmd(side)?,
+                        target_cmd: target_cmd(family, side)?,
                         golden_dir,
                         golden_mode: golden_mode(),
                         step_timeout: runner::DEFAULT_STEP_TIMEOUT,

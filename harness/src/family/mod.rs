@@ -1,15 +1,148 @@
-//! One driver per protocol family: which parties exist, which side is the target, how
-//! the target is launched and reached, and how each scenario step maps onto transports.
+//! The family registry: the one place that names every protocol family, its sides, and
+//! how each side is driven on the step engine ([`crate::drive`]).
 //!
-//! * [`control`]: the harness side of the controlled Harness adapter's control channel.
-//! * [`core_runtime`]: the Core ↔ Runtime family driver (side `runtime`: the harness
-//!   plays Core).
-//! * [`core_target`]: side `core` of the same family (the harness plays the Runtime).
+//! * [`core_runtime`]: the Core ↔ Runtime family (sides `runtime` and `core`).
 //!
-//! Drivers own the mapping from steps to I/O; they never parse scenario files, never
-//! render or compare goldens (they hand a [`crate::golden::Recording`] back) and never
-//! print.
+//! `--family`/`--side`, the runner, `contract-harness list` and the contract test are all
+//! driven from [`FAMILIES`]. A new family adds a folder here, its scenarios and goldens,
+//! and one entry in [`FAMILIES`] and in [`drive`]; nothing shared changes. Families never
+//! import each other; none of them parses scenario files, renders goldens or prints.
 
-pub mod control;
 pub mod core_runtime;
-pub mod core_target;
+
+use crate::drive::{DriveOptions, DriveOutcome, Failure, FailureCode, Phase, StepError};
+use crate::scenario::model::{Scenario, Side};
+
+/// One side of a family that can be the target.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SideInfo {
+    /// The side (its name is what `--side` and `sides:` say).
+    pub side: Side,
+    /// Who the harness plays when this side is the target.
+    pub harness_plays: &'static str,
+    /// The `contract-impl` arguments that start **our** implementation of this side
+    /// (what `make check-runtime-contract` and the contract test pass as `--target-cmd`).
+    pub impl_args: &'static str,
+}
+
+/// One protocol family the harness carries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FamilyInfo {
+    /// The family's name (`--family`, the scenario and golden directory).
+    pub name: &'static str,
+    /// The spec the family implements.
+    pub spec: &'static str,
+    /// Its sides, in report order.
+    pub sides: &'static [SideInfo],
+}
+
+impl FamilyInfo {
+    /// The entry of side `name`, if the family has it.
+    pub fn side(&self, name: &str) -> Option<&SideInfo> {
+        self.sides.iter().find(|s| s.side.as_str() == name)
+    }
+
+    /// The family's side names, comma-separated.
+    pub fn side_names(&self) -> String {
+        self.sides
+            .iter()
+            .map(|s| s.side.as_str())
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+}
+
+/// Every family the harness carries.
+pub const FAMILIES: &[FamilyInfo] = &[FamilyInfo {
+    name: core_runtime::FAMILY,
+    spec: "core-runtime-protocol",
+    sides: &[
+        SideInfo {
+            side: Side::Runtime,
+            harness_plays: "Core (scripted Core, controlled-adapter channel)",
+            impl_args: "runtime",
+        },
+        SideInfo {
+            side: Side::Core,
+            harness_plays: "the Runtime and the user (public API)",
+            impl_args: "core serve",
+        },
+    ],
+}];
+
+/// The family named `name`.
+pub fn family(name: &str) -> Option<&'static FamilyInfo> {
+    FAMILIES.iter().find(|f| f.name == name)
+}
+
+/// What exists, for usage errors: `core_runtime (sides: runtime, core)`.
+pub fn known() -> String {
+    FAMILIES
+        .iter()
+        .map(|f| format!("{} (sides: {})", f.name, f.side_names()))
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+/// Resolves a `--family`/`--side` pair.
+///
+/// # Errors
+/// A usage message naming the families and sides that exist.
+pub fn resolve(family_name: &str, side_name: &str) -> Result<(&'static FamilyInfo, Side), String> {
+    let Some(info) = family(family_name) else {
+        return Err(format!(
+            "unknown family `{family_name}`; families: {}",
+            known()
+        ));
+    };
+    match info.side(side_name) {
+        Some(side) => Ok((info, side.side)),
+        None => Err(format!(
+            "family `{family_name}` has no side `{side_name}`; its sides: {}",
+            info.side_names()
+        )),
+    }
+}
+
+/// Drives `scenario` with `side` as the target, through its family's peer.
+pub async fn drive(scenario: &Scenario, side: Side, opts: &DriveOptions) -> DriveOutcome {
+    let known_side = family(&scenario.family).and_then(|f| f.side(side.as_str()));
+    match (scenario.family.as_str(), known_side) {
+        (core_runtime::FAMILY, Some(_)) => core_runtime::drive(scenario, side, opts).await,
+        _ => DriveOutcome::failed(Failure::outside(
+            &scenario.id(),
+            Phase::Launch,
+            StepError::new(
+                FailureCode::UnsupportedStep,
+                format!(
+                    "family `{}` has no side `{side}` in this harness; families: {}",
+                    scenario.family,
+                    known()
+                ),
+            ),
+        )),
+    }
+}
+
+/// Keys whose values the target generates on `side` (aliased in goldens).
+pub fn generated_keys(family_name: &str, side: Side) -> &'static [&'static str] {
+    match family_name {
+        core_runtime::FAMILY => core_runtime::generated_keys(side),
+        _ => &[],
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pairs_resolve_or_name_what_exists() {
+        assert_eq!(resolve("core_runtime", "core").unwrap().1, Side::Core);
+        let err = resolve("no_such", "x").unwrap_err();
+        assert!(err.contains("unknown family `no_such`"), "{err}");
+        assert!(err.contains("core_runtime (sides: runtime, core)"), "{err}");
+        let err = resolve("core_runtime", "plugin").unwrap_err();
+        assert!(err.contains("its sides: runtime, core"), "{err}");
+    }
+}

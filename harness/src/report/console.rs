@@ -1,8 +1,8 @@
 //! Console progress lines and the summary line.
 //!
 //! Owns the exact console wording that CI greps: one line per run
-//! (`PASS core_runtime/name [runtime] 123ms`, or `FAIL …` followed by the failure indented
-//! by two spaces) and a summary line that is exactly `N passed, M failed`. Pure string
+//! (`PASS core_runtime/name [runtime] 123ms`, or `FAIL … 123ms (mismatch at step 4)`, the
+//! failure's code and phase, followed by the failure indented by two spaces) and a summary line that is exactly `N passed, M failed`. Pure string
 //! building; printing is the caller's job.
 
 use std::time::Duration;
@@ -23,6 +23,10 @@ pub fn result_line(result: &ScenarioResult) -> String {
         result.side.as_str(),
         millis(result.duration)
     );
+    let code = result.code_line();
+    if !result.passed && !code.is_empty() {
+        out.push_str(&format!(" ({code})"));
+    }
     if let Some(failure) = result.failure.as_deref().filter(|_| !result.passed) {
         for line in failure.lines() {
             out.push_str("\n  ");
@@ -59,7 +63,10 @@ mod tests {
         let text = render(&results);
         let lines: Vec<&str> = text.lines().collect();
         assert_eq!(lines[0], "PASS core_runtime/handshake [runtime] 123ms");
-        assert_eq!(lines[1], "FAIL core_runtime/expiry [core] 1500ms");
+        assert_eq!(
+            lines[1],
+            "FAIL core_runtime/expiry [core] 1500ms (mismatch at step 4)"
+        );
         assert!(lines[2].starts_with("  step 4"));
         assert_eq!(lines[3], "  expected 1, got 2");
         assert_eq!(lines[4], "1 passed, 1 failed");

@@ -1,7 +1,10 @@
 //! Machine-readable JSON report. Pure rendering; never touches sockets.
 //!
 //! Shape: `{"summary": {"passed": N, "failed": M}, "results": [{"scenario", "side",
-//! "passed", "duration_ms", "failure"?, "golden"?}...]}`.
+//! "passed", "duration_ms", "failure"?, "code"?, "phase"?, "step"?, "golden"?}...]}`:
+//! `code` is the failure's stable code (`mismatch`, `launch_failed`, …), `phase` one of
+//! `launch`, `step`, `after_last_step`, `end_of_run`, `golden`, and `step` the 1-based
+//! step index when the phase is `step`.
 
 use serde_json::{Map, Value, json};
 
@@ -19,6 +22,15 @@ pub fn result_value(r: &ScenarioResult) -> Value {
     );
     if let Some(f) = &r.failure {
         map.insert("failure".into(), json!(f));
+    }
+    if let Some(code) = r.code {
+        map.insert("code".into(), json!(code.as_str()));
+    }
+    if let Some(phase) = r.phase {
+        map.insert("phase".into(), json!(phase.as_str()));
+    }
+    if let Some(step) = r.step() {
+        map.insert("step".into(), json!(step));
     }
     if let Some(g) = &r.golden {
         map.insert("golden".into(), json!(g));
@@ -49,5 +61,9 @@ mod tests {
         assert_eq!(v["results"][0]["duration_ms"], 123);
         assert_eq!(v["results"][1]["side"], "core");
         assert!(v["results"][0].get("failure").is_none());
+        assert!(v["results"][0].get("code").is_none());
+        assert_eq!(v["results"][1]["code"], "mismatch");
+        assert_eq!(v["results"][1]["phase"], "step");
+        assert_eq!(v["results"][1]["step"], 4);
     }
 }

@@ -1,5 +1,6 @@
 //! JUnit XML (via `quick-junit`): one test suite per family and side, one test case per
-//! scenario run. Pure rendering; never touches sockets.
+//! scenario run; a failure's `type` is its stable code and the test case carries the
+//! `phase` (and `step`) as properties. Pure rendering; never touches sockets.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -33,11 +34,20 @@ pub fn render(report_name: &str, results: &[ScenarioResult]) -> Result<String, R
                 let failure = r.failure.as_deref().unwrap_or("failed");
                 status.set_message(failure.lines().next().unwrap_or("failed"));
                 status.set_description(failure);
+                if let Some(code) = r.code {
+                    status.set_type(code.as_str());
+                }
                 status
             };
             let mut case = TestCase::new(format!("{} [{side}]", r.name()), status);
             case.set_classname(format!("{family}.{side}"));
             case.set_time(r.duration);
+            if let Some(phase) = r.phase {
+                case.add_property(("phase", phase.as_str()));
+            }
+            if let Some(step) = r.step() {
+                case.add_property(("step", step.to_string().as_str()));
+            }
             if let Some(golden) = &r.golden {
                 case.add_property(("golden", golden.as_str()));
             }
@@ -64,5 +74,8 @@ mod tests {
         assert!(xml.contains("name=\"handshake [runtime]\""), "{xml}");
         assert!(xml.contains("<failure"), "{xml}");
         assert!(xml.contains("different value"), "{xml}");
+        assert!(xml.contains("type=\"mismatch\""), "{xml}");
+        assert!(xml.contains("name=\"phase\" value=\"step\""), "{xml}");
+        assert!(xml.contains("name=\"step\" value=\"4\""), "{xml}");
     }
 }

@@ -18,7 +18,13 @@ pub fn render(results: &[ScenarioResult]) -> String {
             "| `{}` | {} | {} | {} |\n",
             cell(&r.scenario),
             r.side.as_str(),
-            if r.passed { "pass" } else { "**FAIL**" },
+            if r.passed {
+                "pass".to_string()
+            } else if r.code.is_some() {
+                format!("**FAIL** `{}`", r.code_line())
+            } else {
+                "**FAIL**".to_string()
+            },
             millis(r.duration)
         ));
     }
@@ -44,7 +50,9 @@ mod tests {
         let md = super::render(&super::super::sample_results());
         assert!(md.contains("**1 passed, 1 failed**"));
         assert!(
-            md.contains("| `core_runtime/expiry` | core | **FAIL** | 1500ms |"),
+            md.contains(
+                "| `core_runtime/expiry` | core | **FAIL** `mismatch at step 4` | 1500ms |"
+            ),
             "{md}"
         );
         assert!(md.contains("<details>"));

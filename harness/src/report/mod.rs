@@ -14,6 +14,7 @@ pub mod markdown;
 use std::path::Path;
 use std::time::Duration;
 
+use crate::drive::{FailureCode, Phase};
 use crate::scenario::Side;
 
 /// The outcome of one scenario run against one target side.
@@ -31,6 +32,10 @@ pub struct ScenarioResult {
     pub duration: Duration,
     /// The golden file compared, when one was.
     pub golden: Option<String>,
+    /// The failure's stable code, when it failed.
+    pub code: Option<FailureCode>,
+    /// When in the run it failed (the phase; the step index is in [`Self::step`]).
+    pub phase: Option<Phase>,
 }
 
 impl ScenarioResult {
@@ -43,6 +48,8 @@ impl ScenarioResult {
             failure: None,
             duration,
             golden: None,
+            code: None,
+            phase: None,
         }
     }
 
@@ -60,6 +67,30 @@ impl ScenarioResult {
             failure: Some(failure.into()),
             duration,
             golden: None,
+            code: None,
+            phase: None,
+        }
+    }
+
+    /// The same result with the failure's `code` and `phase`.
+    pub fn with_code(mut self, code: FailureCode, phase: Phase) -> Self {
+        self.code = Some(code);
+        self.phase = Some(phase);
+        self
+    }
+
+    /// The 1-based step the run failed at, when it failed in a step.
+    pub fn step(&self) -> Option<usize> {
+        self.phase.and_then(Phase::step)
+    }
+
+    /// `mismatch at step 3`, `launch_failed at launch`, … (empty when it passed or the
+    /// failure carries no code).
+    pub fn code_line(&self) -> String {
+        match (self.code, self.phase) {
+            (Some(code), Some(phase)) => format!("{code} at {}", phase.label()),
+            (Some(code), None) => code.to_string(),
+            _ => String::new(),
         }
     }
 
@@ -148,7 +179,8 @@ pub(crate) fn sample_results() -> Vec<ScenarioResult> {
         Side::Core,
         Duration::from_millis(1500),
         "step 4 (runtime frame preparation_status): at $.payload.revision: different value\nexpected 1, got 2",
-    );
+    )
+    .with_code(FailureCode::Mismatch, Phase::Step(4));
     fail.golden = Some("golden/core_runtime/expiry.core.golden".into());
     vec![
         ScenarioResult::pass(

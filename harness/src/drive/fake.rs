@@ -1,0 +1,844 @@
+//! An in-memory fake peer and process, so the engine's step semantics (deadlines,
+//! `any_order`, `silence`, trailing frames, placeholders across reconnects, exits,
+//! crashes, secret scanning) are unit-tested without sockets or processes. Time is
+//! tokio's paused clock: a scripted delay of an hour costs nothing.
+
+use std::collections::VecDeque;
+use std::os::unix::process::ExitStatusExt;
+use std::process::ExitStatus;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use serde_json::{Value, json};
+
+use super::*;
+use crate::scenario::model::{ExitCodeSpec, Party, RawMessage, Scenario, ScenarioConfig, Step};
+
+/// The fake family's own event (an "HTTP request" stand-in).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FakeRequest(pub String);
+
+impl Describe for FakeRequest {
+    fn describe(&self) -> String {
+        format!("request {}", self.0)
+    }
+}
+
+/// A codec of JSON objects with a string `type`; `tick` frames may trail.
+struct FakeCodec;
+
+fn typed(frame: &Value) -> Result<(), WireFault> {
+    match frame.get("type") {
+        Some(Value::String(_)) => Ok(()),
+        _ => Err(WireFault {
+            code: "missing_field".into(),
+            message: "type".into(),
+        }),
+    }
+}
+
+impl Codec for FakeCodec {
+    fn decode(&self, text: &str) -> Result<Value, WireFault> {
+        contract_impl::wire::parse_strict(text.as_bytes()).map_err(|e| WireFault {
+            code: e.code().into(),
+            message: e.to_string(),
+        })
+    }
+    fn check_emitted(&self, frame: &Value) -> Result<(), WireFault> {
+        typed(frame)
+    }
+    fn check_outgoing(&self, frame: &Value) -> Result<(), WireFault> {
+        typed(frame)
+    }
+    fn encode(&self, frame: &Value) -> Result<String, WireFault> {
+        Ok(frame.to_string())
+    }
+    fn may_trail(&self, frame: &Value) -> bool {
+        frame["type"] == "tick"
+    }
+    fn trailing_rule(&self) -> &'static str {
+        "only ticks may follow the last step"
+    }
+}
+
+/// What the fake peer sent, shared with the test.
+type SentLog = Arc<Mutex<Vec<String>>>;
+
+/// One scripted event: delivered `after` the previous one was.
+struct Scripted {
+    after: Duration,
+    event: Event<FakeRequest>,
+}
+
+struct FakePeer {
+    script: VecDeque<Scripted>,
+    connected: bool,
+    /// Answer a Close the harness sends with a Close (after what is already queued).
+    echo_close: bool,
+    sent: SentLog,
+}
+
+#[async_trait]
+impl Peer for FakePeer {
+    type Other = FakeRequest;
+
+    fn codec(&self) -> &dyn Codec {
+        &FakeCodec
+    }
+    fn target_party(&self) -> Party {
+        Party::Runtime
+    }
+    fn plays(&self, party: Party) -> bool {
+        party == Party::Core
+    }
+    fn emitted_label(&self) -> &'static str {
+        "runtime frame"
+    }
+    async fn recv(&mut self, timeout: Duration) -> StepResult<Option<Event<FakeRequest>>> {
+        let Some(next) = self.script.front_mut() else {
+            tokio::time::sleep(timeout).await;
+            return Ok(None);
+        };
+        if next.after > timeout {
+            next.after -= timeout;
+            tokio::time::sleep(timeout).await;
+            return Ok(None);
+        }
+        tokio::time::sleep(next.after).await;
+        let event = self.script.pop_front().map(|s| s.event);
+        if matches!(event, Some(Event::Eof)) {
+            self.connected = false;
+        }
+        Ok(event)
+    }
+    fn leak_in_other(&self, other: &FakeRequest, secret: &str) -> Option<String> {
+        other.0.contains(secret).then(|| "a fake request".into())
+    }
+    fn connected(&self) -> bool {
+        self.connected
+    }
+    fn drop_connection(&mut self) -> bool {
+        std::mem::replace(&mut self.connected, false)
+    }
+    async fn send(&mut self, message: Outgoing, _timeout: Duration) -> StepResult {
+        if !self.connected {
+            return Err(fail::not_connected("no connection"));
+        }
+        let text = match message {
+            Outgoing::Text(text) => text,
+            Outgoing::Binary(bytes) => format!("binary:{}", bytes.len()),
+        };
+        self.sent.lock().unwrap().push(text);
+        Ok(())
+    }
+    async fn send_close(&mut self, code: u16, reason: &str, _timeout: Duration) -> StepResult {
+        if !self.connected {
+            return Err(fail::not_connected("no connection"));
+        }
+        self.sent
+            .lock()
+            .unwrap()
+            .push(format!("close:{code}:{reason}"));
+        if self.echo_close {
+            self.script.push_back(Scripted {
+                after: Duration::ZERO,
+                event: Event::Close {
+                    code: Some(code),
+                    reason: String::new(),
+                },
+            });
+        }
+        Ok(())
+    }
+    async fn end_connection(&mut self, _timeout: Duration) {
+        self.connected = false;
+    }
+    fn trailing_other(&mut self, _other: FakeRequest) -> StepResult {
+        Ok(())
+    }
+    async fn family_step(&mut self, _run: &mut Run, step: &Step) -> StepResult {
+        match step {
+            Step::Reconnect => {
+                self.connected = true;
+                self.sent.lock().unwrap().push("reconnect".into());
+                Ok(())
+            }
+            other => Err(fail::unsupported(format!("fake: {}", other.keyword()))),
+        }
+    }
+    fn crashed(&mut self) {
+        self.connected = false;
+    }
+    async fn relaunch(&mut self, _startup: Duration) -> Result<Box<dyn Process>, String> {
+        self.sent.lock().unwrap().push("relaunch".into());
+        Ok(Box::new(FakeProcess::default()))
+    }
+    fn release(&mut self) {
+        self.connected = false;
+    }
+}
+
+#[derive(Default)]
+struct FakeProcess {
+    /// Exits with this code after this delay (`None`: runs until stopped).
+    exit: Option<(Duration, i32)>,
+    stderr: String,
+    leak: Option<&'static str>,
+}
+
+#[async_trait]
+impl Process for FakeProcess {
+    async fn wait_exit(&mut self) -> Result<ExitStatus, String> {
+        match self.exit {
+            Some((after, code)) => {
+                tokio::time::sleep(after).await;
+                Ok(ExitStatus::from_raw(code << 8))
+            }
+            None => std::future::pending().await,
+        }
+    }
+    async fn kill_now(&mut self) -> Result<ExitStatus, String> {
+        Ok(ExitStatus::from_raw(9))
+    }
+    async fn shutdown(&mut self) -> Option<ExitStatus> {
+        Some(ExitStatus::from_raw(0))
+    }
+    fn leak_channel(&self) -> Option<&'static str> {
+        self.leak
+    }
+    fn stderr_tail(&self) -> String {
+        self.stderr.clone()
+    }
+    fn stdout_tail(&self) -> String {
+        String::new()
+    }
+}
+
+const SECRET: &str = "s3cr3t-credential";
+const STEP: Duration = Duration::from_millis(500);
+
+fn text(v: Value) -> Event<FakeRequest> {
+    Event::Text(v.to_string())
+}
+
+fn now(event: Event<FakeRequest>) -> Scripted {
+    Scripted {
+        after: Duration::ZERO,
+        event,
+    }
+}
+
+fn later(ms: u64, event: Event<FakeRequest>) -> Scripted {
+    Scripted {
+        after: Duration::from_millis(ms),
+        event,
+    }
+}
+
+fn expect(frame: Value) -> Step {
+    Step::Frame {
+        party: Party::Runtime,
+        frame,
+    }
+}
+
+fn send(frame: Value) -> Step {
+    Step::Frame {
+        party: Party::Core,
+        frame,
+    }
+}
+
+/// A 1 ms `silence`, so that a following `expect_exit` is not the first step.
+fn pause() -> Step {
+    Step::Silence(Duration::from_millis(1))
+}
+
+fn scenario(steps: Vec<Step>) -> Scenario {
+    Scenario {
+        pending: Default::default(),
+        family: "fake".into(),
+        name: "engine".into(),
+        summary: String::new(),
+        covers: vec![],
+        sides: None,
+        config: ScenarioConfig::default(),
+        steps,
+        path: "engine.yaml".into(),
+    }
+}
+
+/// One engine case: the target's scripted behaviour, the steps, and what must come out.
+struct Case {
+    name: &'static str,
+    script: Vec<Scripted>,
+    process: FakeProcess,
+    /// The target became ready (else it exited before readiness).
+    ready: bool,
+    steps: Vec<Step>,
+    /// `None`: the run passes; else the failure's code, phase and a message substring.
+    failure: Option<(FailureCode, Phase, &'static str)>,
+    /// What the harness sent (in order), when checked.
+    sent: Option<Vec<&'static str>>,
+    /// Recorded labels, when checked.
+    recorded: Option<Vec<&'static str>>,
+}
+
+impl Case {
+    fn new(name: &'static str, script: Vec<Scripted>, steps: Vec<Step>) -> Self {
+        Self {
+            name,
+            script,
+            process: FakeProcess::default(),
+            ready: true,
+            steps,
+            failure: None,
+            sent: None,
+            recorded: None,
+        }
+    }
+    fn fails(mut self, code: FailureCode, phase: Phase, text: &'static str) -> Self {
+        self.failure = Some((code, phase, text));
+        self
+    }
+    fn sends(mut self, sent: Vec<&'static str>) -> Self {
+        self.sent = Some(sent);
+        self
+    }
+    fn records(mut self, labels: Vec<&'static str>) -> Self {
+        self.recorded = Some(labels);
+        self
+    }
+    fn process(mut self, process: FakeProcess) -> Self {
+        self.process = process;
+        self
+    }
+    fn not_ready(mut self) -> Self {
+        self.ready = false;
+        self
+    }
+}
+
+fn cases() -> Vec<Case> {
+    use FailureCode as C;
+    let hello = || json!({"type": "hello", "id": "r-1"});
+    vec![
+        Case::new(
+            "a matching frame binds its placeholder; a sent frame uses it",
+            vec![now(text(hello()))],
+            vec![
+                expect(json!({"type": "hello", "id": "$run"})),
+                send(json!({"type": "ack", "id": "$run", "mine": "$fresh"})),
+            ],
+        )
+        .records(vec!["runtime frame"])
+        .sends(vec![
+            r#"{"type":"ack","id":"r-1","mine":"fresh-1"}"#,
+            "close:1000:scenario complete",
+        ]),
+        Case::new(
+            "a frame that does not match fails with mismatch",
+            vec![now(text(json!({"type": "hello", "id": "r-2"})))],
+            vec![expect(json!({"type": "hello", "id": "r-1"}))],
+        )
+        .fails(C::Mismatch, Phase::Step(1), "emitted frame does not match"),
+        Case::new(
+            "nothing within the step deadline is a timeout naming it",
+            vec![later(600, text(hello()))],
+            vec![expect(json!({"type": "hello"}))],
+        )
+        .fails(C::Timeout, Phase::Step(1), "got nothing within 500ms"),
+        Case::new(
+            "a frame just inside the deadline arrives",
+            vec![later(499, text(hello()))],
+            vec![expect(json!({"type": "hello"}))],
+        ),
+        Case::new(
+            "an undecodable frame is invalid_frame",
+            vec![now(Event::Text("{\"type\":\"a\",\"type\":\"b\"}".into()))],
+            vec![expect(json!({"type": "a"}))],
+        )
+        .fails(C::InvalidFrame, Phase::Step(1), "duplicate_key"),
+        Case::new(
+            "a frame outside the schema is schema_violation",
+            vec![now(text(json!({"id": "x"})))],
+            vec![expect(json!({"id": "x"}))],
+        )
+        .fails(
+            C::SchemaViolation,
+            Phase::Step(1),
+            "violates the wire schema",
+        ),
+        Case::new(
+            "a close where a frame is expected is unexpected_event",
+            vec![now(Event::Close {
+                code: Some(1011),
+                reason: "bye".into(),
+            })],
+            vec![expect(json!({"type": "hello"}))],
+        )
+        .fails(C::UnexpectedEvent, Phase::Step(1), "got close 1011"),
+        Case::new(
+            "an invalid frame of the harness's own is refused before sending",
+            vec![],
+            vec![send(json!({"no": "type"}))],
+        )
+        .fails(C::ScenarioInvalid, Phase::Step(1), "use send_bytes")
+        .sends(vec![]),
+        Case::new(
+            "silence passes when nothing comes within the window (the frame after it trails)",
+            vec![later(1000, text(hello()))],
+            vec![Step::Silence(Duration::from_millis(999))],
+        )
+        .fails(
+            C::TrailingOutput,
+            Phase::AfterLastStep,
+            "unexpected frame after the last step",
+        ),
+        Case::new(
+            "silence fails on a frame inside the window and records it",
+            vec![later(100, text(hello()))],
+            vec![Step::Silence(Duration::from_millis(200))],
+        )
+        .fails(
+            C::UnexpectedEvent,
+            Phase::Step(1),
+            "expected silence for 200ms",
+        )
+        .records(vec!["runtime frame"]),
+        Case::new(
+            "any_order matches frames in either order",
+            vec![
+                now(text(json!({"type": "b", "id": "2"}))),
+                now(text(json!({"type": "a", "id": "1"}))),
+            ],
+            vec![
+                Step::AnyOrder(vec![
+                    expect(json!({"type": "a", "id": "$first"})),
+                    expect(json!({"type": "b", "id": "$second"})),
+                ]),
+                send(json!({"type": "ack", "a": "$first", "b": "$second"})),
+            ],
+        )
+        .sends(vec![
+            r#"{"type":"ack","a":"1","b":"2"}"#,
+            "close:1000:scenario complete",
+        ]),
+        Case::new(
+            "any_order fails on a frame matching no remaining expectation",
+            vec![
+                now(text(json!({"type": "a"}))),
+                now(text(json!({"type": "a"}))),
+            ],
+            vec![Step::AnyOrder(vec![
+                expect(json!({"type": "a"})),
+                expect(json!({"type": "b"})),
+            ])],
+        )
+        .fails(C::Mismatch, Phase::Step(1), "matches none of the remaining"),
+        Case::new(
+            "any_order holds only frames the target emits",
+            vec![],
+            vec![Step::AnyOrder(vec![send(json!({"type": "a"}))])],
+        )
+        .fails(
+            C::ScenarioInvalid,
+            Phase::Step(1),
+            "any_order may only hold",
+        ),
+        Case::new(
+            "placeholders survive a disconnect and a reconnect",
+            vec![now(text(hello()))],
+            vec![
+                expect(json!({"type": "hello", "id": "$run"})),
+                Step::Disconnect,
+                Step::Reconnect,
+                send(json!({"type": "again", "id": "$run"})),
+            ],
+        )
+        .sends(vec![
+            "reconnect",
+            r#"{"type":"again","id":"r-1"}"#,
+            "close:1000:scenario complete",
+        ]),
+        Case::new(
+            "disconnect without a connection fails",
+            vec![],
+            vec![Step::Disconnect, Step::Disconnect],
+        )
+        .fails(C::NotConnected, Phase::Step(2), "no connection to drop"),
+        Case::new(
+            "half_close records the target's Close reply",
+            vec![],
+            vec![Step::HalfClose {
+                code: Some(4000),
+                reason: Some("done".into()),
+            }],
+        )
+        .sends(vec!["close:4000:done"])
+        .records(vec!["close"]),
+        Case::new(
+            "half_close fails on a frame instead of the Close reply",
+            vec![now(text(hello()))],
+            vec![Step::HalfClose {
+                code: None,
+                reason: None,
+            }],
+        )
+        .fails(
+            C::UnexpectedEvent,
+            Phase::Step(1),
+            "expected the target's Close reply",
+        ),
+        Case::new(
+            "send_bytes sends raw text and binary without a schema check",
+            vec![],
+            vec![
+                Step::SendBytes(RawMessage::Text("{not json".into())),
+                Step::SendBytes(RawMessage::Binary(vec![1, 2, 3])),
+            ],
+        )
+        .sends(vec![
+            "{not json",
+            "binary:3",
+            "close:1000:scenario complete",
+        ]),
+        Case::new(
+            "expect_close checks code and reason",
+            vec![now(Event::Close {
+                code: Some(1008),
+                reason: "policy".into(),
+            })],
+            vec![Step::ExpectClose {
+                code: Some(1008),
+                reason: Some("policy".into()),
+            }],
+        )
+        .records(vec!["close"]),
+        Case::new(
+            "expect_close with another code is a mismatch",
+            vec![now(Event::Close {
+                code: Some(1011),
+                reason: String::new(),
+            })],
+            vec![Step::ExpectClose {
+                code: Some(1008),
+                reason: None,
+            }],
+        )
+        .fails(C::Mismatch, Phase::Step(1), "with code 1008"),
+        Case::new(
+            "expect_close without code accepts a dropped connection",
+            vec![now(Event::Eof)],
+            vec![Step::ExpectClose {
+                code: None,
+                reason: None,
+            }],
+        )
+        .records(vec!["close"]),
+        Case::new(
+            "expect_close with a code refuses a dropped connection",
+            vec![now(Event::Eof)],
+            vec![Step::ExpectClose {
+                code: Some(1000),
+                reason: None,
+            }],
+        )
+        .fails(C::UnexpectedEvent, Phase::Step(1), "connection dropped"),
+        Case::new(
+            "expect_exit records the exit and checks code and stderr",
+            vec![later(10, Event::Eof)],
+            vec![
+                pause(),
+                Step::ExpectExit {
+                    code: Some(ExitCodeSpec::Exact(3)),
+                    stderr: vec!["bad config".into()],
+                },
+            ],
+        )
+        .process(FakeProcess {
+            exit: Some((Duration::from_millis(20), 3)),
+            stderr: "error: bad config".into(),
+            leak: None,
+        })
+        .records(vec!["target exit"]),
+        Case::new(
+            "expect_exit with another code is target_exit",
+            vec![],
+            vec![
+                pause(),
+                Step::ExpectExit {
+                    code: Some(ExitCodeSpec::NonZero),
+                    stderr: vec![],
+                },
+            ],
+        )
+        .process(FakeProcess {
+            exit: Some((Duration::from_millis(20), 0)),
+            ..FakeProcess::default()
+        })
+        .fails(C::TargetExit, Phase::Step(2), "a non-zero code"),
+        Case::new(
+            "expect_exit on a target that keeps running is a timeout",
+            vec![],
+            vec![
+                pause(),
+                Step::ExpectExit {
+                    code: None,
+                    stderr: vec![],
+                },
+            ],
+        )
+        .fails(C::Timeout, Phase::Step(2), "it is still running"),
+        Case::new(
+            "expect_exit first: a target that became ready fails it",
+            vec![],
+            vec![Step::ExpectExit {
+                code: None,
+                stderr: vec![],
+            }],
+        )
+        .fails(C::TargetExit, Phase::Step(1), "became ready instead"),
+        Case::new(
+            "expect_exit first: an exit before readiness passes",
+            vec![],
+            vec![Step::ExpectExit {
+                code: Some(ExitCodeSpec::Exact(4)),
+                stderr: vec![],
+            }],
+        )
+        .not_ready()
+        .process(FakeProcess {
+            exit: Some((Duration::ZERO, 4)),
+            ..FakeProcess::default()
+        }),
+        Case::new(
+            "expect_exit fails on a frame emitted before the exit",
+            vec![later(5, text(hello()))],
+            vec![
+                pause(),
+                Step::ExpectExit {
+                    code: None,
+                    stderr: vec![],
+                },
+            ],
+        )
+        .process(FakeProcess {
+            exit: Some((Duration::from_millis(10), 0)),
+            ..FakeProcess::default()
+        })
+        .fails(C::UnexpectedEvent, Phase::Step(2), "got text frame")
+        .records(vec!["runtime frame"]),
+        Case::new(
+            "crash kills and relaunches the target; the run goes on",
+            vec![],
+            vec![Step::Crash, Step::Reconnect, send(json!({"type": "after"}))],
+        )
+        .sends(vec![
+            "relaunch",
+            "reconnect",
+            r#"{"type":"after"}"#,
+            "close:1000:scenario complete",
+        ]),
+        Case::new(
+            "the secret in a frame is a credential leak, never printed",
+            vec![now(text(json!({"type": "hello", "token": SECRET})))],
+            vec![expect(json!({"type": "hello"}))],
+        )
+        .fails(
+            C::CredentialLeak,
+            Phase::Step(1),
+            "credential leaked in a text frame",
+        ),
+        Case::new(
+            "the secret in a family event is a leak where the family says",
+            vec![now(Event::Other(FakeRequest(format!("GET /?t={SECRET}"))))],
+            vec![Step::Silence(Duration::from_millis(50))],
+        )
+        .fails(
+            C::CredentialLeak,
+            Phase::Step(1),
+            "credential leaked in a fake request",
+        ),
+        Case::new(
+            "the secret in a close reason is a leak",
+            vec![now(Event::Close {
+                code: Some(1000),
+                reason: SECRET.into(),
+            })],
+            vec![Step::ExpectClose {
+                code: None,
+                reason: None,
+            }],
+        )
+        .fails(C::CredentialLeak, Phase::Step(1), "close reason"),
+        Case::new(
+            "the secret on the target's output fails the end of the run",
+            vec![],
+            vec![Step::Silence(Duration::from_millis(1))],
+        )
+        .process(FakeProcess {
+            leak: Some("stderr"),
+            ..FakeProcess::default()
+        })
+        .fails(C::CredentialLeak, Phase::EndOfRun, "the target's stderr"),
+        Case::new(
+            "a frame the codec allows may trail the last step and is not recorded",
+            vec![now(text(hello())), later(5, text(json!({"type": "tick"})))],
+            vec![expect(json!({"type": "hello"}))],
+        )
+        .records(vec!["runtime frame"]),
+        Case::new(
+            "a trailing family event is the family's call",
+            vec![now(Event::Other(FakeRequest("POST /late".into())))],
+            vec![],
+        ),
+        Case::new(
+            "a binary message after the last step fails",
+            vec![now(Event::Binary(vec![0]))],
+            vec![],
+        )
+        .fails(C::TrailingOutput, Phase::AfterLastStep, "binary message"),
+        Case::new(
+            "an unsupported family step names itself",
+            vec![],
+            vec![Step::Bootstrap(Default::default())],
+        )
+        .fails(C::UnsupportedStep, Phase::Step(1), "fake: bootstrap"),
+        Case::new(
+            "a party the harness does not play cannot send frames",
+            vec![],
+            vec![Step::Frame {
+                party: Party::Native,
+                frame: json!({"type": "x"}),
+            }],
+        )
+        .fails(
+            C::UnsupportedStep,
+            Phase::Step(1),
+            "`native` cannot send frames",
+        ),
+    ]
+}
+
+async fn run_case(case: Case) -> (DriveOutcome, Vec<String>) {
+    let sent: SentLog = Arc::default();
+    let peer = FakePeer {
+        script: case.script.into(),
+        connected: true,
+        echo_close: true,
+        sent: sent.clone(),
+    };
+    let opts = DriveOptions {
+        target_cmd: String::new(),
+        step_timeout: STEP,
+        startup_timeout: STEP,
+    };
+    let process: Box<dyn Process> = Box::new(case.process);
+    let started = Started {
+        peer,
+        process,
+        secret: SECRET.to_string(),
+        ready: case.ready,
+        normalize: Value::clone,
+    };
+    let outcome = drive(&scenario(case.steps), &opts, async { Ok(started) }).await;
+    let sent = sent.lock().unwrap().clone();
+    (outcome, sent)
+}
+
+#[tokio::test(start_paused = true)]
+async fn every_generic_step_kind_behaves_as_documented() {
+    let mut problems = Vec::new();
+    for case in cases() {
+        let name = case.name;
+        let want_failure = case.failure;
+        let want_sent = case.sent.clone();
+        let want_recorded = case.recorded.clone();
+        let (outcome, sent) = run_case(case).await;
+        let got = outcome.failure.as_ref();
+        match (want_failure, got) {
+            (None, None) => {}
+            (Some((code, phase, text)), Some(f))
+                if f.code == code && f.phase == phase && f.message.contains(text) => {}
+            (want, got) => problems.push(format!(
+                "{name}: wanted {want:?}, got {:?}",
+                got.map(|f| (f.code, f.phase, f.to_string()))
+            )),
+        }
+        if let Some(f) = got
+            && f.to_string().contains(SECRET)
+        {
+            problems.push(format!("{name}: the failure prints the secret: {f}"));
+        }
+        if let Some(want) = want_sent
+            && sent != want
+        {
+            problems.push(format!("{name}: sent {sent:?}, wanted {want:?}"));
+        }
+        if let Some(want) = want_recorded {
+            let labels: Vec<&str> = outcome
+                .recording
+                .entries
+                .iter()
+                .map(|e| e.label.as_str())
+                .collect();
+            if labels != want {
+                problems.push(format!("{name}: recorded {labels:?}, wanted {want:?}"));
+            }
+        }
+    }
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_launch_failure_is_typed() {
+    let opts = DriveOptions {
+        target_cmd: String::new(),
+        step_timeout: STEP,
+        startup_timeout: STEP,
+    };
+    let outcome = drive::<FakePeer, _>(&scenario(vec![]), &opts, async {
+        Err("no such program".to_string())
+    })
+    .await;
+    let failure = outcome.failure.unwrap();
+    assert_eq!(failure.code, FailureCode::LaunchFailed);
+    assert_eq!(failure.phase, Phase::Launch);
+    assert_eq!(
+        failure.to_string(),
+        "scenario fake/engine (launch): no such program"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_target_that_never_answers_the_final_close_times_out() {
+    let sent: SentLog = Arc::default();
+    let peer = FakePeer {
+        script: VecDeque::new(),
+        connected: true,
+        echo_close: false,
+        sent,
+    };
+    let opts = DriveOptions {
+        target_cmd: String::new(),
+        step_timeout: STEP,
+        startup_timeout: STEP,
+    };
+    let started = Started {
+        peer,
+        process: Box::new(FakeProcess::default()),
+        secret: String::new(),
+        ready: true,
+        normalize: Value::clone,
+    };
+    let outcome = drive(&scenario(vec![]), &opts, async { Ok(started) }).await;
+    let failure = outcome.failure.unwrap();
+    assert_eq!(failure.code, FailureCode::Timeout);
+    assert_eq!(failure.phase, Phase::AfterLastStep);
+    assert!(
+        failure.message.contains("neither with its Close"),
+        "{failure}"
+    );
+}

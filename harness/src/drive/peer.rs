@@ -1,0 +1,283 @@
+//! What a family supplies to the step engine: the [`Codec`] of its wire, the [`Peer`] the
+//! harness plays for a side, and the target [`Process`] its launch contract started.
+//!
+//! These traits are the engine's seams; they name no family. The event vocabulary
+//! ([`Event`], [`Outgoing`]) fits a message transport (WebSocket, 4-byte framed) and an
+//! RPC transport alike: an RPC family maps a response message, a status with its
+//! trailers and the end of a stream onto [`Event::Text`] (the message in its JSON
+//! mapping, one call ID inside it), [`Event::Other`] and [`Event::Eof`].
+
+use std::process::ExitStatus;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use serde_json::Value;
+
+use super::failure::StepResult;
+use super::run::Run;
+use crate::scenario::model::{Party, Step};
+use crate::target::Target;
+use crate::transport::ws::{WsEvent, truncate};
+
+/// Something that can describe itself in one line of a failure message.
+pub trait Describe {
+    /// A short description (bounded; long text truncated).
+    fn describe(&self) -> String;
+}
+
+/// Something the target did, in arrival order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Event<O> {
+    /// A data message the family's [`Codec`] decodes (a WebSocket text message, a framed
+    /// payload that is UTF-8).
+    Text(String),
+    /// A data message that is not text (a binary WebSocket message).
+    Binary(Vec<u8>),
+    /// The target closed the connection with a Close (`code` `None`: no status).
+    Close {
+        /// Close status code.
+        code: Option<u16>,
+        /// Close reason (empty when none).
+        reason: String,
+    },
+    /// The connection ended without a Close.
+    Eof,
+    /// The target violated the transport or one of its bounds (stable `code`).
+    Error {
+        /// Stable transport code (`message_too_large`, `frame_too_long`, …).
+        code: &'static str,
+        /// Detail for people.
+        detail: String,
+    },
+    /// A family event the engine does not interpret (an HTTP request, an RPC status).
+    Other(O),
+}
+
+impl<O: Describe> Describe for Event<O> {
+    fn describe(&self) -> String {
+        match self {
+            Event::Text(text) => format!("text frame {}", truncate(text, 200)),
+            Event::Binary(bytes) => format!("binary message of {} bytes", bytes.len()),
+            Event::Close { code, reason } => match code {
+                Some(code) => format!("close {code} {reason:?}"),
+                None => "close without status".to_string(),
+            },
+            Event::Eof => "connection dropped without a close frame".to_string(),
+            Event::Error { code, detail } => format!("transport error {code}: {detail}"),
+            Event::Other(other) => other.describe(),
+        }
+    }
+}
+
+impl<O> From<WsEvent> for Event<O> {
+    fn from(event: WsEvent) -> Self {
+        match event {
+            WsEvent::Text(text) => Event::Text(text),
+            WsEvent::Binary(bytes) => Event::Binary(bytes),
+            WsEvent::Close { code, reason } => Event::Close { code, reason },
+            WsEvent::Eof => Event::Eof,
+            WsEvent::Error { code, detail } => Event::Error { code, detail },
+        }
+    }
+}
+
+/// A family without events of its own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NoOther {}
+
+impl Describe for NoOther {
+    fn describe(&self) -> String {
+        match *self {}
+    }
+}
+
+/// One message the harness sends.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outgoing {
+    /// Encoded by the codec (or written raw by `send_bytes: {text}`).
+    Text(String),
+    /// Raw bytes (`send_bytes: {base64}`).
+    Binary(Vec<u8>),
+}
+
+/// Why the codec refused a frame: the family's stable wire code and a message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WireFault {
+    /// The family's stable code (`missing_field`, `duplicate_key`, …).
+    pub code: String,
+    /// Detail for people.
+    pub message: String,
+}
+
+impl std::fmt::Display for WireFault {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.code, self.message)
+    }
+}
+
+/// A family's wire, for the engine: decode what the target emitted, check it against
+/// the family's single wire definition, check and encode what the harness sends, and
+/// say which frames may trail the last step.
+pub trait Codec: Send + Sync {
+    /// Strictly decodes one emitted data message.
+    ///
+    /// # Errors
+    /// The family's wire fault (duplicate keys, non-finite numbers, …).
+    fn decode(&self, text: &str) -> Result<Value, WireFault>;
+    /// Checks a decoded frame the **target** emitted.
+    ///
+    /// # Errors
+    /// The schema violation.
+    fn check_emitted(&self, frame: &Value) -> Result<(), WireFault>;
+    /// Checks a frame the **harness** is about to send.
+    ///
+    /// # Errors
+    /// The schema violation (the scenario must use `send_bytes` for malformed input).
+    fn check_outgoing(&self, frame: &Value) -> Result<(), WireFault>;
+    /// Encodes a checked frame.
+    ///
+    /// # Errors
+    /// A value the wire cannot carry (a non-finite number).
+    fn encode(&self, frame: &Value) -> Result<String, WireFault>;
+    /// Whether a schema-valid frame the target emits after the last step is allowed
+    /// (periodic frames by design); such frames are never recorded.
+    fn may_trail(&self, frame: &Value) -> bool;
+    /// The rule [`Codec::may_trail`] implements, for failure messages
+    /// (`only heartbeats may follow the last step`).
+    fn trailing_rule(&self) -> &'static str;
+}
+
+/// A target process started through a launch contract. [`Target`] is the real one; the
+/// engine's unit tests use an in-memory fake.
+#[async_trait]
+pub trait Process: Send {
+    /// Waits for the process to exit (cancel-safe).
+    ///
+    /// # Errors
+    /// Waiting failed.
+    async fn wait_exit(&mut self) -> Result<ExitStatus, String>;
+    /// Kills the process (its whole group) at once and reaps it.
+    ///
+    /// # Errors
+    /// Killing or reaping failed.
+    async fn kill_now(&mut self) -> Result<ExitStatus, String>;
+    /// Stops the process (`SIGTERM`, grace, `SIGKILL` of the group); its status.
+    async fn shutdown(&mut self) -> Option<ExitStatus>;
+    /// The output channel (`stderr`, `stdout`) on which the secret appeared, if any.
+    fn leak_channel(&self) -> Option<&'static str>;
+    /// The bounded stderr tail.
+    fn stderr_tail(&self) -> String;
+    /// The bounded stdout tail.
+    fn stdout_tail(&self) -> String;
+}
+
+#[async_trait]
+impl Process for Target {
+    async fn wait_exit(&mut self) -> Result<ExitStatus, String> {
+        Target::wait_exit(self).await.map_err(|e| e.to_string())
+    }
+    async fn kill_now(&mut self) -> Result<ExitStatus, String> {
+        Target::kill_now(self).await.map_err(|e| e.to_string())
+    }
+    async fn shutdown(&mut self) -> Option<ExitStatus> {
+        Target::shutdown(self).await
+    }
+    fn leak_channel(&self) -> Option<&'static str> {
+        Target::leak_channel(self)
+    }
+    fn stderr_tail(&self) -> String {
+        Target::stderr_tail(self)
+    }
+    fn stdout_tail(&self) -> String {
+        Target::stdout_tail(self)
+    }
+}
+
+/// The party the harness plays for one side of a family: its transport, its handshake
+/// and the family's own steps. The engine runs every generic step (frames, `silence`,
+/// `any_order`, `disconnect`, `half_close`, `send_bytes`, `expect_close`,
+/// `expect_exit`, `crash`) through these methods and hands every other step to
+/// [`Peer::family_step`].
+#[async_trait]
+pub trait Peer: Send + Sized {
+    /// Family events the engine passes through uninterpreted ([`Event::Other`]).
+    type Other: Describe + Send;
+
+    /// The family's wire.
+    fn codec(&self) -> &dyn Codec;
+    /// The party the target acts as: its frames are expected, never sent.
+    fn target_party(&self) -> Party;
+    /// Whether the harness sends `party`'s frames on this side.
+    fn plays(&self, party: Party) -> bool;
+    /// The golden label of a frame the target emitted (`runtime frame`).
+    fn emitted_label(&self) -> &'static str;
+    /// What the target is called in failure messages (`the target`, `Core`).
+    fn target_name(&self) -> &'static str {
+        "the target"
+    }
+    /// The normalization of every recorded body (clock masks, addresses); identity by
+    /// default.
+    fn normalize(&self, body: Value) -> Value {
+        body
+    }
+    /// Why `step` cannot run on this side, if it cannot (checked before every step).
+    fn refuse(&self, _step: &Step) -> Option<String> {
+        None
+    }
+
+    /// The next thing the target does within `timeout` (`None`: nothing came). The
+    /// engine checks it for the secret. A connection's end is reported once, as
+    /// [`Event::Eof`], and the peer then counts as not connected. Must be cancel-safe.
+    ///
+    /// # Errors
+    /// The peer's own machinery stopped.
+    async fn recv(&mut self, timeout: Duration) -> StepResult<Option<Event<Self::Other>>>;
+    /// Where `other` carries `secret`, if it does (`the URL of an HTTP POST request`).
+    fn leak_in_other(&self, other: &Self::Other, secret: &str) -> Option<String>;
+    /// Whether a connection to the target is open.
+    fn connected(&self) -> bool;
+    /// Drops the connection abruptly (no Close); `false` when there was none.
+    fn drop_connection(&mut self) -> bool;
+    /// Sends one message on the connection within `timeout`.
+    ///
+    /// # Errors
+    /// No connection ([`super::FailureCode::NotConnected`]) or the send failed.
+    async fn send(&mut self, message: Outgoing, timeout: Duration) -> StepResult;
+    /// Sends a Close (the closing handshake's first half).
+    ///
+    /// # Errors
+    /// As [`Peer::send`].
+    async fn send_close(&mut self, code: u16, reason: &str, timeout: Duration) -> StepResult;
+    /// After the target's Close arrived: flushes the Close reply and drops the
+    /// connection (at most `timeout`).
+    async fn end_connection(&mut self, timeout: Duration);
+    /// A family event after the last step: `Ok` when the family tolerates it (already
+    /// secret-checked).
+    ///
+    /// # Errors
+    /// [`super::FailureCode::TrailingOutput`] when it does not.
+    fn trailing_other(&mut self, other: Self::Other) -> StepResult;
+    /// Family events already queued when the run ends (secret-checked, then dropped).
+    fn queued_others(&mut self) -> Vec<Self::Other> {
+        Vec::new()
+    }
+    /// Called after the harness sent `frame` (a frame step of a party it plays).
+    async fn frame_sent(&mut self, _run: &mut Run, _frame: &Value) -> StepResult {
+        Ok(())
+    }
+    /// Runs a step the engine does not know (`bootstrap`, `api`, `native`, …).
+    async fn family_step(&mut self, run: &mut Run, step: &Step) -> StepResult;
+    /// A `crash` step killed the target: drop every connection to it.
+    fn crashed(&mut self) {}
+    /// Starts the target again after a `crash` (same environment and directories) and
+    /// waits for its readiness.
+    ///
+    /// # Errors
+    /// The restart failed.
+    async fn relaunch(&mut self, _startup_timeout: Duration) -> Result<Box<dyn Process>, String> {
+        Err("this side's launch contract cannot restart the target".into())
+    }
+    /// The run is over: drop every connection and listener so the target sees the end
+    /// (the run directory stays until the peer is dropped, after the target stopped).
+    fn release(&mut self);
+}

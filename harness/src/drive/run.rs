@@ -1,0 +1,691 @@
+//! The live state of one run ([`Run`]) and the generic steps, written once for every
+//! family and side: frames sent and expected, `silence`, `any_order`, `disconnect`,
+//! `half_close`, `send_bytes`, `expect_close`, `expect_exit`, `crash`, the secret scan
+//! of every event, per-step deadlines, recording and the after-the-last-step check.
+
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use tokio::time::Instant;
+
+use super::failure::{FailureCode, StepError, StepResult, fail};
+use super::peer::{Describe, Event, Outgoing, Peer, Process};
+use crate::bind::Bindings;
+use crate::golden::{EntryKind, GoldenEntry, Recording};
+use crate::matcher::match_frame;
+use crate::scenario::model::{ExitCodeSpec, RawMessage, Step};
+use crate::transport::ws::truncate;
+
+/// Close code `half_close` sends by default and the harness sends after the last step
+/// (normal closure, RFC 6455 §7.4.1).
+pub const DEFAULT_CLOSE_CODE: u16 = 1000;
+
+/// Reason of the Close (code [`DEFAULT_CLOSE_CODE`]) the harness sends after the last
+/// step of a passing scenario, before it reads the target's trailing output.
+pub const END_CLOSE_REASON: &str = "scenario complete";
+
+/// What a failure found while reading the target's trailing output names.
+pub const AFTER_LAST_STEP: &str = "after the last step";
+
+/// Bound on waiting for a `SIGKILL`ed target to be reaped (`crash`).
+pub const KILL_REAP_BOUND: Duration = Duration::from_secs(5);
+
+/// The failure text of the credential checks: `credential leaked in <channel>` (the
+/// credential itself is never printed).
+pub fn leak_message(channel: &str) -> String {
+    format!(
+        "credential leaked in {channel}; the daemon credential may only appear as \
+         `Authorization: Bearer <credential>` (never in a URL, another header, a frame or \
+         the target's output)"
+    )
+}
+
+/// `value` as one bounded line.
+pub fn show(value: &Value) -> String {
+    truncate(&value.to_string(), 300)
+}
+
+/// `5s` or `1500ms`.
+pub fn show_duration(d: Duration) -> String {
+    if d.subsec_millis() == 0 {
+        format!("{}s", d.as_secs())
+    } else {
+        format!("{}ms", d.as_millis())
+    }
+}
+
+/// The state of one run every step shares: the placeholder table, the recording, the
+/// target process, the secret and the deadlines. Family steps receive it next to their
+/// peer.
+pub struct Run {
+    /// The placeholder table.
+    pub bindings: Bindings,
+    /// Everything the target emitted so far.
+    pub recording: Recording,
+    /// 1-based index of the running step (0 before the first).
+    pub step: usize,
+    /// Deadline of every step.
+    pub step_timeout: Duration,
+    /// Deadline of the target's readiness (also after a `crash`).
+    pub startup_timeout: Duration,
+    /// The secret that may appear nowhere but where the family allows it.
+    pub secret: String,
+    /// The target process.
+    pub process: Box<dyn Process>,
+    /// The first step is `expect_exit`, yet the target became ready.
+    pub ready_instead_of_exit: bool,
+    /// Stderr tails of processes a `crash` killed.
+    pub earlier_stderr: String,
+    /// The output channel on which a killed process had leaked the secret.
+    pub earlier_leak: Option<&'static str>,
+    normalize: fn(&Value) -> Value,
+}
+
+fn identity(value: &Value) -> Value {
+    value.clone()
+}
+
+impl Run {
+    /// A fresh run around `process`.
+    pub fn new(
+        process: Box<dyn Process>,
+        secret: String,
+        step_timeout: Duration,
+        startup_timeout: Duration,
+    ) -> Self {
+        Self {
+            bindings: Bindings::new(),
+            recording: Recording::new(),
+            step: 0,
+            step_timeout,
+            startup_timeout,
+            secret,
+            process,
+            ready_instead_of_exit: false,
+            earlier_stderr: String::new(),
+            earlier_leak: None,
+            normalize: identity,
+        }
+    }
+
+    /// Sets the normalization applied to every recorded body.
+    pub fn set_normalize(&mut self, normalize: fn(&Value) -> Value) {
+        self.normalize = normalize;
+    }
+
+    /// Records one emission of the target at the running step (normalized).
+    pub fn record(&mut self, label: &str, kind: EntryKind, body: Value) {
+        let body = (self.normalize)(&body);
+        self.recording.push(GoldenEntry {
+            step: self.step,
+            label: label.to_string(),
+            kind,
+            body,
+        });
+    }
+
+    /// Fails when `text` carries the secret.
+    ///
+    /// # Errors
+    /// [`FailureCode::CredentialLeak`] naming `place`.
+    pub fn check_secret(&self, text: &str, place: &str) -> StepResult {
+        if !self.secret.is_empty() && text.contains(self.secret.as_str()) {
+            return Err(fail::leak(leak_message(place)));
+        }
+        Ok(())
+    }
+
+    /// Fails when `event` carries the secret (frame, binary message, close reason, or
+    /// wherever the family says for its own events).
+    ///
+    /// # Errors
+    /// [`FailureCode::CredentialLeak`].
+    pub fn check_event<P: Peer>(&self, peer: &P, event: &Event<P::Other>) -> StepResult {
+        match event {
+            Event::Text(text) => self.check_secret(text, "a text frame"),
+            Event::Binary(bytes) => {
+                self.check_secret(&String::from_utf8_lossy(bytes), "a binary message")
+            }
+            Event::Close { reason, .. } => self.check_secret(reason, "a close reason"),
+            Event::Other(other) if !self.secret.is_empty() => {
+                match peer.leak_in_other(other, &self.secret) {
+                    Some(place) => Err(fail::leak(leak_message(&place))),
+                    None => Ok(()),
+                }
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// The next thing the target does within `timeout`, secret-checked.
+    ///
+    /// # Errors
+    /// A leak, or the peer's machinery stopped.
+    pub async fn next_event<P: Peer>(
+        &mut self,
+        peer: &mut P,
+        timeout: Duration,
+    ) -> StepResult<Option<Event<P::Other>>> {
+        let event = peer.recv(timeout).await?;
+        if let Some(event) = &event {
+            self.check_event(peer, event)?;
+        }
+        Ok(event)
+    }
+
+    /// `expected …, got nothing within <step deadline>`.
+    pub fn nothing<P: Peer>(&self, peer: &P, expected: &str) -> StepError {
+        let state = if peer.connected() {
+            ""
+        } else {
+            " (no connection is open)"
+        };
+        fail::timeout(format!(
+            "expected {expected}, got nothing within {}{state}",
+            show_duration(self.step_timeout)
+        ))
+    }
+
+    /// Decodes and schema-checks one emitted text frame.
+    fn decode_emitted<P: Peer>(peer: &P, text: &str, expected: &str) -> StepResult<Value> {
+        let codec = peer.codec();
+        let value = codec.decode(text).map_err(|e| {
+            StepError::new(
+                FailureCode::InvalidFrame,
+                format!(
+                    "expected {expected}, got an invalid frame ({e}): {}",
+                    truncate(text, 300)
+                ),
+            )
+        })?;
+        codec.check_emitted(&value).map_err(|e| {
+            StepError::new(
+                FailureCode::SchemaViolation,
+                format!(
+                    "emitted frame violates the wire schema ({e}): {}",
+                    show(&value)
+                ),
+            )
+        })?;
+        Ok(value)
+    }
+
+    /// Receives the next frame from the target within the step deadline, decodes and
+    /// schema-checks it, and records it.
+    ///
+    /// # Errors
+    /// Nothing came, something else came, or the frame is invalid.
+    pub async fn expect_frame<P: Peer>(
+        &mut self,
+        peer: &mut P,
+        expected: &str,
+    ) -> StepResult<Value> {
+        let text = match self.next_event(peer, self.step_timeout).await? {
+            Some(Event::Text(text)) => text,
+            Some(other) => {
+                return Err(fail::unexpected(format!(
+                    "expected {expected}, got {}",
+                    other.describe()
+                )));
+            }
+            None => return Err(self.nothing(peer, expected)),
+        };
+        let value = Self::decode_emitted(peer, &text, expected)?;
+        self.record(peer.emitted_label(), EntryKind::Frame, value.clone());
+        Ok(value)
+    }
+
+    /// Expects one frame matching `pattern` (binds on success).
+    ///
+    /// # Errors
+    /// As [`Run::expect_frame`], or the frame does not match.
+    pub async fn expect_matching<P: Peer>(&mut self, peer: &mut P, pattern: &Value) -> StepResult {
+        let value = self.expect_frame(peer, &show(pattern)).await?;
+        match_frame(pattern, &value, &mut self.bindings).map_err(|m| {
+            fail::mismatch(format!(
+                "emitted frame does not match: {m}\n  emitted: {}",
+                show(&value)
+            ))
+        })
+    }
+
+    /// Builds (placeholders substituted, unbound ones minted), schema-checks, encodes and
+    /// sends one frame as the party the harness plays.
+    ///
+    /// # Errors
+    /// The frame cannot be built or is invalid; the send failed.
+    pub async fn send_frame<P: Peer>(
+        &mut self,
+        peer: &mut P,
+        template: &Value,
+    ) -> StepResult<Value> {
+        let frame = self
+            .bindings
+            .substitute(template, true)
+            .map_err(|e| fail::scenario(format!("cannot build the frame to send: {e}")))?;
+        let codec = peer.codec();
+        codec.check_outgoing(&frame).map_err(|e| {
+            fail::scenario(format!(
+                "the scenario's frame is invalid ({e}); use send_bytes to send malformed input on purpose"
+            ))
+        })?;
+        let text = codec
+            .encode(&frame)
+            .map_err(|e| fail::scenario(format!("cannot encode the frame to send: {e}")))?;
+        peer.send(Outgoing::Text(text), self.step_timeout)
+            .await
+            .map_err(|e| {
+                StepError::new(e.code, format!("sending the frame failed: {}", e.message))
+            })?;
+        Ok(frame)
+    }
+
+    /// Runs one step: the generic ones here, every other one through
+    /// [`Peer::family_step`].
+    ///
+    /// # Errors
+    /// The step's failure.
+    pub async fn exec<P: Peer>(&mut self, peer: &mut P, step: &Step) -> StepResult {
+        if let Some(reason) = peer.refuse(step) {
+            return Err(fail::unsupported(reason));
+        }
+        match step {
+            Step::Frame { party, frame } if *party == peer.target_party() => {
+                self.expect_matching(peer, frame).await
+            }
+            Step::Frame { party, frame } if peer.plays(*party) => {
+                let sent = self.send_frame(peer, frame).await?;
+                peer.frame_sent(self, &sent).await
+            }
+            Step::Frame { party, .. } => {
+                Err(fail::unsupported(format!("`{party}` cannot send frames")))
+            }
+            Step::Silence(d) => self.silence(peer, *d).await,
+            Step::AnyOrder(steps) => self.any_order(peer, steps).await,
+            Step::Disconnect => {
+                if peer.drop_connection() {
+                    Ok(())
+                } else {
+                    Err(fail::not_connected("there is no connection to drop"))
+                }
+            }
+            Step::HalfClose { code, reason } => {
+                self.half_close(
+                    peer,
+                    code.unwrap_or(DEFAULT_CLOSE_CODE),
+                    reason.as_deref().unwrap_or(""),
+                )
+                .await
+            }
+            Step::SendBytes(raw) => {
+                let message = match raw {
+                    RawMessage::Text(text) => Outgoing::Text(text.clone()),
+                    RawMessage::Binary(bytes) => Outgoing::Binary(bytes.clone()),
+                };
+                peer.send(message, self.step_timeout).await.map_err(|e| {
+                    StepError::new(e.code, format!("sending raw bytes failed: {}", e.message))
+                })
+            }
+            Step::ExpectClose { code, reason } => {
+                self.expect_close(peer, *code, reason.as_deref()).await
+            }
+            Step::ExpectExit { code, stderr } => self.expect_exit(peer, *code, stderr).await,
+            Step::Crash => self.crash(peer).await,
+            other => peer.family_step(self, other).await,
+        }
+    }
+
+    /// `silence: d`: nothing may arrive for `d`.
+    async fn silence<P: Peer>(&mut self, peer: &mut P, duration: Duration) -> StepResult {
+        match self.next_event(peer, duration).await? {
+            None => Ok(()),
+            Some(event) => {
+                if let Event::Text(text) = &event
+                    && let Ok(value) = peer.codec().decode(text)
+                {
+                    self.record(peer.emitted_label(), EntryKind::Frame, value);
+                }
+                Err(fail::unexpected(format!(
+                    "expected silence for {}, got {}",
+                    show_duration(duration),
+                    event.describe()
+                )))
+            }
+        }
+    }
+
+    /// `any_order`: frames are received until each expectation matched exactly one
+    /// (first match wins; a failed trial binds nothing).
+    async fn any_order<P: Peer>(&mut self, peer: &mut P, steps: &[Step]) -> StepResult {
+        let target = peer.target_party();
+        let mut remaining: Vec<&Value> = Vec::new();
+        for step in steps {
+            match step {
+                Step::Frame { party, frame } if *party == target => remaining.push(frame),
+                other => {
+                    return Err(fail::scenario(format!(
+                        "any_order may only hold frames the target emits; found {}",
+                        other.describe()
+                    )));
+                }
+            }
+        }
+        while !remaining.is_empty() {
+            let expected = format!(
+                "one of {} frames: {}",
+                remaining.len(),
+                remaining
+                    .iter()
+                    .map(|v| show(v))
+                    .collect::<Vec<_>>()
+                    .join(" | ")
+            );
+            let value = self.expect_frame(peer, &expected).await?;
+            let mut reasons = Vec::new();
+            let mut matched = None;
+            for (i, pattern) in remaining.iter().enumerate() {
+                let mut trial = self.bindings.clone();
+                match match_frame(pattern, &value, &mut trial) {
+                    Ok(()) => {
+                        self.bindings = trial;
+                        matched = Some(i);
+                        break;
+                    }
+                    Err(m) => reasons.push(format!("  vs {}: {m}", show(pattern))),
+                }
+            }
+            match matched {
+                Some(i) => {
+                    remaining.remove(i);
+                }
+                None => {
+                    return Err(fail::mismatch(format!(
+                        "emitted frame matches none of the remaining expectations: {}\n{}",
+                        show(&value),
+                        reasons.join("\n")
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn record_close(&mut self, code: Option<u16>, reason: &str) {
+        self.record(
+            "close",
+            EntryKind::Close,
+            json!({"event": "close", "code": code, "reason": reason}),
+        );
+    }
+
+    /// `half_close`: sends Close; the next event must be the target's Close reply.
+    async fn half_close<P: Peer>(&mut self, peer: &mut P, code: u16, reason: &str) -> StepResult {
+        peer.send_close(code, reason, self.step_timeout)
+            .await
+            .map_err(|e| StepError::new(e.code, format!("sending Close failed: {}", e.message)))?;
+        let name = peer.target_name();
+        match self.next_event(peer, self.step_timeout).await? {
+            Some(Event::Close { code, reason }) => {
+                self.record_close(code, &reason);
+                peer.end_connection(self.step_timeout).await;
+                Ok(())
+            }
+            Some(other) => Err(fail::unexpected(format!(
+                "expected {name}'s Close reply, got {}",
+                other.describe()
+            ))),
+            None => Err(self.nothing(peer, &format!("{name}'s Close reply"))),
+        }
+    }
+
+    /// `expect_close`: a Close (code and reason checked when given) or, when neither is
+    /// given, a dropped connection.
+    async fn expect_close<P: Peer>(
+        &mut self,
+        peer: &mut P,
+        code: Option<u16>,
+        reason: Option<&str>,
+    ) -> StepResult {
+        let expected = match (code, reason) {
+            (None, None) => "a Close frame or a dropped connection".to_string(),
+            _ => format!(
+                "a Close frame{}{}",
+                code.map(|c| format!(" with code {c}")).unwrap_or_default(),
+                reason
+                    .map(|r| format!(" with reason {r:?}"))
+                    .unwrap_or_default()
+            ),
+        };
+        match self.next_event(peer, self.step_timeout).await? {
+            Some(Event::Close {
+                code: got_code,
+                reason: got_reason,
+            }) => {
+                self.record_close(got_code, &got_reason);
+                // Flush the automatic Close reply, then end the connection.
+                peer.end_connection(self.step_timeout).await;
+                if (code.is_some() && code != got_code) || reason.is_some_and(|r| r != got_reason) {
+                    return Err(fail::mismatch(format!(
+                        "expected {expected}, got close {got_code:?} {got_reason:?}"
+                    )));
+                }
+                Ok(())
+            }
+            Some(Event::Eof) if code.is_none() && reason.is_none() => {
+                self.record("close", EntryKind::Close, json!({"event": "dropped"}));
+                peer.drop_connection();
+                Ok(())
+            }
+            Some(other) => Err(fail::unexpected(format!(
+                "expected {expected}, got {}",
+                other.describe()
+            ))),
+            None => Err(self.nothing(peer, &expected)),
+        }
+    }
+
+    /// `expect_exit`: the target process exits within the step deadline (a dropped
+    /// connection is what an exiting target does; anything else it emits first fails);
+    /// exit code and stderr substrings checked when given; records `{exit_code}` (or
+    /// `{signal}`) as `target exit`.
+    async fn expect_exit<P: Peer>(
+        &mut self,
+        peer: &mut P,
+        code: Option<ExitCodeSpec>,
+        stderr: &[String],
+    ) -> StepResult {
+        let expected = match code {
+            Some(c) => format!("the target to exit with {c}"),
+            None => "the target to exit".to_string(),
+        };
+        if self.ready_instead_of_exit {
+            return Err(StepError::new(
+                FailureCode::TargetExit,
+                format!(
+                    "expected {expected} before it was ready, but it became ready instead; a \
+                     target must refuse an invalid launch configuration by exiting non-zero \
+                     and naming the problem on stderr"
+                ),
+            ));
+        }
+        let deadline = Instant::now() + self.step_timeout;
+        let status = loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            // Biased towards the connections: what the target emitted before it exited is
+            // reported rather than hidden by the exit.
+            let event = tokio::select! {
+                biased;
+                event = peer.recv(left) => match event? {
+                    Some(Event::Eof) => continue,
+                    Some(event) => event,
+                    None => {
+                        return Err(fail::timeout(format!(
+                            "expected {expected} within {}, it is still running",
+                            show_duration(self.step_timeout)
+                        )));
+                    }
+                },
+                status = self.process.wait_exit() => {
+                    break status.map_err(fail::harness)?;
+                }
+            };
+            self.check_event(peer, &event)?;
+            if let Event::Text(text) = &event
+                && let Ok(value) = peer.codec().decode(text)
+            {
+                self.record(peer.emitted_label(), EntryKind::Frame, value);
+            }
+            let hint = match &event {
+                Event::Close { .. } => " (expect it with `expect_close` first)",
+                _ => "",
+            };
+            return Err(fail::unexpected(format!(
+                "expected {expected}, got {}{hint}",
+                event.describe()
+            )));
+        };
+        let body = match (
+            status.code(),
+            std::os::unix::process::ExitStatusExt::signal(&status),
+        ) {
+            (Some(c), _) => json!({"exit_code": c}),
+            (None, Some(sig)) => json!({"signal": sig}),
+            (None, None) => json!({"exit_code": Value::Null}),
+        };
+        self.record("target exit", EntryKind::Exit, body);
+        if let Some(c) = code
+            && !c.matches(status.code())
+        {
+            return Err(StepError::new(
+                FailureCode::TargetExit,
+                format!("expected {expected}, it ended with {status}"),
+            ));
+        }
+        let tail = self.process.stderr_tail();
+        if let Some(needle) = stderr.iter().find(|n| !tail.contains(n.as_str())) {
+            return Err(StepError::new(
+                FailureCode::TargetExit,
+                format!(
+                    "expected the target's stderr to contain {needle:?}; it ended with {status} \
+                     and its stderr tail does not"
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// `crash`: drops the connections, kills the target's process group, keeps its
+    /// stderr tail and leak status, and starts it again through the peer's launch
+    /// contract; the step ends when it is ready.
+    async fn crash<P: Peer>(&mut self, peer: &mut P) -> StepResult {
+        peer.crashed();
+        let status = tokio::time::timeout(KILL_REAP_BOUND, self.process.kill_now())
+            .await
+            .map_err(|_| {
+                fail::harness(format!(
+                    "the killed target was not reaped within {}",
+                    show_duration(KILL_REAP_BOUND)
+                ))
+            })?
+            .map_err(fail::harness)?;
+        self.earlier_leak = self.earlier_leak.or(self.process.leak_channel());
+        let tail = self.process.stderr_tail();
+        if !tail.is_empty() {
+            self.earlier_stderr.push_str(&format!(
+                "{tail}\n--- crash step {}: {status} ---\n",
+                self.step
+            ));
+        }
+        let process = peer.relaunch(self.startup_timeout).await.map_err(|e| {
+            StepError::new(
+                FailureCode::LaunchFailed,
+                format!("restarting the target after the crash failed: {e}"),
+            )
+        })?;
+        self.process = process;
+        Ok(())
+    }
+
+    /// One frame the target emitted after the last step: strict, schema-valid, and one
+    /// the codec allows there ([`super::Codec::may_trail`]); never recorded.
+    fn trailing_frame<P: Peer>(peer: &P, text: &str) -> StepResult {
+        let codec = peer.codec();
+        let value = codec.decode(text).map_err(|e| {
+            StepError::new(
+                FailureCode::TrailingOutput,
+                format!(
+                    "unexpected frame after the last step, and it is invalid ({e}): {}",
+                    truncate(text, 300)
+                ),
+            )
+        })?;
+        codec.check_emitted(&value).map_err(|e| {
+            StepError::new(
+                FailureCode::TrailingOutput,
+                format!(
+                    "frame after the last step violates the wire schema ({e}): {}",
+                    show(&value)
+                ),
+            )
+        })?;
+        if codec.may_trail(&value) {
+            return Ok(());
+        }
+        Err(StepError::new(
+            FailureCode::TrailingOutput,
+            format!(
+                "unexpected frame after the last step: {} ({})",
+                show(&value),
+                codec.trailing_rule()
+            ),
+        ))
+    }
+
+    /// After the last step of a passing run: sends Close ([`DEFAULT_CLOSE_CODE`],
+    /// [`END_CLOSE_REASON`]) and reads until the target's Close reply or the
+    /// connection's end, within the step deadline. Every frame in between must be one
+    /// the codec allows to trail; family events go to [`Peer::trailing_other`]; events
+    /// still queued at the end are secret-checked.
+    ///
+    /// # Errors
+    /// A disallowed frame, a leak, or no end within the deadline.
+    pub async fn finish<P: Peer>(&mut self, peer: &mut P) -> StepResult {
+        if peer.connected() {
+            let timeout = self.step_timeout;
+            let deadline = Instant::now() + timeout;
+            // A target that already dropped the connection shows up as its end below.
+            let _ = peer
+                .send_close(DEFAULT_CLOSE_CODE, END_CLOSE_REASON, timeout)
+                .await;
+            while peer.connected() {
+                let left = deadline.saturating_duration_since(Instant::now());
+                match self.next_event(peer, left).await? {
+                    None => {
+                        return Err(fail::timeout(format!(
+                            "{} answered the harness's Close ({DEFAULT_CLOSE_CODE} \
+                             {END_CLOSE_REASON:?}) neither with its Close nor by closing the \
+                             connection within {}",
+                            peer.target_name(),
+                            show_duration(timeout)
+                        )));
+                    }
+                    Some(Event::Other(other)) => peer.trailing_other(other)?,
+                    Some(Event::Text(text)) => Self::trailing_frame(peer, &text)?,
+                    Some(Event::Close { .. } | Event::Eof) => {
+                        peer.drop_connection();
+                    }
+                    Some(other) => {
+                        return Err(StepError::new(
+                            FailureCode::TrailingOutput,
+                            format!("unexpected {} after the last step", other.describe()),
+                        ));
+                    }
+                }
+            }
+        }
+        for other in peer.queued_others() {
+            self.check_event(peer, &Event::Other(other))?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,158 @@
+//! The Core ↔ Runtime family (`core-runtime-protocol`): its codec, the two peers the
+//! harness plays and their launch contracts (`docs/launch-contract.md`).
+//!
+//! * Side `runtime` ([`runtime_side`]): the Runtime under test; the harness plays Core
+//!   (the scripted Core of [`crate::transport::http`]) and drives the Runtime's
+//!   controlled adapter over the control channel ([`control`]).
+//! * Side `core` ([`core_side`], [`core_api`]): Core under test; the harness plays the
+//!   Runtime and the user (`api:` steps).
+//!
+//! Both sides run on the step engine ([`crate::drive`]); this module holds only what is
+//! Core ↔ Runtime: the Envelope codec ([`codec`]), the bootstrap/connect handshake, the
+//! controlled adapter, Core's public API and the golden masks ([`masks`]). It never
+//! renders or compares goldens and never prints.
+
+pub mod codec;
+pub mod control;
+pub mod core_api;
+pub mod core_side;
+pub mod masks;
+pub mod runtime_side;
+
+use serde_json::{Map, Value, json};
+
+use crate::drive::{self, DriveOptions, DriveOutcome};
+use crate::scenario::model::{Scenario, Side};
+
+/// The family's name (scenario directory and `--family` value).
+pub const FAMILY: &str = "core_runtime";
+
+/// The device ID every launched target presents or is told (`CONTRACT_DEVICE_ID`).
+/// Fixed, so that goldens are stable; each run has its own peer, so runs never collide.
+pub const DEVICE_ID: &str = "contract-device-1";
+
+/// Default Environment ID of the launch configuration.
+pub const ENVIRONMENT_ID: &str = "00000000-0000-4000-8000-000000000001";
+
+/// Heartbeat interval the scripted Core announces by default (ms): long enough that no
+/// periodic heartbeat interleaves with a scenario unless the scenario asks for one.
+pub const DEFAULT_HEARTBEAT_INTERVAL_MS: u64 = 3_600_000;
+
+/// Keys whose values the target generates, per side: [`GENERATED_KEYS`] for a Runtime,
+/// [`masks::CORE_GENERATED_KEYS`] for Core.
+pub fn generated_keys(side: Side) -> &'static [&'static str] {
+    match side {
+        Side::Runtime => GENERATED_KEYS,
+        Side::Core => masks::CORE_GENERATED_KEYS,
+    }
+}
+
+/// Keys whose values a target Runtime generates; goldens replace them by stable aliases.
+pub const GENERATED_KEYS: &[&str] = &[
+    "executor_id",
+    "admission_handle",
+    "runtime_version",
+    "run_id",
+    "session_id",
+    "connection_id",
+    "traceparent",
+    "tracestate",
+];
+
+/// Drives `scenario` with `side` as the target, on the step engine.
+pub async fn drive(scenario: &Scenario, side: Side, opts: &DriveOptions) -> DriveOutcome {
+    let exit_first = drive::expects_exit_first(scenario);
+    match side {
+        Side::Runtime => {
+            drive::drive(
+                scenario,
+                opts,
+                runtime_side::start(scenario, opts, exit_first),
+            )
+            .await
+        }
+        Side::Core => drive::drive(scenario, opts, core_side::start(scenario, opts)).await,
+    }
+}
+
+/// Every capability field of `AgentKindCapabilities`, each `true`.
+pub(crate) fn all_capabilities() -> Value {
+    serde_json::to_value(contract_impl::core_runtime::wire::AgentKindCapabilities::all(true))
+        .unwrap_or_else(|_| Value::Object(Map::new()))
+}
+
+/// The default launch configuration (`docs/launch-contract.md`): Environment
+/// [`ENVIRONMENT_ID`] / `self_hosted`, one available agent kind `controlled` with every
+/// capability `true`. Timers and limits are left to the target's defaults.
+pub fn default_launch_config() -> Value {
+    json!({
+        "environment": { "environment_id": ENVIRONMENT_ID, "environment_type": "self_hosted" },
+        "agent_kinds": [
+            { "agent_kind": "controlled", "available": true, "capabilities": all_capabilities() }
+        ]
+    })
+}
+
+/// Deep-merges `overlay` into `base`: objects merge key by key, recursively; any other
+/// value (arrays included) replaces the base value.
+pub fn deep_merge(base: &mut Value, overlay: &Value) {
+    match (base, overlay) {
+        (Value::Object(base), Value::Object(overlay)) => {
+            for (key, value) in overlay {
+                match base.get_mut(key) {
+                    Some(existing) => deep_merge(existing, value),
+                    None => {
+                        base.insert(key.clone(), value.clone());
+                    }
+                }
+            }
+        }
+        (base, overlay) => *base = overlay.clone(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn merge_is_deep_and_arrays_replace() {
+        let mut base = default_launch_config();
+        deep_merge(
+            &mut base,
+            &json!({"timers": {"admission_expiry_ms": 200}, "environment": {"environment_type": "none"}}),
+        );
+        assert_eq!(base["environment"]["environment_id"], ENVIRONMENT_ID);
+        assert_eq!(base["environment"]["environment_type"], "none");
+        assert_eq!(base["timers"]["admission_expiry_ms"], 200);
+        deep_merge(&mut base, &json!({"agent_kinds": []}));
+        assert_eq!(base["agent_kinds"], json!([]));
+    }
+
+    #[test]
+    fn merge_passes_nulls_through() {
+        let mut base = default_launch_config();
+        deep_merge(
+            &mut base,
+            &json!({"agent_kinds": [{"agent_kind": "k", "available": true, "capabilities": {"resume": null}}], "timers": null}),
+        );
+        assert_eq!(
+            base["agent_kinds"][0]["capabilities"]["resume"],
+            Value::Null
+        );
+        assert_eq!(base["timers"], Value::Null);
+        let text = serde_json::to_string(&base).unwrap();
+        assert!(text.contains("\"resume\":null"), "{text}");
+    }
+
+    #[test]
+    fn default_capabilities_are_complete() {
+        let config = default_launch_config();
+        let caps = config["agent_kinds"][0]["capabilities"]
+            .as_object()
+            .unwrap();
+        assert!(caps.len() >= 10, "{caps:?}");
+        assert!(caps.values().all(|v| v == &Value::Bool(true)));
+        assert!(caps.contains_key("streaming"));
+    }
+}

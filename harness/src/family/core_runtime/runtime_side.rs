@@ -1,0 +1,561 @@
+//! Side `runtime` of the Core ↔ Runtime family: the Runtime under test is launched per
+//! `docs/launch-contract.md` and the harness plays **Core** (the scripted Core of
+//! [`crate::transport::http`]) and drives the Runtime's controlled adapter over the
+//! control channel ([`super::control`]). The generic steps are the engine's
+//! ([`crate::drive`]); this module adds the scripted Core's transport and these steps:
+//!
+//! | step | what the harness does |
+//! |---|---|
+//! | `core:` | substitute placeholders (minting unbound ones), schema-check as Core → Runtime, send as one text frame (engine) |
+//! | `runtime:` | the next thing the target does must be a text frame: strict parse, schema-check as Runtime → Core, record, match (engine) |
+//! | `native:` | control request `{op, ...args}` (placeholders substituted, unbound minted); `expect` matched against the result |
+//! | `bootstrap` | the next request must be the bootstrap POST with the Bearer credential; body matched (default `{device_id}`); answer per `response` (default 200 with `connection_url` and `heartbeat_interval_ms: 3600000`) |
+//! | `connect` | the next request must be the WebSocket upgrade with the Bearer credential; query matched (default `{device_id, version: WIRE_VERSION}`); upgrade (default) or answer the scripted status |
+//! | `handshake` | `bootstrap` + `connect` + one `runtime: {type: heartbeat}` |
+//! | `reconnect` | `bootstrap` + `connect` with defaults |
+//! | `api:`, `api_result:` | skipped (Core is not the target) |
+//! | `crash` | refused (it restarts a target Core) |
+//!
+//! Every HTTP request the target sends is checked for the daemon credential (URL also
+//! percent-encoded, every header but an exact `Authorization: Bearer <credential>`,
+//! body); the engine checks frames, close reasons and the target's output. HTTP requests
+//! after the last step are credential-checked and answered `503`.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use contract_impl::core_runtime::wire::limits::WIRE_VERSION;
+use contract_impl::wire::parse_strict;
+use serde_json::{Map, Value, json};
+use tokio::time::Instant;
+
+use super::codec::EnvelopeCodec;
+use super::control::{ControlChannel, ControlListener};
+use super::{DEFAULT_HEARTBEAT_INTERVAL_MS, DEVICE_ID, deep_merge, default_launch_config};
+use crate::drive::{
+    Codec, Describe, DriveOptions, Event, FailureCode, Outgoing, Peer, Run, Started, StepError,
+    StepResult, fail, show,
+};
+use crate::golden::EntryKind;
+use crate::matcher::match_frame;
+use crate::scenario::model::{BootstrapStep, ConnectStep, HttpResponseSpec, Party, Scenario, Step};
+use crate::target::{LaunchSpec, RunDir, Startup, Target, contains_secret};
+use crate::transport::TransportError;
+use crate::transport::http::{BOOTSTRAP_PATH, IncomingRequest, RequestBody, ScriptedCore, WS_PATH};
+use crate::transport::ws::{WsConnection, WsEvent, truncate};
+
+/// Default wait of the controlled adapter for a request (`timeout_ms`, control-channel.md).
+const ADAPTER_DEFAULT_TIMEOUT: Duration = Duration::from_millis(5000);
+
+/// Extra time the harness grants a control request beyond the adapter's own timeout, so
+/// the adapter's `timeout` answer arrives before the harness gives up.
+const CONTROL_GRACE: Duration = Duration::from_secs(1);
+
+impl Describe for IncomingRequest {
+    fn describe(&self) -> String {
+        IncomingRequest::describe(self)
+    }
+}
+
+/// The scripted Core the harness plays against a target Runtime.
+pub struct ScriptedCorePeer {
+    core: ScriptedCore,
+    ws: Option<WsConnection>,
+    /// `None` when the target exited before readiness (a first `expect_exit` step).
+    control: Option<ControlChannel>,
+    credential: String,
+    /// Held until the peer is dropped, after the target stopped.
+    _run_dir: RunDir,
+}
+
+/// Prepares the run directory, the scripted Core and the control socket, launches the
+/// target Runtime and waits for its controlled adapter's hello. With `exit_allowed` (the
+/// first step is `expect_exit`), an exit before readiness is not an error.
+///
+/// # Errors
+/// The launch failed (the text names why, with the target's stderr tail).
+pub async fn start(
+    scenario: &Scenario,
+    opts: &DriveOptions,
+    exit_allowed: bool,
+) -> Result<Started<ScriptedCorePeer>, String> {
+    let run_dir = RunDir::new().map_err(|e| e.to_string())?;
+    if let Some(seed) = &scenario.config.workspace {
+        run_dir
+            .seed_workspace(seed.files.iter(), seed.dirs.iter())
+            .map_err(|e| e.to_string())?;
+        run_dir
+            .seed_generated(&seed.generated)
+            .map_err(|e| e.to_string())?;
+    }
+    let mut config = default_launch_config();
+    if let Some(overlay) = &scenario.config.runtime {
+        deep_merge(&mut config, overlay);
+    }
+    let config_text = serde_json::to_string_pretty(&config).map_err(|e| e.to_string())?;
+    let config_path = run_dir
+        .write_config(&config_text)
+        .map_err(|e| e.to_string())?;
+    let core = ScriptedCore::start().await.map_err(|e| e.to_string())?;
+    let listener = ControlListener::bind(&run_dir.control_socket()).map_err(|e| e.to_string())?;
+    let credential = format!("crh-credential-{}", uuid::Uuid::new_v4().simple());
+    let env = vec![
+        ("CONTRACT_CORE_URL".to_string(), core.base_url()),
+        ("CONTRACT_DEVICE_ID".to_string(), DEVICE_ID.to_string()),
+        ("CONTRACT_DAEMON_CREDENTIAL".to_string(), credential.clone()),
+        (
+            "CONTRACT_CONTROL_SOCKET".to_string(),
+            run_dir.control_socket().display().to_string(),
+        ),
+        (
+            "CONTRACT_RUNTIME_CONFIG".to_string(),
+            config_path.display().to_string(),
+        ),
+        (
+            "CONTRACT_WORKSPACE".to_string(),
+            run_dir.workspace().display().to_string(),
+        ),
+    ];
+    let spec = LaunchSpec {
+        command: opts.target_cmd.clone(),
+        env,
+        cwd: run_dir.cwd(),
+        secret: credential.clone(),
+        capture_stdout: false,
+    };
+    let mut target = Target::spawn(&spec).map_err(|e| e.to_string())?;
+    let started = if exit_allowed {
+        target
+            .await_ready_or_exit(listener.accept(), opts.startup_timeout)
+            .await
+    } else {
+        target
+            .await_ready(listener.accept(), opts.startup_timeout)
+            .await
+            .map(Startup::Ready)
+    };
+    let control = match started {
+        Ok(Startup::Ready(control)) => Some(control),
+        Ok(Startup::Exited(_)) => None,
+        Err(e) => {
+            target.shutdown().await;
+            return Err(e.to_string());
+        }
+    };
+    Ok(Started {
+        ready: control.is_some(),
+        peer: ScriptedCorePeer {
+            core,
+            ws: None,
+            control,
+            credential: credential.clone(),
+            _run_dir: run_dir,
+        },
+        process: Box::new(target),
+        secret: credential,
+        normalize: Value::clone,
+    })
+}
+
+async fn ws_recv(ws: &mut Option<WsConnection>) -> Option<WsEvent> {
+    match ws {
+        Some(conn) => conn.recv().await,
+        None => std::future::pending().await,
+    }
+}
+
+#[async_trait]
+impl Peer for ScriptedCorePeer {
+    type Other = IncomingRequest;
+
+    fn codec(&self) -> &dyn Codec {
+        &EnvelopeCodec::RUNTIME_TARGET
+    }
+
+    fn target_party(&self) -> Party {
+        Party::Runtime
+    }
+
+    fn plays(&self, party: Party) -> bool {
+        party == Party::Core
+    }
+
+    fn emitted_label(&self) -> &'static str {
+        "runtime frame"
+    }
+
+    fn refuse(&self, step: &Step) -> Option<String> {
+        matches!(step, Step::Crash)
+            .then(|| "crash restarts a target Core; the Runtime is the target here".into())
+    }
+
+    async fn recv(&mut self, timeout: Duration) -> StepResult<Option<Event<IncomingRequest>>> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            // Biased towards the WebSocket: what a connection delivered before the target
+            // opened a new HTTP exchange (typically: close, then reconnect) comes first.
+            return Ok(tokio::select! {
+                biased;
+                event = ws_recv(&mut self.ws) => match event {
+                    Some(WsEvent::Eof) => {
+                        self.ws = None;
+                        Some(Event::Eof)
+                    }
+                    Some(event) => Some(Event::from(event)),
+                    None => {
+                        // The connection ended and every event was consumed.
+                        self.ws = None;
+                        continue;
+                    }
+                },
+                request = self.core.next_request() => match request {
+                    Some(request) => Some(Event::Other(request)),
+                    None => return Err(fail::harness("the scripted Core stopped unexpectedly")),
+                },
+                () = tokio::time::sleep_until(deadline) => None,
+            });
+        }
+    }
+
+    /// URL (also percent-encoded), any header but an exact `Authorization: Bearer
+    /// <credential>` (`Sec-WebSocket-Protocol`, `X-Debug-Token`, …), body.
+    fn leak_in_other(&self, req: &IncomingRequest, secret: &str) -> Option<String> {
+        if contains_secret(&req.url(), secret) {
+            return Some(format!("the URL of an HTTP {} request", req.method));
+        }
+        for (name, value) in &req.headers {
+            if name.eq_ignore_ascii_case("authorization") {
+                if value.contains(secret) && *value != format!("Bearer {secret}") {
+                    return Some(format!(
+                        "the Authorization header of {} (it must be exactly `Bearer <credential>`)",
+                        req.describe()
+                    ));
+                }
+            } else if contains_secret(value, secret) {
+                return Some(format!("the {name} header of {}", req.describe()));
+            }
+        }
+        if let RequestBody::Bytes(body) = &req.body
+            && String::from_utf8_lossy(body).contains(secret)
+        {
+            return Some(format!("the body of {}", req.describe()));
+        }
+        None
+    }
+
+    fn connected(&self) -> bool {
+        self.ws.is_some()
+    }
+
+    fn drop_connection(&mut self) -> bool {
+        self.ws.take().map(WsConnection::abort).is_some()
+    }
+
+    async fn send(&mut self, message: Outgoing, timeout: Duration) -> StepResult {
+        let conn = connection(&mut self.ws)?;
+        let sent = match message {
+            Outgoing::Text(text) => conn.send_text(text, timeout).await,
+            Outgoing::Binary(bytes) => conn.send_binary(bytes, timeout).await,
+        };
+        sent.map_err(|e| fail::transport(e.to_string()))
+    }
+
+    async fn send_close(&mut self, code: u16, reason: &str, timeout: Duration) -> StepResult {
+        connection(&mut self.ws)?
+            .send_close(code, reason, timeout)
+            .await
+            .map_err(|e| fail::transport(e.to_string()))
+    }
+
+    async fn end_connection(&mut self, timeout: Duration) {
+        if let Some(conn) = self.ws.take() {
+            conn.finish(timeout).await;
+        }
+    }
+
+    /// Requests after the last step (a reconnecting target) are answered `503` when
+    /// dropped; the engine checked them for the credential.
+    fn trailing_other(&mut self, _request: IncomingRequest) -> StepResult {
+        Ok(())
+    }
+
+    fn queued_others(&mut self) -> Vec<IncomingRequest> {
+        let mut queued = Vec::new();
+        while let Some(Some(request)) =
+            futures_util::FutureExt::now_or_never(self.core.next_request())
+        {
+            queued.push(request);
+        }
+        queued
+    }
+
+    async fn family_step(&mut self, run: &mut Run, step: &Step) -> StepResult {
+        match step {
+            Step::Native { op, args, expect } => self.native(run, op, args, expect.as_ref()).await,
+            Step::Bootstrap(spec) => self.bootstrap(run, spec, None).await,
+            Step::Connect(spec) => self.connect(run, spec).await,
+            Step::Handshake {
+                heartbeat_interval_ms,
+            } => {
+                self.bootstrap(run, &BootstrapStep::default(), *heartbeat_interval_ms)
+                    .await?;
+                self.connect(run, &ConnectStep::default()).await?;
+                let pattern = json!({"type": "heartbeat"});
+                let value = run.expect_frame(self, "runtime: {type: heartbeat}").await?;
+                match_frame(&pattern, &value, &mut run.bindings)
+                    .map_err(|m| fail::mismatch(format!("expected the first heartbeat: {m}")))
+            }
+            Step::Reconnect => {
+                self.bootstrap(run, &BootstrapStep::default(), None).await?;
+                self.connect(run, &ConnectStep::default()).await
+            }
+            Step::Api(_) | Step::ApiResult(_) => Ok(()),
+            other => Err(fail::unsupported(format!(
+                "`{}` is not a step of side runtime",
+                other.keyword()
+            ))),
+        }
+    }
+
+    fn release(&mut self) {
+        self.ws = None;
+        self.control = None;
+    }
+}
+
+fn connection(ws: &mut Option<WsConnection>) -> StepResult<&mut WsConnection> {
+    ws.as_mut().ok_or_else(|| {
+        fail::not_connected(
+            "there is no WebSocket connection (no `connect`/`handshake` step before, or it ended)",
+        )
+    })
+}
+
+impl ScriptedCorePeer {
+    async fn native(
+        &mut self,
+        run: &mut Run,
+        op: &str,
+        args: &Value,
+        expect: Option<&Value>,
+    ) -> StepResult {
+        let args = run
+            .bindings
+            .substitute(args, true)
+            .map_err(|e| fail::scenario(format!("cannot build the control request: {e}")))?;
+        let adapter_wait = args
+            .get("timeout_ms")
+            .and_then(Value::as_u64)
+            .map(Duration::from_millis)
+            .unwrap_or(ADAPTER_DEFAULT_TIMEOUT);
+        let wait = run.step_timeout.max(adapter_wait + CONTROL_GRACE);
+        let control = self.control.as_mut().ok_or_else(|| {
+            StepError::new(
+                FailureCode::ControlFailed,
+                "the target has no control channel (it exited before it was ready)",
+            )
+        })?;
+        let result = control.request(op, &args, wait).await.map_err(|e| {
+            StepError::new(FailureCode::ControlFailed, format!("{e} ({})", e.code()))
+        })?;
+        if let Some(pattern) = expect {
+            match_frame(pattern, &result, &mut run.bindings).map_err(|m| {
+                fail::mismatch(format!(
+                    "result of `{op}` does not match: {m}\n  result: {}",
+                    show(&result)
+                ))
+            })?;
+        }
+        Ok(())
+    }
+
+    /// Awaits the next HTTP request; anything else fails.
+    async fn expect_request(
+        &mut self,
+        run: &mut Run,
+        expected: &str,
+    ) -> StepResult<IncomingRequest> {
+        match run.next_event(self, run.step_timeout).await? {
+            Some(Event::Other(req)) => Ok(req),
+            Some(other) => Err(fail::unexpected(format!(
+                "expected {expected}, got {}",
+                other.describe()
+            ))),
+            None => Err(run.nothing(self, expected)),
+        }
+    }
+
+    /// Checks method, path and the Bearer header; answers 404/401 itself on failure.
+    fn check_route(
+        &self,
+        req: IncomingRequest,
+        method: &str,
+        path: &str,
+    ) -> StepResult<IncomingRequest> {
+        if req.method != method || req.path != path {
+            let got = req.describe();
+            let _ = req.respond(404, Some(&json!({"error": "not_found"})));
+            return Err(fail::mismatch(format!(
+                "expected {method} {path}, got {got}"
+            )));
+        }
+        let auth = req.header("authorization").unwrap_or("");
+        let ok = auth.split_once(' ').is_some_and(|(scheme, token)| {
+            scheme.eq_ignore_ascii_case("bearer") && token == self.credential
+        });
+        if !ok {
+            let got = if auth.is_empty() {
+                "no Authorization header".to_string()
+            } else {
+                "a different Authorization header".to_string()
+            };
+            let _ = req.respond(401, Some(&json!({"error": "unauthorized"})));
+            return Err(fail::mismatch(format!(
+                "{method} {path} must carry `Authorization: Bearer <CONTRACT_DAEMON_CREDENTIAL>`, got {got}"
+            )));
+        }
+        Ok(req)
+    }
+
+    async fn bootstrap(
+        &mut self,
+        run: &mut Run,
+        spec: &BootstrapStep,
+        heartbeat_ms: Option<u64>,
+    ) -> StepResult {
+        let req = self.expect_request(run, "the bootstrap request").await?;
+        let req = self.check_route(req, "POST", BOOTSTRAP_PATH)?;
+        let body = match &req.body {
+            RequestBody::Bytes(bytes) => parse_strict(bytes).map_err(|e| {
+                StepError::new(
+                    FailureCode::InvalidFrame,
+                    format!(
+                        "bootstrap body is not strict JSON ({}: {e}): {}",
+                        e.code(),
+                        truncate(&String::from_utf8_lossy(bytes), 300)
+                    ),
+                )
+            }),
+            RequestBody::TooLarge => Err(StepError::new(
+                FailureCode::InvalidFrame,
+                format!(
+                    "bootstrap body exceeds {} bytes",
+                    crate::transport::HTTP_BODY_MAX_BYTES
+                ),
+            )),
+            RequestBody::Failed(e) => Err(fail::transport(format!(
+                "reading the bootstrap body failed: {e}"
+            ))),
+        }?;
+        let mut recorded = json!({
+            "method": req.method,
+            "path": req.path,
+            "authorization": "Bearer <credential>",
+            "body": body,
+        });
+        if let Some(q) = &req.query {
+            recorded["query"] = Value::String(q.clone());
+        }
+        run.record("bootstrap request", EntryKind::HttpRequest, recorded);
+        let pattern = spec
+            .request
+            .clone()
+            .unwrap_or_else(|| json!({"device_id": DEVICE_ID}));
+        match_frame(&pattern, &body, &mut run.bindings)
+            .map_err(|m| fail::mismatch(format!("bootstrap body does not match: {m}")))?;
+
+        let (status, body) = match &spec.response {
+            Some(HttpResponseSpec { status, body }) => (*status, body.clone()),
+            None => (200, None),
+        };
+        let mut body = match body {
+            Some(template) => Some(run.bindings.substitute(&template, true).map_err(|e| {
+                fail::scenario(format!("cannot build the bootstrap response: {e}"))
+            })?),
+            None if (200..300).contains(&status) => Some(json!({})),
+            None => None,
+        };
+        if (200..300).contains(&status) {
+            // Fields the scenario's body leaves out get the defaults.
+            if let Some(Value::Object(map)) = &mut body {
+                map.entry("heartbeat_interval_ms").or_insert_with(|| {
+                    Value::from(heartbeat_ms.unwrap_or(DEFAULT_HEARTBEAT_INTERVAL_MS))
+                });
+                map.entry("connection_url")
+                    .or_insert_with(|| Value::String(self.core.connection_url()));
+            }
+        }
+        req.respond(status, body.as_ref())
+            .map_err(|e| fail::transport(format!("cannot answer the bootstrap request: {e}")))
+    }
+
+    async fn connect(&mut self, run: &mut Run, spec: &ConnectStep) -> StepResult {
+        let req = self
+            .expect_request(run, "the WebSocket upgrade request")
+            .await?;
+        let req = self.check_route(req, "GET", WS_PATH)?;
+        let mut query = Map::new();
+        for (key, value) in req.query_pairs() {
+            if query.insert(key.clone(), Value::String(value)).is_some() {
+                let _ = req.respond(400, Some(&json!({"error": "duplicate_query_parameter"})));
+                return Err(fail::mismatch(format!(
+                    "query parameter `{key}` appears twice"
+                )));
+            }
+        }
+        let query = Value::Object(query);
+        run.record(
+            "connect request",
+            EntryKind::HttpRequest,
+            json!({
+                "method": req.method,
+                "path": req.path,
+                "authorization": "Bearer <credential>",
+                "query": query,
+            }),
+        );
+        let pattern = spec
+            .query
+            .clone()
+            .unwrap_or_else(|| json!({"device_id": DEVICE_ID, "version": WIRE_VERSION}));
+        if let Err(m) = match_frame(&pattern, &query, &mut run.bindings) {
+            let _ = req.respond(400, Some(&json!({"error": "unexpected_query"})));
+            return Err(fail::mismatch(format!("connect query does not match: {m}")));
+        }
+        match &spec.response {
+            None | Some(HttpResponseSpec { status: 101, .. }) => {
+                if !req.is_websocket_upgrade() {
+                    let _ = req.respond(400, Some(&json!({"error": "not_a_websocket_upgrade"})));
+                    return Err(fail::mismatch(
+                        "the connect request lacks the WebSocket upgrade headers",
+                    ));
+                }
+                let conn = req
+                    .upgrade(run.step_timeout)
+                    .await
+                    .map_err(|e: TransportError| {
+                        fail::transport(format!("WebSocket upgrade failed: {e}"))
+                    })?;
+                // A new connection replaces the old one (which is dropped).
+                self.ws = Some(conn);
+                Ok(())
+            }
+            Some(HttpResponseSpec { status, body }) => {
+                let body = match body {
+                    Some(template) => {
+                        Some(run.bindings.substitute(template, true).map_err(|e| {
+                            fail::scenario(format!("cannot build the connect response: {e}"))
+                        })?)
+                    }
+                    None => None,
+                };
+                req.respond(*status, body.as_ref())
+                    .map_err(|e| fail::transport(format!("cannot answer the connect request: {e}")))
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+#[path = "runtime_side_tests.rs"]
+mod tests;
