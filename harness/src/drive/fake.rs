@@ -71,7 +71,8 @@ struct Scripted {
     event: Event<FakeRequest>,
 }
 
-struct FakePeer {
+/// The fake connection: the script of what the target does, and what was sent.
+struct FakeLink {
     script: VecDeque<Scripted>,
     connected: bool,
     /// Answer a Close the harness sends with a Close (after what is already queued).
@@ -79,46 +80,16 @@ struct FakePeer {
     sent: SentLog,
 }
 
-#[async_trait]
-impl Peer for FakePeer {
-    type Other = FakeRequest;
+struct FakePeer {
+    link: FakeLink,
+}
 
-    fn codec(&self) -> &dyn Codec {
-        &FakeCodec
-    }
-    fn target_party(&self) -> Party {
-        Party::Runtime
-    }
-    fn plays(&self, party: Party) -> bool {
-        party == Party::Core
-    }
-    fn emitted_label(&self) -> &'static str {
-        "runtime frame"
-    }
-    async fn recv(&mut self, timeout: Duration) -> StepResult<Option<Event<FakeRequest>>> {
-        let Some(next) = self.script.front_mut() else {
-            tokio::time::sleep(timeout).await;
-            return Ok(None);
-        };
-        if next.after > timeout {
-            next.after -= timeout;
-            tokio::time::sleep(timeout).await;
-            return Ok(None);
-        }
-        tokio::time::sleep(next.after).await;
-        let event = self.script.pop_front().map(|s| s.event);
-        if matches!(event, Some(Event::Eof)) {
-            self.connected = false;
-        }
-        Ok(event)
-    }
-    fn leak_in_other(&self, other: &FakeRequest, secret: &str) -> Option<String> {
-        other.0.contains(secret).then(|| "a fake request".into())
-    }
-    fn connected(&self) -> bool {
+#[async_trait]
+impl Connection for FakeLink {
+    fn is_open(&self) -> bool {
         self.connected
     }
-    fn drop_connection(&mut self) -> bool {
+    fn abort(&mut self) -> bool {
         std::mem::replace(&mut self.connected, false)
     }
     async fn send(&mut self, message: Outgoing, _timeout: Duration) -> StepResult {
@@ -151,8 +122,49 @@ impl Peer for FakePeer {
         }
         Ok(())
     }
-    async fn end_connection(&mut self, _timeout: Duration) {
+    async fn end(&mut self, _timeout: Duration) {
         self.connected = false;
+    }
+}
+
+static ROLE: Role = Role {
+    codec: &FakeCodec,
+    target: Party::Runtime,
+    plays: &[Party::Core],
+    emitted_label: "runtime frame",
+    target_name: "the target",
+    refuses: &[],
+};
+
+#[async_trait]
+impl Peer for FakePeer {
+    type Other = FakeRequest;
+
+    const ROLE: &'static Role = &ROLE;
+
+    async fn recv(&mut self, timeout: Duration) -> StepResult<Option<Event<FakeRequest>>> {
+        let link = &mut self.link;
+        let Some(next) = link.script.front_mut() else {
+            tokio::time::sleep(timeout).await;
+            return Ok(None);
+        };
+        if next.after > timeout {
+            next.after -= timeout;
+            tokio::time::sleep(timeout).await;
+            return Ok(None);
+        }
+        tokio::time::sleep(next.after).await;
+        let event = link.script.pop_front().map(|s| s.event);
+        if matches!(event, Some(Event::Eof)) {
+            link.connected = false;
+        }
+        Ok(event)
+    }
+    fn leak_in_other(&self, other: &FakeRequest, secret: &str) -> Option<String> {
+        other.0.contains(secret).then(|| "a fake request".into())
+    }
+    fn connection(&mut self) -> &mut dyn Connection {
+        &mut self.link
     }
     fn trailing_other(&mut self, _other: FakeRequest) -> StepResult {
         Ok(())
@@ -160,22 +172,22 @@ impl Peer for FakePeer {
     async fn family_step(&mut self, _run: &mut Run, step: &Step) -> StepResult {
         match step {
             Step::Reconnect => {
-                self.connected = true;
-                self.sent.lock().unwrap().push("reconnect".into());
+                self.link.connected = true;
+                self.link.sent.lock().unwrap().push("reconnect".into());
                 Ok(())
             }
             other => Err(fail::unsupported(format!("fake: {}", other.keyword()))),
         }
     }
     fn crashed(&mut self) {
-        self.connected = false;
+        self.link.connected = false;
     }
     async fn relaunch(&mut self, _startup: Duration) -> Result<Box<dyn Process>, String> {
-        self.sent.lock().unwrap().push("relaunch".into());
+        self.link.sent.lock().unwrap().push("relaunch".into());
         Ok(Box::new(FakeProcess::default()))
     }
     fn release(&mut self) {
-        self.connected = false;
+        self.link.connected = false;
     }
 }
 
@@ -725,10 +737,12 @@ fn cases() -> Vec<Case> {
 async fn run_case(case: Case) -> (DriveOutcome, Vec<String>) {
     let sent: SentLog = Arc::default();
     let peer = FakePeer {
-        script: case.script.into(),
-        connected: true,
-        echo_close: true,
-        sent: sent.clone(),
+        link: FakeLink {
+            script: case.script.into(),
+            connected: true,
+            echo_close: true,
+            sent: sent.clone(),
+        },
     };
     let opts = DriveOptions {
         target_cmd: String::new(),
@@ -816,10 +830,12 @@ async fn a_launch_failure_is_typed() {
 async fn a_target_that_never_answers_the_final_close_times_out() {
     let sent: SentLog = Arc::default();
     let peer = FakePeer {
-        script: VecDeque::new(),
-        connected: true,
-        echo_close: false,
-        sent,
+        link: FakeLink {
+            script: VecDeque::new(),
+            connected: true,
+            echo_close: false,
+            sent,
+        },
     };
     let opts = DriveOptions {
         target_cmd: String::new(),

@@ -23,7 +23,9 @@ use std::future::Future;
 use std::time::Duration;
 
 pub use failure::{Failure, FailureCode, Phase, StepError, StepResult, fail};
-pub use peer::{Codec, Describe, Event, NoOther, Outgoing, Peer, Process, WireFault};
+pub use peer::{
+    Codec, Connection, Describe, Event, NoOther, Outgoing, Peer, Process, Role, WireFault,
+};
 pub use run::{
     AFTER_LAST_STEP, DEFAULT_CLOSE_CODE, END_CLOSE_REASON, Run, leak_message, show, show_duration,
 };

@@ -147,6 +147,31 @@ pub trait Codec: Send + Sync {
     fn trailing_rule(&self) -> &'static str;
 }
 
+/// The one connection to the target that the steps use, as the engine sees it: a
+/// WebSocket, a framed stream, an RPC channel. Opening it is the family's business
+/// (a handshake step); everything else about it is here.
+#[async_trait]
+pub trait Connection: Send {
+    /// Whether it is open.
+    fn is_open(&self) -> bool;
+    /// Drops it abruptly (no Close); `false` when none was open.
+    fn abort(&mut self) -> bool;
+    /// Sends one message within `timeout`.
+    ///
+    /// # Errors
+    /// [`super::FailureCode::NotConnected`] when none is open; the send failed.
+    async fn send(&mut self, message: Outgoing, timeout: Duration) -> StepResult;
+    /// Sends a Close (the closing handshake's first half; a transport without one ends
+    /// its write side).
+    ///
+    /// # Errors
+    /// As [`Connection::send`].
+    async fn send_close(&mut self, code: u16, reason: &str, timeout: Duration) -> StepResult;
+    /// After the target's Close arrived: flushes the Close reply and drops it (at most
+    /// `timeout`).
+    async fn end(&mut self, timeout: Duration);
+}
+
 /// A target process started through a launch contract. [`Target`] is the real one; the
 /// engine's unit tests use an in-memory fake.
 #[async_trait]
@@ -193,6 +218,35 @@ impl Process for Target {
     }
 }
 
+/// The role the harness plays for one side (h2's `Peer` as data): which party the
+/// target is, which parties the harness sends for, and the side's wire and names.
+pub struct Role {
+    /// The family's wire, as this side reads and writes it.
+    pub codec: &'static dyn Codec,
+    /// The party the target acts as: its frames are expected, never sent.
+    pub target: Party,
+    /// The parties whose frames the harness sends.
+    pub plays: &'static [Party],
+    /// The golden label of a frame the target emitted (`runtime frame`).
+    pub emitted_label: &'static str,
+    /// What the target is called in failure messages (`the target`, `Core`).
+    pub target_name: &'static str,
+    /// Step keywords this side refuses, each with the reason (`crash` on a side whose
+    /// launch contract cannot restart the target).
+    pub refuses: &'static [(&'static str, &'static str)],
+}
+
+impl Role {
+    /// Why `step` cannot run on this side, if it cannot.
+    pub fn refusal(&self, step: &Step) -> Option<&'static str> {
+        let keyword = step.keyword();
+        self.refuses
+            .iter()
+            .find(|(k, _)| *k == keyword)
+            .map(|(_, why)| *why)
+    }
+}
+
 /// The party the harness plays for one side of a family: its transport, its handshake
 /// and the family's own steps. The engine runs every generic step (frames, `silence`,
 /// `any_order`, `disconnect`, `half_close`, `send_bytes`, `expect_close`,
@@ -203,28 +257,18 @@ pub trait Peer: Send + Sized {
     /// Family events the engine passes through uninterpreted ([`Event::Other`]).
     type Other: Describe + Send;
 
-    /// The family's wire.
-    fn codec(&self) -> &dyn Codec;
-    /// The party the target acts as: its frames are expected, never sent.
-    fn target_party(&self) -> Party;
-    /// Whether the harness sends `party`'s frames on this side.
-    fn plays(&self, party: Party) -> bool;
-    /// The golden label of a frame the target emitted (`runtime frame`).
-    fn emitted_label(&self) -> &'static str;
-    /// What the target is called in failure messages (`the target`, `Core`).
-    fn target_name(&self) -> &'static str {
-        "the target"
+    /// Which role the harness plays on this side: data, not code.
+    const ROLE: &'static Role;
+
+    /// [`Peer::ROLE`], for calls through a value.
+    fn role(&self) -> &'static Role {
+        Self::ROLE
     }
     /// The normalization of every recorded body (clock masks, addresses); identity by
     /// default.
     fn normalize(&self, body: Value) -> Value {
         body
     }
-    /// Why `step` cannot run on this side, if it cannot (checked before every step).
-    fn refuse(&self, _step: &Step) -> Option<String> {
-        None
-    }
-
     /// The next thing the target does within `timeout` (`None`: nothing came). The
     /// engine checks it for the secret. A connection's end is reported once, as
     /// [`Event::Eof`], and the peer then counts as not connected. Must be cancel-safe.
@@ -234,23 +278,12 @@ pub trait Peer: Send + Sized {
     async fn recv(&mut self, timeout: Duration) -> StepResult<Option<Event<Self::Other>>>;
     /// Where `other` carries `secret`, if it does (`the URL of an HTTP POST request`).
     fn leak_in_other(&self, other: &Self::Other, secret: &str) -> Option<String>;
+    /// The connection the steps use (to send on, close, drop).
+    fn connection(&mut self) -> &mut dyn Connection;
     /// Whether a connection to the target is open.
-    fn connected(&self) -> bool;
-    /// Drops the connection abruptly (no Close); `false` when there was none.
-    fn drop_connection(&mut self) -> bool;
-    /// Sends one message on the connection within `timeout`.
-    ///
-    /// # Errors
-    /// No connection ([`super::FailureCode::NotConnected`]) or the send failed.
-    async fn send(&mut self, message: Outgoing, timeout: Duration) -> StepResult;
-    /// Sends a Close (the closing handshake's first half).
-    ///
-    /// # Errors
-    /// As [`Peer::send`].
-    async fn send_close(&mut self, code: u16, reason: &str, timeout: Duration) -> StepResult;
-    /// After the target's Close arrived: flushes the Close reply and drops the
-    /// connection (at most `timeout`).
-    async fn end_connection(&mut self, timeout: Duration);
+    fn connected(&mut self) -> bool {
+        self.connection().is_open()
+    }
     /// A family event after the last step: `Ok` when the family tolerates it (already
     /// secret-checked).
     ///

@@ -174,7 +174,7 @@ impl Run {
     }
 
     /// `expected …, got nothing within <step deadline>`.
-    pub fn nothing<P: Peer>(&self, peer: &P, expected: &str) -> StepError {
+    pub fn nothing<P: Peer>(&self, peer: &mut P, expected: &str) -> StepError {
         let state = if peer.connected() {
             ""
         } else {
@@ -188,7 +188,7 @@ impl Run {
 
     /// Decodes and schema-checks one emitted text frame.
     fn decode_emitted<P: Peer>(peer: &P, text: &str, expected: &str) -> StepResult<Value> {
-        let codec = peer.codec();
+        let codec = peer.role().codec;
         let value = codec.decode(text).map_err(|e| {
             StepError::new(
                 FailureCode::InvalidFrame,
@@ -231,7 +231,7 @@ impl Run {
             None => return Err(self.nothing(peer, expected)),
         };
         let value = Self::decode_emitted(peer, &text, expected)?;
-        self.record(peer.emitted_label(), EntryKind::Frame, value.clone());
+        self.record(peer.role().emitted_label, EntryKind::Frame, value.clone());
         Ok(value)
     }
 
@@ -263,7 +263,7 @@ impl Run {
             .bindings
             .substitute(template, true)
             .map_err(|e| fail::scenario(format!("cannot build the frame to send: {e}")))?;
-        let codec = peer.codec();
+        let codec = peer.role().codec;
         codec.check_outgoing(&frame).map_err(|e| {
             fail::scenario(format!(
                 "the scenario's frame is invalid ({e}); use send_bytes to send malformed input on purpose"
@@ -272,7 +272,8 @@ impl Run {
         let text = codec
             .encode(&frame)
             .map_err(|e| fail::scenario(format!("cannot encode the frame to send: {e}")))?;
-        peer.send(Outgoing::Text(text), self.step_timeout)
+        peer.connection()
+            .send(Outgoing::Text(text), self.step_timeout)
             .await
             .map_err(|e| {
                 StepError::new(e.code, format!("sending the frame failed: {}", e.message))
@@ -286,14 +287,14 @@ impl Run {
     /// # Errors
     /// The step's failure.
     pub async fn exec<P: Peer>(&mut self, peer: &mut P, step: &Step) -> StepResult {
-        if let Some(reason) = peer.refuse(step) {
+        if let Some(reason) = peer.role().refusal(step) {
             return Err(fail::unsupported(reason));
         }
         match step {
-            Step::Frame { party, frame } if *party == peer.target_party() => {
+            Step::Frame { party, frame } if *party == peer.role().target => {
                 self.expect_matching(peer, frame).await
             }
-            Step::Frame { party, frame } if peer.plays(*party) => {
+            Step::Frame { party, frame } if peer.role().plays.contains(party) => {
                 let sent = self.send_frame(peer, frame).await?;
                 peer.frame_sent(self, &sent).await
             }
@@ -303,7 +304,7 @@ impl Run {
             Step::Silence(d) => self.silence(peer, *d).await,
             Step::AnyOrder(steps) => self.any_order(peer, steps).await,
             Step::Disconnect => {
-                if peer.drop_connection() {
+                if peer.connection().abort() {
                     Ok(())
                 } else {
                     Err(fail::not_connected("there is no connection to drop"))
@@ -322,9 +323,12 @@ impl Run {
                     RawMessage::Text(text) => Outgoing::Text(text.clone()),
                     RawMessage::Binary(bytes) => Outgoing::Binary(bytes.clone()),
                 };
-                peer.send(message, self.step_timeout).await.map_err(|e| {
-                    StepError::new(e.code, format!("sending raw bytes failed: {}", e.message))
-                })
+                peer.connection()
+                    .send(message, self.step_timeout)
+                    .await
+                    .map_err(|e| {
+                        StepError::new(e.code, format!("sending raw bytes failed: {}", e.message))
+                    })
             }
             Step::ExpectClose { code, reason } => {
                 self.expect_close(peer, *code, reason.as_deref()).await
@@ -341,9 +345,9 @@ impl Run {
             None => Ok(()),
             Some(event) => {
                 if let Event::Text(text) = &event
-                    && let Ok(value) = peer.codec().decode(text)
+                    && let Ok(value) = peer.role().codec.decode(text)
                 {
-                    self.record(peer.emitted_label(), EntryKind::Frame, value);
+                    self.record(peer.role().emitted_label, EntryKind::Frame, value);
                 }
                 Err(fail::unexpected(format!(
                     "expected silence for {}, got {}",
@@ -357,7 +361,7 @@ impl Run {
     /// `any_order`: frames are received until each expectation matched exactly one
     /// (first match wins; a failed trial binds nothing).
     async fn any_order<P: Peer>(&mut self, peer: &mut P, steps: &[Step]) -> StepResult {
-        let target = peer.target_party();
+        let target = peer.role().target;
         let mut remaining: Vec<&Value> = Vec::new();
         for step in steps {
             match step {
@@ -420,14 +424,15 @@ impl Run {
 
     /// `half_close`: sends Close; the next event must be the target's Close reply.
     async fn half_close<P: Peer>(&mut self, peer: &mut P, code: u16, reason: &str) -> StepResult {
-        peer.send_close(code, reason, self.step_timeout)
+        peer.connection()
+            .send_close(code, reason, self.step_timeout)
             .await
             .map_err(|e| StepError::new(e.code, format!("sending Close failed: {}", e.message)))?;
-        let name = peer.target_name();
+        let name = peer.role().target_name;
         match self.next_event(peer, self.step_timeout).await? {
             Some(Event::Close { code, reason }) => {
                 self.record_close(code, &reason);
-                peer.end_connection(self.step_timeout).await;
+                peer.connection().end(self.step_timeout).await;
                 Ok(())
             }
             Some(other) => Err(fail::unexpected(format!(
@@ -463,7 +468,7 @@ impl Run {
             }) => {
                 self.record_close(got_code, &got_reason);
                 // Flush the automatic Close reply, then end the connection.
-                peer.end_connection(self.step_timeout).await;
+                peer.connection().end(self.step_timeout).await;
                 if (code.is_some() && code != got_code) || reason.is_some_and(|r| r != got_reason) {
                     return Err(fail::mismatch(format!(
                         "expected {expected}, got close {got_code:?} {got_reason:?}"
@@ -473,7 +478,7 @@ impl Run {
             }
             Some(Event::Eof) if code.is_none() && reason.is_none() => {
                 self.record("close", EntryKind::Close, json!({"event": "dropped"}));
-                peer.drop_connection();
+                peer.connection().abort();
                 Ok(())
             }
             Some(other) => Err(fail::unexpected(format!(
@@ -531,9 +536,9 @@ impl Run {
             };
             self.check_event(peer, &event)?;
             if let Event::Text(text) = &event
-                && let Ok(value) = peer.codec().decode(text)
+                && let Ok(value) = peer.role().codec.decode(text)
             {
-                self.record(peer.emitted_label(), EntryKind::Frame, value);
+                self.record(peer.role().emitted_label, EntryKind::Frame, value);
             }
             let hint = match &event {
                 Event::Close { .. } => " (expect it with `expect_close` first)",
@@ -609,7 +614,7 @@ impl Run {
     /// One frame the target emitted after the last step: strict, schema-valid, and one
     /// the codec allows there ([`super::Codec::may_trail`]); never recorded.
     fn trailing_frame<P: Peer>(peer: &P, text: &str) -> StepResult {
-        let codec = peer.codec();
+        let codec = peer.role().codec;
         let value = codec.decode(text).map_err(|e| {
             StepError::new(
                 FailureCode::TrailingOutput,
@@ -655,6 +660,7 @@ impl Run {
             let deadline = Instant::now() + timeout;
             // A target that already dropped the connection shows up as its end below.
             let _ = peer
+                .connection()
                 .send_close(DEFAULT_CLOSE_CODE, END_CLOSE_REASON, timeout)
                 .await;
             while peer.connected() {
@@ -665,14 +671,14 @@ impl Run {
                             "{} answered the harness's Close ({DEFAULT_CLOSE_CODE} \
                              {END_CLOSE_REASON:?}) neither with its Close nor by closing the \
                              connection within {}",
-                            peer.target_name(),
+                            peer.role().target_name,
                             show_duration(timeout)
                         )));
                     }
                     Some(Event::Other(other)) => peer.trailing_other(other)?,
                     Some(Event::Text(text)) => Self::trailing_frame(peer, &text)?,
                     Some(Event::Close { .. } | Event::Eof) => {
-                        peer.drop_connection();
+                        peer.connection().abort();
                     }
                     Some(other) => {
                         return Err(StepError::new(

@@ -7,7 +7,8 @@ use contract_impl::core_runtime::wire::frame::validate_value;
 use contract_impl::wire::{WireError, encode_strict, parse_strict};
 use serde_json::Value;
 
-use crate::drive::{Codec, WireFault};
+use crate::drive::{Codec, Role, WireFault};
+use crate::scenario::model::Party;
 
 /// The one frame type a target may emit after the last step without failing the
 /// scenario: heartbeats are periodic by design (still schema- and credential-checked,
@@ -77,6 +78,33 @@ impl Codec for EnvelopeCodec {
         "only heartbeats may follow the last step"
     }
 }
+
+/// Side `runtime`: the harness plays Core.
+pub static RUNTIME_ROLE: Role = Role {
+    codec: &EnvelopeCodec::RUNTIME_TARGET,
+    target: Party::Runtime,
+    plays: &[Party::Core],
+    emitted_label: "runtime frame",
+    target_name: "the target",
+    refuses: &[(
+        "crash",
+        "crash restarts a target Core; the Runtime is the target here",
+    )],
+};
+
+/// Side `core`: the harness plays the Runtime.
+pub static CORE_ROLE: Role = Role {
+    codec: &EnvelopeCodec::CORE_TARGET,
+    target: Party::Core,
+    plays: &[Party::Runtime],
+    emitted_label: "core frame",
+    target_name: "Core",
+    refuses: &[(
+        "expect_exit",
+        "expect_exit checks the exit of a target Runtime process; with Core as the target \
+         it has no meaning (give the scenario `sides: [runtime]`)",
+    )],
+};
 
 #[cfg(test)]
 mod tests {

@@ -137,7 +137,7 @@ impl ScriptedRuntimePeer {
     }
 
     /// `api:` (see the module docs).
-    pub(super) async fn api(&mut self, run: &mut Run, api: &ApiStep) -> StepResult {
+    pub(super) async fn call_api(&mut self, run: &mut Run, api: &ApiStep) -> StepResult {
         let url = self.api_url(run, &api.call)?;
         let body = match &api.call.body {
             Some(template) => Some(
@@ -219,7 +219,7 @@ impl ScriptedRuntimePeer {
 
     /// `api_result:` — awaits the answer of the asynchronous call `id` within the step
     /// deadline, then checks and records it like a synchronous `api:` step.
-    pub(super) async fn api_result(&mut self, run: &mut Run, id: &str) -> StepResult {
+    pub(super) async fn await_api(&mut self, run: &mut Run, id: &str) -> StepResult {
         let Some(mut call) = self.in_flight.remove(id) else {
             return Err(fail::scenario(format!(
                 "no asynchronous api call `{id}` is in flight (never started, or already awaited)"

@@ -34,20 +34,22 @@ use serde_json::{Value, json};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-use super::codec::EnvelopeCodec;
+use super::codec::CORE_ROLE;
 use super::core_api::{API_POLL_INTERVAL, InFlightCall, answer_body};
+use super::link::{Link, Seen};
 use super::masks::mask_clocks;
+use super::steps::{Bootstrap, CoreRuntimePeer, Native, family_step};
 use super::{DEFAULT_HEARTBEAT_INTERVAL_MS, DEVICE_ID, deep_merge, default_launch_config};
 use crate::drive::{
-    Codec, DriveOptions, Event, NoOther, Outgoing, Peer, Process, Run, Started, StepResult, fail,
+    Connection, DriveOptions, Event, NoOther, Peer, Process, Role, Run, Started, StepResult, fail,
     show, show_duration,
 };
 use crate::golden::EntryKind;
-use crate::scenario::model::{BootstrapStep, ConnectStep, HttpResponseSpec, Party, Scenario, Step};
+use crate::scenario::model::{ApiStep, ConnectStep, HttpResponseSpec, Scenario, Step};
 use crate::target::{LaunchSpec, RunDir, Target};
 use crate::transport::client::{HttpAnswer, HttpClient, WsDial, dial_ws};
 use crate::transport::http::{BOOTSTRAP_PATH, WS_PATH};
-use crate::transport::ws::{WsConnection, WsEvent};
+use crate::transport::ws::WsConnection;
 
 /// `runtime_version` of the heartbeat the harness sends as the Runtime.
 pub const RUNTIME_VERSION: &str = "contract-harness";
@@ -231,7 +233,7 @@ pub async fn start(
             launcher,
             base_url,
             http,
-            ws: None,
+            ws: Link::default(),
             superseded: Vec::new(),
             connection_url: None,
             undeclared: None,
@@ -250,7 +252,7 @@ pub struct ScriptedRuntimePeer {
     launcher: Launcher,
     pub(super) base_url: String,
     pub(super) http: HttpClient,
-    ws: Option<WsConnection>,
+    ws: Link,
     /// Earlier connections a later `connect` superseded, kept open (see `connect`).
     superseded: Vec<WsConnection>,
     /// The `connection_url` of the last successful bootstrap.
@@ -267,47 +269,14 @@ pub struct ScriptedRuntimePeer {
 impl Peer for ScriptedRuntimePeer {
     type Other = NoOther;
 
-    fn codec(&self) -> &dyn Codec {
-        &EnvelopeCodec::CORE_TARGET
-    }
-
-    fn target_party(&self) -> Party {
-        Party::Core
-    }
-
-    fn plays(&self, party: Party) -> bool {
-        party == Party::Runtime
-    }
-
-    fn emitted_label(&self) -> &'static str {
-        "core frame"
-    }
-
-    fn target_name(&self) -> &'static str {
-        "Core"
-    }
-
-    fn refuse(&self, step: &Step) -> Option<String> {
-        matches!(step, Step::ExpectExit { .. }).then(|| {
-            "expect_exit checks the exit of a target Runtime process; with Core as the \
-             target it has no meaning (give the scenario `sides: [runtime]`)"
-                .into()
-        })
-    }
+    const ROLE: &'static Role = &CORE_ROLE;
 
     async fn recv(&mut self, timeout: Duration) -> StepResult<Option<Event<NoOther>>> {
-        let Some(conn) = self.ws.as_mut() else {
-            // No connection: Core has nowhere to emit.
-            tokio::time::sleep(timeout).await;
-            return Ok(None);
-        };
-        Ok(match tokio::time::timeout(timeout, conn.recv()).await {
+        // Without a connection Core has nowhere to emit: the wait runs out.
+        Ok(match tokio::time::timeout(timeout, self.ws.next()).await {
             Err(_) => None,
-            Ok(None | Some(WsEvent::Eof)) => {
-                self.ws = None;
-                Some(Event::Eof)
-            }
-            Ok(Some(event)) => Some(Event::from(event)),
+            Ok(Seen::Ended) => Some(Event::Eof),
+            Ok(Seen::Event(event)) => Some(event),
         })
     }
 
@@ -315,34 +284,8 @@ impl Peer for ScriptedRuntimePeer {
         match *other {}
     }
 
-    fn connected(&self) -> bool {
-        self.ws.is_some()
-    }
-
-    fn drop_connection(&mut self) -> bool {
-        self.ws.take().map(WsConnection::abort).is_some()
-    }
-
-    async fn send(&mut self, message: Outgoing, timeout: Duration) -> StepResult {
-        let conn = self.connection()?;
-        let sent = match message {
-            Outgoing::Text(text) => conn.send_text(text, timeout).await,
-            Outgoing::Binary(bytes) => conn.send_binary(bytes, timeout).await,
-        };
-        sent.map_err(|e| fail::transport(e.to_string()))
-    }
-
-    async fn send_close(&mut self, code: u16, reason: &str, timeout: Duration) -> StepResult {
-        self.connection()?
-            .send_close(code, reason, timeout)
-            .await
-            .map_err(|e| fail::transport(e.to_string()))
-    }
-
-    async fn end_connection(&mut self, timeout: Duration) {
-        if let Some(conn) = self.ws.take() {
-            conn.finish(timeout).await;
-        }
+    fn connection(&mut self) -> &mut dyn Connection {
+        &mut self.ws
     }
 
     fn trailing_other(&mut self, other: NoOther) -> StepResult {
@@ -360,38 +303,11 @@ impl Peer for ScriptedRuntimePeer {
     }
 
     async fn family_step(&mut self, run: &mut Run, step: &Step) -> StepResult {
-        match step {
-            Step::Native { .. } => Ok(()),
-            Step::Bootstrap(spec) => self.bootstrap(run, spec, None).await,
-            Step::Connect(spec) => self.connect(run, spec).await,
-            Step::Handshake {
-                heartbeat_interval_ms,
-            } => {
-                self.bootstrap(run, &BootstrapStep::default(), *heartbeat_interval_ms)
-                    .await?;
-                self.connect(run, &ConnectStep::default()).await?;
-                let heartbeat = self.heartbeat.clone();
-                run.send_frame(self, &heartbeat).await?;
-                self.undeclared = None;
-                self.await_declaration(run, DEVICE_ID).await
-            }
-            Step::Reconnect => {
-                self.bootstrap(run, &BootstrapStep::default(), None).await?;
-                self.connect(run, &ConnectStep::default()).await
-            }
-            Step::Api(api) => self.api(run, api).await,
-            Step::ApiResult(r) => self.api_result(run, &r.id).await,
-            other => Err(fail::unsupported(format!(
-                "`{}` is not a step of side core",
-                other.keyword()
-            ))),
-        }
+        family_step(self, run, step).await
     }
 
     fn crashed(&mut self) {
-        if let Some(conn) = self.ws.take() {
-            conn.abort();
-        }
+        self.ws.abort();
         self.superseded.clear();
         self.connection_url = None;
     }
@@ -403,21 +319,13 @@ impl Peer for ScriptedRuntimePeer {
     }
 
     fn release(&mut self) {
-        self.ws = None;
+        self.ws.abort();
         self.superseded.clear();
         self.in_flight.clear();
     }
 }
 
 impl ScriptedRuntimePeer {
-    fn connection(&mut self) -> StepResult<&mut WsConnection> {
-        self.ws.as_mut().ok_or_else(|| {
-            fail::not_connected(
-                "there is no WebSocket connection (no `connect`/`handshake` step before, or it ended)",
-            )
-        })
-    }
-
     /// Checks an answer against `expect` (status, then body pattern; binds on success
     /// only).
     pub(super) fn check_answer(
@@ -448,12 +356,50 @@ impl ScriptedRuntimePeer {
         Ok(())
     }
 
-    async fn bootstrap(
-        &mut self,
-        run: &mut Run,
-        spec: &BootstrapStep,
-        heartbeat_ms: Option<u64>,
-    ) -> StepResult {
+    /// Polls Core's device status (`GET /v1/devices/{device}`, "Core under test" in
+    /// `docs/launch-contract.md`) until the device is connected with a known
+    /// declaration, within the step deadline. Core announces no event for having
+    /// applied a heartbeat, so this is a bounded poll; the polls are not recorded.
+    async fn await_declaration(&mut self, run: &mut Run, device: &str) -> StepResult {
+        let url = format!("{}/v1/devices/{device}", self.base_url);
+        let deadline = Instant::now() + run.step_timeout;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let answer = self
+                .http
+                .request("GET", &url, None, None, left)
+                .await
+                .map_err(|e| {
+                    fail::transport(format!(
+                        "device status of {device:?}: the request failed: {e}"
+                    ))
+                })?;
+            let body = answer_body(&answer);
+            let ready = answer.status == 200
+                && body.get("connected") == Some(&Value::Bool(true))
+                && body.get("declaration_known") == Some(&Value::Bool(true));
+            if ready {
+                return Ok(());
+            }
+            if Instant::now() + API_POLL_INTERVAL >= deadline {
+                return Err(fail::timeout(format!(
+                    "Core did not report device {device:?} connected with a known declaration \
+                     (GET /v1/devices/{device}) within {} after the heartbeat; last answer: \
+                     status {} body {}",
+                    show_duration(run.step_timeout),
+                    answer.status,
+                    show(&body)
+                )));
+            }
+            tokio::time::sleep(API_POLL_INTERVAL).await;
+        }
+    }
+}
+
+#[async_trait]
+impl CoreRuntimePeer for ScriptedRuntimePeer {
+    async fn bootstrap(&mut self, run: &mut Run, call: Bootstrap<'_>) -> StepResult {
+        let Bootstrap { spec, heartbeat_ms } = call;
         let request = spec
             .request
             .clone()
@@ -571,43 +517,23 @@ impl ScriptedRuntimePeer {
         }
     }
 
-    /// Polls Core's device status (`GET /v1/devices/{device}`, "Core under test" in
-    /// `docs/launch-contract.md`) until the device is connected with a known
-    /// declaration, within the step deadline. Core announces no event for having
-    /// applied a heartbeat, so this is a bounded poll; the polls are not recorded.
-    async fn await_declaration(&mut self, run: &mut Run, device: &str) -> StepResult {
-        let url = format!("{}/v1/devices/{device}", self.base_url);
-        let deadline = Instant::now() + run.step_timeout;
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            let answer = self
-                .http
-                .request("GET", &url, None, None, left)
-                .await
-                .map_err(|e| {
-                    fail::transport(format!(
-                        "device status of {device:?}: the request failed: {e}"
-                    ))
-                })?;
-            let body = answer_body(&answer);
-            let ready = answer.status == 200
-                && body.get("connected") == Some(&Value::Bool(true))
-                && body.get("declaration_known") == Some(&Value::Bool(true));
-            if ready {
-                return Ok(());
-            }
-            if Instant::now() + API_POLL_INTERVAL >= deadline {
-                return Err(fail::timeout(format!(
-                    "Core did not report device {device:?} connected with a known declaration \
-                     (GET /v1/devices/{device}) within {} after the heartbeat; last answer: \
-                     status {} body {}",
-                    show_duration(run.step_timeout),
-                    answer.status,
-                    show(&body)
-                )));
-            }
-            tokio::time::sleep(API_POLL_INTERVAL).await;
-        }
+    async fn first_heartbeat(&mut self, run: &mut Run) -> StepResult {
+        let heartbeat = self.heartbeat.clone();
+        run.send_frame(self, &heartbeat).await?;
+        self.undeclared = None;
+        self.await_declaration(run, DEVICE_ID).await
+    }
+
+    async fn native(&mut self, _run: &mut Run, _call: Native<'_>) -> StepResult {
+        Ok(())
+    }
+
+    async fn api(&mut self, run: &mut Run, api: &ApiStep) -> StepResult {
+        self.call_api(run, api).await
+    }
+
+    async fn api_result(&mut self, run: &mut Run, id: &str) -> StepResult {
+        self.await_api(run, id).await
     }
 }
 

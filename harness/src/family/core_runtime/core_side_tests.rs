@@ -8,7 +8,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 
 use super::*;
-use crate::drive::{DriveOptions, DriveOutcome};
+use crate::drive::DriveOutcome;
 use crate::family::core_runtime::codec::schema_check;
 use crate::scenario::model::{ApiCall, ApiStep, HttpResponseSpec, Side};
 use crate::target::{LaunchSpec, RunDir, Target};
@@ -105,16 +105,10 @@ fn fake_core() {
 }
 
 async fn drive_fake_core(steps: Vec<Step>) -> DriveOutcome {
-    let exe = std::env::current_exe().unwrap();
-    let cmd = format!(
-        "env CRH_FAKE_CORE=1 {} --exact family::core_runtime::core_side::tests::fake_core --nocapture --test-threads 1",
-        shell_words::quote(&exe.display().to_string())
+    let opts = super::super::self_as_target(
+        "CRH_FAKE_CORE=1",
+        "family::core_runtime::core_side::tests::fake_core",
     );
-    let opts = DriveOptions {
-        target_cmd: cmd,
-        step_timeout: Duration::from_millis(1500),
-        startup_timeout: Duration::from_secs(20),
-    };
     let scenario = Scenario {
         pending: Default::default(),
         family: "core_runtime".into(),

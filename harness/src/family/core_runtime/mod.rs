@@ -16,8 +16,10 @@ pub mod codec;
 pub mod control;
 pub mod core_api;
 pub mod core_side;
+pub mod link;
 pub mod masks;
 pub mod runtime_side;
+pub mod steps;
 
 use serde_json::{Map, Value, json};
 
@@ -108,6 +110,21 @@ pub fn deep_merge(base: &mut Value, overlay: &Value) {
             }
         }
         (base, overlay) => *base = overlay.clone(),
+    }
+}
+
+/// Drive options whose target is this very test executable running only the test
+/// `test_path` with `env` set (how the side tests start a fake peer process).
+#[cfg(test)]
+pub(crate) fn self_as_target(env: &str, test_path: &str) -> DriveOptions {
+    let exe = std::env::current_exe().unwrap();
+    DriveOptions {
+        target_cmd: format!(
+            "env {env} {} --exact {test_path} --nocapture --test-threads 1",
+            shell_words::quote(&exe.display().to_string())
+        ),
+        step_timeout: std::time::Duration::from_millis(1500),
+        startup_timeout: std::time::Duration::from_secs(20),
     }
 }
 

@@ -29,20 +29,22 @@ use contract_impl::wire::parse_strict;
 use serde_json::{Map, Value, json};
 use tokio::time::Instant;
 
-use super::codec::EnvelopeCodec;
+use super::codec::RUNTIME_ROLE;
 use super::control::{ControlChannel, ControlListener};
+use super::link::{Link, Seen};
+use super::steps::{Bootstrap, CoreRuntimePeer, Native, family_step};
 use super::{DEFAULT_HEARTBEAT_INTERVAL_MS, DEVICE_ID, deep_merge, default_launch_config};
 use crate::drive::{
-    Codec, Describe, DriveOptions, Event, FailureCode, Outgoing, Peer, Run, Started, StepError,
+    Connection, Describe, DriveOptions, Event, FailureCode, Peer, Role, Run, Started, StepError,
     StepResult, fail, show,
 };
 use crate::golden::EntryKind;
 use crate::matcher::match_frame;
-use crate::scenario::model::{BootstrapStep, ConnectStep, HttpResponseSpec, Party, Scenario, Step};
+use crate::scenario::model::{ApiStep, ConnectStep, HttpResponseSpec, Scenario, Step};
 use crate::target::{LaunchSpec, RunDir, Startup, Target, contains_secret};
 use crate::transport::TransportError;
 use crate::transport::http::{BOOTSTRAP_PATH, IncomingRequest, RequestBody, ScriptedCore, WS_PATH};
-use crate::transport::ws::{WsConnection, WsEvent, truncate};
+use crate::transport::ws::truncate;
 
 /// Default wait of the controlled adapter for a request (`timeout_ms`, control-channel.md).
 const ADAPTER_DEFAULT_TIMEOUT: Duration = Duration::from_millis(5000);
@@ -60,7 +62,7 @@ impl Describe for IncomingRequest {
 /// The scripted Core the harness plays against a target Runtime.
 pub struct ScriptedCorePeer {
     core: ScriptedCore,
-    ws: Option<WsConnection>,
+    ws: Link,
     /// `None` when the target exited before readiness (a first `expect_exit` step).
     control: Option<ControlChannel>,
     credential: String,
@@ -146,7 +148,7 @@ pub async fn start(
         ready: control.is_some(),
         peer: ScriptedCorePeer {
             core,
-            ws: None,
+            ws: Link::default(),
             control,
             credential: credential.clone(),
             _run_dir: run_dir,
@@ -157,37 +159,11 @@ pub async fn start(
     })
 }
 
-async fn ws_recv(ws: &mut Option<WsConnection>) -> Option<WsEvent> {
-    match ws {
-        Some(conn) => conn.recv().await,
-        None => std::future::pending().await,
-    }
-}
-
 #[async_trait]
 impl Peer for ScriptedCorePeer {
     type Other = IncomingRequest;
 
-    fn codec(&self) -> &dyn Codec {
-        &EnvelopeCodec::RUNTIME_TARGET
-    }
-
-    fn target_party(&self) -> Party {
-        Party::Runtime
-    }
-
-    fn plays(&self, party: Party) -> bool {
-        party == Party::Core
-    }
-
-    fn emitted_label(&self) -> &'static str {
-        "runtime frame"
-    }
-
-    fn refuse(&self, step: &Step) -> Option<String> {
-        matches!(step, Step::Crash)
-            .then(|| "crash restarts a target Core; the Runtime is the target here".into())
-    }
+    const ROLE: &'static Role = &RUNTIME_ROLE;
 
     async fn recv(&mut self, timeout: Duration) -> StepResult<Option<Event<IncomingRequest>>> {
         let deadline = Instant::now() + timeout;
@@ -196,17 +172,10 @@ impl Peer for ScriptedCorePeer {
             // opened a new HTTP exchange (typically: close, then reconnect) comes first.
             return Ok(tokio::select! {
                 biased;
-                event = ws_recv(&mut self.ws) => match event {
-                    Some(WsEvent::Eof) => {
-                        self.ws = None;
-                        Some(Event::Eof)
-                    }
-                    Some(event) => Some(Event::from(event)),
-                    None => {
-                        // The connection ended and every event was consumed.
-                        self.ws = None;
-                        continue;
-                    }
+                seen = self.ws.next() => match seen {
+                    Seen::Event(event) => Some(event),
+                    // The connection ended and every event was consumed.
+                    Seen::Ended => continue,
                 },
                 request = self.core.next_request() => match request {
                     Some(request) => Some(Event::Other(request)),
@@ -243,34 +212,8 @@ impl Peer for ScriptedCorePeer {
         None
     }
 
-    fn connected(&self) -> bool {
-        self.ws.is_some()
-    }
-
-    fn drop_connection(&mut self) -> bool {
-        self.ws.take().map(WsConnection::abort).is_some()
-    }
-
-    async fn send(&mut self, message: Outgoing, timeout: Duration) -> StepResult {
-        let conn = connection(&mut self.ws)?;
-        let sent = match message {
-            Outgoing::Text(text) => conn.send_text(text, timeout).await,
-            Outgoing::Binary(bytes) => conn.send_binary(bytes, timeout).await,
-        };
-        sent.map_err(|e| fail::transport(e.to_string()))
-    }
-
-    async fn send_close(&mut self, code: u16, reason: &str, timeout: Duration) -> StepResult {
-        connection(&mut self.ws)?
-            .send_close(code, reason, timeout)
-            .await
-            .map_err(|e| fail::transport(e.to_string()))
-    }
-
-    async fn end_connection(&mut self, timeout: Duration) {
-        if let Some(conn) = self.ws.take() {
-            conn.finish(timeout).await;
-        }
+    fn connection(&mut self) -> &mut dyn Connection {
+        &mut self.ws
     }
 
     /// Requests after the last step (a reconnecting target) are answered `503` when
@@ -290,55 +233,19 @@ impl Peer for ScriptedCorePeer {
     }
 
     async fn family_step(&mut self, run: &mut Run, step: &Step) -> StepResult {
-        match step {
-            Step::Native { op, args, expect } => self.native(run, op, args, expect.as_ref()).await,
-            Step::Bootstrap(spec) => self.bootstrap(run, spec, None).await,
-            Step::Connect(spec) => self.connect(run, spec).await,
-            Step::Handshake {
-                heartbeat_interval_ms,
-            } => {
-                self.bootstrap(run, &BootstrapStep::default(), *heartbeat_interval_ms)
-                    .await?;
-                self.connect(run, &ConnectStep::default()).await?;
-                let pattern = json!({"type": "heartbeat"});
-                let value = run.expect_frame(self, "runtime: {type: heartbeat}").await?;
-                match_frame(&pattern, &value, &mut run.bindings)
-                    .map_err(|m| fail::mismatch(format!("expected the first heartbeat: {m}")))
-            }
-            Step::Reconnect => {
-                self.bootstrap(run, &BootstrapStep::default(), None).await?;
-                self.connect(run, &ConnectStep::default()).await
-            }
-            Step::Api(_) | Step::ApiResult(_) => Ok(()),
-            other => Err(fail::unsupported(format!(
-                "`{}` is not a step of side runtime",
-                other.keyword()
-            ))),
-        }
+        family_step(self, run, step).await
     }
 
     fn release(&mut self) {
-        self.ws = None;
+        self.ws.abort();
         self.control = None;
     }
 }
 
-fn connection(ws: &mut Option<WsConnection>) -> StepResult<&mut WsConnection> {
-    ws.as_mut().ok_or_else(|| {
-        fail::not_connected(
-            "there is no WebSocket connection (no `connect`/`handshake` step before, or it ended)",
-        )
-    })
-}
-
-impl ScriptedCorePeer {
-    async fn native(
-        &mut self,
-        run: &mut Run,
-        op: &str,
-        args: &Value,
-        expect: Option<&Value>,
-    ) -> StepResult {
+#[async_trait]
+impl CoreRuntimePeer for ScriptedCorePeer {
+    async fn native(&mut self, run: &mut Run, call: Native<'_>) -> StepResult {
+        let Native { op, args, expect } = call;
         let args = run
             .bindings
             .substitute(args, true)
@@ -369,60 +276,8 @@ impl ScriptedCorePeer {
         Ok(())
     }
 
-    /// Awaits the next HTTP request; anything else fails.
-    async fn expect_request(
-        &mut self,
-        run: &mut Run,
-        expected: &str,
-    ) -> StepResult<IncomingRequest> {
-        match run.next_event(self, run.step_timeout).await? {
-            Some(Event::Other(req)) => Ok(req),
-            Some(other) => Err(fail::unexpected(format!(
-                "expected {expected}, got {}",
-                other.describe()
-            ))),
-            None => Err(run.nothing(self, expected)),
-        }
-    }
-
-    /// Checks method, path and the Bearer header; answers 404/401 itself on failure.
-    fn check_route(
-        &self,
-        req: IncomingRequest,
-        method: &str,
-        path: &str,
-    ) -> StepResult<IncomingRequest> {
-        if req.method != method || req.path != path {
-            let got = req.describe();
-            let _ = req.respond(404, Some(&json!({"error": "not_found"})));
-            return Err(fail::mismatch(format!(
-                "expected {method} {path}, got {got}"
-            )));
-        }
-        let auth = req.header("authorization").unwrap_or("");
-        let ok = auth.split_once(' ').is_some_and(|(scheme, token)| {
-            scheme.eq_ignore_ascii_case("bearer") && token == self.credential
-        });
-        if !ok {
-            let got = if auth.is_empty() {
-                "no Authorization header".to_string()
-            } else {
-                "a different Authorization header".to_string()
-            };
-            let _ = req.respond(401, Some(&json!({"error": "unauthorized"})));
-            return Err(fail::mismatch(format!(
-                "{method} {path} must carry `Authorization: Bearer <CONTRACT_DAEMON_CREDENTIAL>`, got {got}"
-            )));
-        }
-        Ok(req)
-    }
-
-    async fn bootstrap(
-        &mut self,
-        run: &mut Run,
-        spec: &BootstrapStep,
-        heartbeat_ms: Option<u64>,
-    ) -> StepResult {
+    async fn bootstrap(&mut self, run: &mut Run, call: Bootstrap<'_>) -> StepResult {
+        let Bootstrap { spec, heartbeat_ms } = call;
         let req = self.expect_request(run, "the bootstrap request").await?;
         let req = self.check_route(req, "POST", BOOTSTRAP_PATH)?;
         let body = match &req.body {
@@ -537,7 +392,7 @@ impl ScriptedCorePeer {
                         fail::transport(format!("WebSocket upgrade failed: {e}"))
                     })?;
                 // A new connection replaces the old one (which is dropped).
-                self.ws = Some(conn);
+                self.ws.replace(conn);
                 Ok(())
             }
             Some(HttpResponseSpec { status, body }) => {
@@ -553,6 +408,71 @@ impl ScriptedCorePeer {
                     .map_err(|e| fail::transport(format!("cannot answer the connect request: {e}")))
             }
         }
+    }
+
+    async fn first_heartbeat(&mut self, run: &mut Run) -> StepResult {
+        let pattern = json!({"type": "heartbeat"});
+        let value = run.expect_frame(self, "runtime: {type: heartbeat}").await?;
+        match_frame(&pattern, &value, &mut run.bindings)
+            .map_err(|m| fail::mismatch(format!("expected the first heartbeat: {m}")))
+    }
+
+    async fn api(&mut self, _run: &mut Run, _api: &ApiStep) -> StepResult {
+        Ok(())
+    }
+
+    async fn api_result(&mut self, _run: &mut Run, _id: &str) -> StepResult {
+        Ok(())
+    }
+}
+
+impl ScriptedCorePeer {
+    /// Awaits the next HTTP request; anything else fails.
+    async fn expect_request(
+        &mut self,
+        run: &mut Run,
+        expected: &str,
+    ) -> StepResult<IncomingRequest> {
+        match run.next_event(self, run.step_timeout).await? {
+            Some(Event::Other(req)) => Ok(req),
+            Some(other) => Err(fail::unexpected(format!(
+                "expected {expected}, got {}",
+                other.describe()
+            ))),
+            None => Err(run.nothing(self, expected)),
+        }
+    }
+
+    /// Checks method, path and the Bearer header; answers 404/401 itself on failure.
+    fn check_route(
+        &self,
+        req: IncomingRequest,
+        method: &str,
+        path: &str,
+    ) -> StepResult<IncomingRequest> {
+        if req.method != method || req.path != path {
+            let got = req.describe();
+            let _ = req.respond(404, Some(&json!({"error": "not_found"})));
+            return Err(fail::mismatch(format!(
+                "expected {method} {path}, got {got}"
+            )));
+        }
+        let auth = req.header("authorization").unwrap_or("");
+        let ok = auth.split_once(' ').is_some_and(|(scheme, token)| {
+            scheme.eq_ignore_ascii_case("bearer") && token == self.credential
+        });
+        if !ok {
+            let got = if auth.is_empty() {
+                "no Authorization header".to_string()
+            } else {
+                "a different Authorization header".to_string()
+            };
+            let _ = req.respond(401, Some(&json!({"error": "unauthorized"})));
+            return Err(fail::mismatch(format!(
+                "{method} {path} must carry `Authorization: Bearer <CONTRACT_DAEMON_CREDENTIAL>`, got {got}"
+            )));
+        }
+        Ok(req)
     }
 }
 

@@ -12,7 +12,7 @@ use serde_json::{Value, json};
 
 use super::super::FAMILY;
 use super::super::all_capabilities;
-use crate::drive::{DriveOptions, DriveOutcome, FailureCode, Phase};
+use crate::drive::{DriveOutcome, FailureCode, Phase};
 use crate::golden::EntryKind;
 use crate::scenario::model::{ExitCodeSpec, HttpResponseSpec, Party, Scenario, Side, Step};
 
@@ -181,16 +181,10 @@ fn scenario(steps: Vec<Step>) -> Scenario {
 }
 
 async fn drive_fake(mode: &str, steps: Vec<Step>) -> DriveOutcome {
-    let exe = std::env::current_exe().unwrap();
-    let cmd = format!(
-        "env CRH_FAKE={mode} {} --exact family::core_runtime::runtime_side::tests::fake_runtime --nocapture --test-threads 1",
-        shell_words::quote(&exe.display().to_string())
+    let opts = super::super::self_as_target(
+        &format!("CRH_FAKE={mode}"),
+        "family::core_runtime::runtime_side::tests::fake_runtime",
     );
-    let opts = DriveOptions {
-        target_cmd: cmd,
-        step_timeout: Duration::from_millis(1500),
-        startup_timeout: Duration::from_secs(20),
-    };
     super::super::drive(&scenario(steps), Side::Runtime, &opts).await
 }
 
