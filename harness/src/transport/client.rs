@@ -4,7 +4,7 @@
 //!
 //! Bounds: every request and dial has a deadline; response bodies are read in chunks up
 //! to [`HTTP_RESPONSE_MAX_BYTES`] (more is an error, never buffered); the WebSocket uses
-//! the same explicit size bounds as every harness connection ([`ws_config`]). No proxy is
+//! the size bounds the family gives ([`WsLimits`]). No proxy is
 //! consulted (the target is always on `127.0.0.1`).
 //!
 //! This module never interprets bodies or frames and never decides what a status means.
@@ -17,7 +17,7 @@ use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::http::HeaderValue;
 
 use super::TransportError;
-use super::ws::{BoxedIo, WsConnection, ws_config};
+use super::ws::{BoxedIo, WsConnection, WsLimits};
 
 /// Largest HTTP response body the client reads (bytes): Core's largest answers (a Turn's
 /// events page, a file read) stay well below it.
@@ -118,7 +118,12 @@ pub enum WsDial {
 /// # Errors
 /// [`TransportError::Client`] for a bad URL, a connection failure or a broken handshake;
 /// [`TransportError::Timeout`].
-pub async fn dial_ws(url: &str, bearer: &str, timeout: Duration) -> Result<WsDial, TransportError> {
+pub async fn dial_ws(
+    url: &str,
+    bearer: &str,
+    timeout: Duration,
+    limits: WsLimits,
+) -> Result<WsDial, TransportError> {
     let mut request = url
         .into_client_request()
         .map_err(|e| TransportError::Client(format!("WebSocket URL: {e}")))?;
@@ -139,8 +144,9 @@ pub async fn dial_ws(url: &str, bearer: &str, timeout: Duration) -> Result<WsDia
             .await
             .map_err(|e| TransportError::Client(format!("connecting to {host}:{port}: {e}")))?;
         let io: BoxedIo = Box::new(tcp);
-        match tokio_tungstenite::client_async_with_config(request, io, Some(ws_config())).await {
-            Ok((stream, _response)) => Ok(WsDial::Upgraded(WsConnection::new(stream))),
+        match tokio_tungstenite::client_async_with_config(request, io, Some(limits.config())).await
+        {
+            Ok((stream, _response)) => Ok(WsDial::Upgraded(WsConnection::new(stream, limits))),
             Err(tungstenite::Error::Http(response)) => Ok(WsDial::Refused(HttpAnswer {
                 status: response.status().as_u16(),
                 body: response.body().clone().unwrap_or_default(),
@@ -156,12 +162,13 @@ pub async fn dial_ws(url: &str, bearer: &str, timeout: Duration) -> Result<WsDia
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::transport::http::ScriptedCore;
+    use crate::transport::http::ScriptedServer;
+    use crate::transport::ws::TEST_LIMITS;
     use serde_json::json;
 
     #[tokio::test]
     async fn request_reads_status_and_body_and_sends_bearer() {
-        let mut core = ScriptedCore::start().await.unwrap();
+        let mut core = ScriptedServer::start(TEST_LIMITS).await.unwrap();
         let client = HttpClient::new().unwrap();
         let url = format!("{}/api/v1/agent-daemon/bootstrap", core.base_url());
         let call = tokio::spawn(async move {
@@ -185,9 +192,12 @@ mod tests {
 
     #[tokio::test]
     async fn dial_upgrades_or_reports_the_refusal() {
-        let mut core = ScriptedCore::start().await.unwrap();
-        let url = format!("{}?device_id=d&version=1", core.connection_url());
-        let dial = tokio::spawn(async move { dial_ws(&url, "tok", Duration::from_secs(5)).await });
+        let mut core = ScriptedServer::start(TEST_LIMITS).await.unwrap();
+        let url = format!("{}?device_id=d&version=1", core.ws_url("/ws"));
+        let dial =
+            tokio::spawn(
+                async move { dial_ws(&url, "tok", Duration::from_secs(5), TEST_LIMITS).await },
+            );
         let req = core.next_request().await.unwrap();
         assert_eq!(req.header("authorization"), Some("Bearer tok"));
         req.respond(426, Some(&json!({"error": "incompatible_version"})))
@@ -196,8 +206,11 @@ mod tests {
             panic!("expected a refusal");
         };
         assert_eq!(answer.status, 426);
-        let url = core.connection_url();
-        let dial = tokio::spawn(async move { dial_ws(&url, "tok", Duration::from_secs(5)).await });
+        let url = core.ws_url("/ws");
+        let dial =
+            tokio::spawn(
+                async move { dial_ws(&url, "tok", Duration::from_secs(5), TEST_LIMITS).await },
+            );
         let req = core.next_request().await.unwrap();
         let _server = req.upgrade(Duration::from_secs(5)).await.unwrap();
         assert!(matches!(dial.await.unwrap().unwrap(), WsDial::Upgraded(_)));
@@ -205,9 +218,14 @@ mod tests {
 
     #[tokio::test]
     async fn bad_urls_are_errors() {
-        let err = dial_ws("http://127.0.0.1:1/x", "t", Duration::from_secs(1))
-            .await
-            .unwrap_err();
+        let err = dial_ws(
+            "http://127.0.0.1:1/x",
+            "t",
+            Duration::from_secs(1),
+            TEST_LIMITS,
+        )
+        .await
+        .unwrap_err();
         assert_eq!(err.code(), "client_failed");
     }
 }

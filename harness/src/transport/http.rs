@@ -1,8 +1,8 @@
-//! The scripted Core's HTTP server.
+//! The scripted HTTP server (a family's peer, e.g. the scripted Core).
 //!
-//! [`ScriptedCore::start`] listens on `127.0.0.1:0` and serves every request on any path
-//! (the driver checks the path: a target calling anything but the two machine-connection
-//! routes fails the step that sees it). Each request becomes one [`IncomingRequest`] on a
+//! [`ScriptedServer::start`] listens on `127.0.0.1:0` and serves every request on any path
+//! (the family checks the path: a target calling anything but the routes the family
+//! expects fails the step that sees it). Each request becomes one [`IncomingRequest`] on a
 //! bounded queue, in arrival order; the server holds the HTTP exchange open until the
 //! driver answers it with [`IncomingRequest::respond`] (status + JSON body) or
 //! [`IncomingRequest::upgrade`] (101 and a [`WsConnection`]). A request the driver drops
@@ -32,13 +32,8 @@ use tokio_tungstenite::WebSocketStream;
 use tokio_tungstenite::tungstenite::handshake::derive_accept_key;
 use tokio_tungstenite::tungstenite::protocol::Role;
 
-use super::ws::{BoxedIo, WsConnection, ws_config};
+use super::ws::{BoxedIo, WsConnection, WsLimits};
 use super::{HTTP_BODY_MAX_BYTES, HTTP_CONNECTIONS_MAX, HTTP_QUEUE_CAPACITY, TransportError};
-
-/// The machine-connection bootstrap route.
-pub const BOOTSTRAP_PATH: &str = "/api/v1/agent-daemon/bootstrap";
-/// The machine-connection WebSocket route.
-pub const WS_PATH: &str = "/api/v1/agent-daemon/ws";
 
 /// The body of an [`IncomingRequest`].
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -164,28 +159,27 @@ impl IncomingRequest {
     }
 }
 
-/// The scripted Core: a listening HTTP server whose every answer is scripted by the
-/// driver. Dropping it stops the server and every connection it still serves (upgraded
+/// A listening HTTP server whose every answer is scripted by the family's peer. Dropping it stops the server and every connection it still serves (upgraded
 /// connections already handed out live on in their [`WsConnection`]).
 #[derive(Debug)]
-pub struct ScriptedCore {
+pub struct ScriptedServer {
     addr: SocketAddr,
     requests: mpsc::Receiver<IncomingRequest>,
     server: JoinHandle<()>,
 }
 
-impl ScriptedCore {
-    /// Binds `127.0.0.1:0` and starts serving.
+impl ScriptedServer {
+    /// Binds `127.0.0.1:0` and starts serving; upgraded WebSockets get `limits`.
     ///
     /// # Errors
     /// [`TransportError::Bind`].
-    pub async fn start() -> Result<Self, TransportError> {
+    pub async fn start(limits: WsLimits) -> Result<Self, TransportError> {
         let listener = TcpListener::bind(("127.0.0.1", 0))
             .await
             .map_err(TransportError::Bind)?;
         let addr = listener.local_addr().map_err(TransportError::Bind)?;
         let (tx, requests) = mpsc::channel(HTTP_QUEUE_CAPACITY);
-        let server = tokio::spawn(serve(listener, tx));
+        let server = tokio::spawn(serve(listener, tx, limits));
         Ok(Self {
             addr,
             requests,
@@ -198,14 +192,14 @@ impl ScriptedCore {
         self.addr
     }
 
-    /// Base URL, e.g. `http://127.0.0.1:40123` (`CONTRACT_CORE_URL`).
+    /// Base URL, e.g. `http://127.0.0.1:40123`.
     pub fn base_url(&self) -> String {
         format!("http://{}", self.addr)
     }
 
-    /// The WebSocket URL bootstrap hands out: `ws://127.0.0.1:<port>/api/v1/agent-daemon/ws`.
-    pub fn connection_url(&self) -> String {
-        format!("ws://{}{WS_PATH}", self.addr)
+    /// The WebSocket URL of `path` on this server: `ws://127.0.0.1:<port><path>`.
+    pub fn ws_url(&self, path: &str) -> String {
+        format!("ws://{}{path}", self.addr)
     }
 
     /// The next request, waiting as long as it takes (wrap it in a timeout). `None` only
@@ -215,13 +209,13 @@ impl ScriptedCore {
     }
 }
 
-impl Drop for ScriptedCore {
+impl Drop for ScriptedServer {
     fn drop(&mut self) {
         self.server.abort();
     }
 }
 
-async fn serve(listener: TcpListener, tx: mpsc::Sender<IncomingRequest>) {
+async fn serve(listener: TcpListener, tx: mpsc::Sender<IncomingRequest>, limits: WsLimits) {
     let permits = Arc::new(Semaphore::new(HTTP_CONNECTIONS_MAX));
     let mut connections = JoinSet::new();
     loop {
@@ -234,7 +228,7 @@ async fn serve(listener: TcpListener, tx: mpsc::Sender<IncomingRequest>) {
                 let tx = tx.clone();
                 connections.spawn(async move {
                     let _permit = permit;
-                    let service = service_fn(move |req| handle(req, tx.clone()));
+                    let service = service_fn(move |req| handle(req, tx.clone(), limits));
                     let mut builder = hyper::server::conn::http1::Builder::new();
                     builder.timer(TokioTimer::new());
                     let _ = builder
@@ -252,6 +246,7 @@ async fn serve(listener: TcpListener, tx: mpsc::Sender<IncomingRequest>) {
 async fn handle(
     mut req: Request<Incoming>,
     tx: mpsc::Sender<IncomingRequest>,
+    limits: WsLimits,
 ) -> Result<Response<Full<Bytes>>, Infallible> {
     let headers: Vec<(String, String)> = req
         .headers()
@@ -308,10 +303,10 @@ async fn handle(
                             let stream = WebSocketStream::from_raw_socket(
                                 io,
                                 Role::Server,
-                                Some(ws_config()),
+                                Some(limits.config()),
                             )
                             .await;
-                            Ok(WsConnection::new(stream))
+                            Ok(WsConnection::new(stream, limits))
                         }
                         Err(e) => Err(TransportError::UpgradeFailed(e.to_string())),
                     };
@@ -439,7 +434,11 @@ mod tests {
 #[cfg(test)]
 mod transport_tests {
     use super::*;
-    use crate::transport::ws::WsEvent;
+    use crate::transport::ws::{TEST_LIMITS, WsEvent};
+
+    /// Routes the tests use (this server serves any path).
+    const BOOT: &str = "/api/v1/agent-daemon/bootstrap";
+    const WS: &str = "/api/v1/agent-daemon/ws";
     use futures_util::{SinkExt, StreamExt};
     use serde_json::json;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -466,7 +465,7 @@ mod transport_tests {
 
     #[tokio::test]
     async fn http_requests_are_scripted_in_order() {
-        let mut core = ScriptedCore::start().await.unwrap();
+        let mut core = ScriptedServer::start(TEST_LIMITS).await.unwrap();
         let addr = core.addr();
         let client = tokio::spawn(async move {
             raw_post(
@@ -481,7 +480,7 @@ mod transport_tests {
             .unwrap()
             .unwrap();
         assert_eq!(req.method, "POST");
-        assert_eq!(req.path, BOOTSTRAP_PATH);
+        assert_eq!(req.path, BOOT);
         assert_eq!(req.query.as_deref(), Some("x=1"));
         assert_eq!(req.header("AUTHORIZATION"), Some("Bearer tok"));
         assert_eq!(
@@ -513,8 +512,8 @@ mod transport_tests {
 
     #[tokio::test]
     async fn status_instead_of_upgrade() {
-        let mut core = ScriptedCore::start().await.unwrap();
-        let url = format!("{}?device_id=d&version=0.9.0", core.connection_url());
+        let mut core = ScriptedServer::start(TEST_LIMITS).await.unwrap();
+        let url = format!("{}?device_id=d&version=0.9.0", core.ws_url(WS));
         let client = tokio::spawn(async move { tokio_tungstenite::connect_async(url).await });
         let req = tokio::time::timeout(T, core.next_request())
             .await
@@ -542,8 +541,8 @@ mod transport_tests {
 
     #[tokio::test]
     async fn websocket_exchange_bounds_and_close() {
-        let mut core = ScriptedCore::start().await.unwrap();
-        let mut request = core.connection_url().into_client_request().unwrap();
+        let mut core = ScriptedServer::start(TEST_LIMITS).await.unwrap();
+        let mut request = core.ws_url(WS).into_client_request().unwrap();
         request
             .headers_mut()
             .insert("authorization", HeaderValue::from_static("Bearer tok"));
@@ -610,8 +609,8 @@ mod transport_tests {
 
     #[tokio::test]
     async fn target_initiated_close_is_answered() {
-        let mut core = ScriptedCore::start().await.unwrap();
-        let client = tokio::spawn(tokio_tungstenite::connect_async(core.connection_url()));
+        let mut core = ScriptedServer::start(TEST_LIMITS).await.unwrap();
+        let client = tokio::spawn(tokio_tungstenite::connect_async(core.ws_url(WS)));
         let req = tokio::time::timeout(T, core.next_request())
             .await
             .unwrap()
@@ -642,8 +641,8 @@ mod transport_tests {
 
     #[tokio::test]
     async fn oversized_message_and_abrupt_drops() {
-        let mut core = ScriptedCore::start().await.unwrap();
-        let url = core.connection_url();
+        let mut core = ScriptedServer::start(TEST_LIMITS).await.unwrap();
+        let url = core.ws_url(WS);
         let client = tokio::spawn(tokio_tungstenite::connect_async(url.clone()));
         let req = tokio::time::timeout(T, core.next_request())
             .await
@@ -651,7 +650,7 @@ mod transport_tests {
             .unwrap();
         let mut conn = req.upgrade(T).await.unwrap();
         let (mut client, _) = client.await.unwrap().unwrap();
-        let big = "x".repeat(crate::transport::ws::ws_config().max_message_size.unwrap() + 1);
+        let big = "x".repeat(TEST_LIMITS.max_message_bytes + 1);
         // The send may block or fail once the harness stops reading; only the event matters.
         let sender = tokio::spawn(async move {
             let _ = client.send(Message::text(big)).await;

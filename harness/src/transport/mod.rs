@@ -36,11 +36,6 @@ pub const HTTP_CONNECTIONS_MAX: usize = 16;
 /// yet). When full, the connection stops reading from the socket (TCP back-pressure).
 pub const WS_EVENT_QUEUE_CAPACITY: usize = 32;
 
-/// Largest message the harness itself will send (bytes): twice the protocol's transport
-/// bound, so that a scenario can send an oversized message on purpose.
-pub const WS_OUTGOING_MAX_BYTES: usize =
-    2 * contract_impl::core_runtime::wire::limits::TRANSPORT_FRAME_MAX_BYTES;
-
 /// Failure of a transport operation. Every variant has a stable [`code`](Self::code).
 #[derive(Debug, thiserror::Error)]
 pub enum TransportError {
@@ -59,7 +54,7 @@ pub enum TransportError {
     /// The driver asked for a status code HTTP cannot carry.
     #[error("invalid HTTP status {0}")]
     InvalidStatus(u16),
-    /// A message the harness was asked to send exceeds [`WS_OUTGOING_MAX_BYTES`].
+    /// A message the harness was asked to send exceeds its connection's outgoing bound.
     #[error("outgoing message of {size} bytes exceeds the {limit}-byte bound")]
     OutgoingTooLarge {
         /// Size of the message (bytes).

@@ -6,8 +6,8 @@
 //! on a bounded queue ([`WS_EVENT_QUEUE_CAPACITY`]); the
 //! driver reads them with [`WsConnection::recv`] and writes with the `send_*` methods.
 //!
-//! Every bound is explicit ([`ws_config`]): incoming messages and frames are limited to
-//! [`TRANSPORT_FRAME_MAX_BYTES`], and the write buffer is bounded (tungstenite's default
+//! Every bound is explicit and given by the family ([`WsLimits`]): incoming messages and
+//! frames are limited to [`WsLimits::max_message_bytes`], and the write buffer is bounded (tungstenite's default
 //! is unbounded).
 //!
 //! This module never interprets message contents and never panics on peer input.
@@ -24,8 +24,7 @@ use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 use tokio_tungstenite::tungstenite::protocol::{CloseFrame, WebSocketConfig};
 use tokio_tungstenite::tungstenite::{self, Message};
 
-use super::{TransportError, WS_EVENT_QUEUE_CAPACITY, WS_OUTGOING_MAX_BYTES};
-use contract_impl::core_runtime::wire::limits::TRANSPORT_FRAME_MAX_BYTES;
+use super::{TransportError, WS_EVENT_QUEUE_CAPACITY};
 
 /// Byte stream a WebSocket can run over (an upgraded HTTP connection, a TCP stream, …).
 pub trait WsIo: AsyncRead + AsyncWrite + Send + Unpin + 'static {}
@@ -34,23 +33,44 @@ impl<T: AsyncRead + AsyncWrite + Send + Unpin + 'static> WsIo for T {}
 /// The boxed byte stream under every [`WsConnection`].
 pub type BoxedIo = Box<dyn WsIo>;
 
-/// The WebSocket configuration every harness connection uses: incoming messages and
-/// frames at most [`TRANSPORT_FRAME_MAX_BYTES`]; write buffer flushed at 128 KiB and
-/// bounded to three outgoing maxima, so a stalled peer turns into back-pressure and then
-/// an error rather than unbounded memory.
-pub fn ws_config() -> WebSocketConfig {
-    WebSocketConfig::default()
-        .read_buffer_size(128 * 1024)
-        .write_buffer_size(128 * 1024)
-        .max_write_buffer_size(128 * 1024 + WS_OUTGOING_MAX_BYTES + TRANSPORT_FRAME_MAX_BYTES)
-        .max_message_size(Some(TRANSPORT_FRAME_MAX_BYTES))
-        .max_frame_size(Some(TRANSPORT_FRAME_MAX_BYTES))
+/// The size bounds of one WebSocket connection, given by the family whose wire it carries
+/// (this module knows no family).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WsLimits {
+    /// Largest incoming message and frame (bytes); a larger one is
+    /// [`WsEvent::Error`] `message_too_large`.
+    pub max_message_bytes: usize,
+    /// Largest message the harness itself will send (bytes); usually above the
+    /// protocol's bound, so a scenario can send an oversized message on purpose.
+    pub max_outgoing_bytes: usize,
+}
+
+/// Bounds for the transport's own unit tests (1 MiB in, 2 MiB out).
+#[cfg(test)]
+pub(crate) const TEST_LIMITS: WsLimits = WsLimits {
+    max_message_bytes: 1024 * 1024,
+    max_outgoing_bytes: 2 * 1024 * 1024,
+};
+
+impl WsLimits {
+    /// The tungstenite configuration: incoming messages and frames at most
+    /// [`WsLimits::max_message_bytes`]; write buffer flushed at 128 KiB and bounded to
+    /// one outgoing and one incoming maximum beyond that, so a stalled peer turns into
+    /// back-pressure and then an error rather than unbounded memory.
+    pub fn config(&self) -> WebSocketConfig {
+        WebSocketConfig::default()
+            .read_buffer_size(128 * 1024)
+            .write_buffer_size(128 * 1024)
+            .max_write_buffer_size(128 * 1024 + self.max_outgoing_bytes + self.max_message_bytes)
+            .max_message_size(Some(self.max_message_bytes))
+            .max_frame_size(Some(self.max_message_bytes))
+    }
 }
 
 /// Something the peer did on the connection, in arrival order.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum WsEvent {
-    /// A text message (valid UTF-8, at most [`TRANSPORT_FRAME_MAX_BYTES`]).
+    /// A text message (valid UTF-8, at most [`WsLimits::max_message_bytes`]).
     Text(String),
     /// A binary message.
     Binary(Vec<u8>),
@@ -103,6 +123,7 @@ pub struct WsConnection {
     sink: SplitSink<WebSocketStream<BoxedIo>, Message>,
     events: mpsc::Receiver<WsEvent>,
     reader: JoinHandle<()>,
+    max_outgoing_bytes: usize,
 }
 
 impl std::fmt::Debug for WsConnection {
@@ -112,8 +133,9 @@ impl std::fmt::Debug for WsConnection {
 }
 
 impl WsConnection {
-    /// Takes over an established WebSocket and starts its reader task.
-    pub fn new(stream: WebSocketStream<BoxedIo>) -> Self {
+    /// Takes over an established WebSocket (configured with `limits.config()`) and
+    /// starts its reader task.
+    pub fn new(stream: WebSocketStream<BoxedIo>, limits: WsLimits) -> Self {
         let (sink, stream) = stream.split();
         let (tx, events) = mpsc::channel(WS_EVENT_QUEUE_CAPACITY);
         let reader = tokio::spawn(read_loop(stream, tx));
@@ -121,6 +143,7 @@ impl WsConnection {
             sink,
             events,
             reader,
+            max_outgoing_bytes: limits.max_outgoing_bytes,
         }
     }
 
@@ -197,10 +220,10 @@ impl WsConnection {
 
     async fn send(&mut self, message: Message, timeout: Duration) -> Result<(), TransportError> {
         let size = message.len();
-        if size > WS_OUTGOING_MAX_BYTES {
+        if size > self.max_outgoing_bytes {
             return Err(TransportError::OutgoingTooLarge {
                 size,
-                limit: WS_OUTGOING_MAX_BYTES,
+                limit: self.max_outgoing_bytes,
             });
         }
         match tokio::time::timeout(timeout, self.sink.send(message)).await {

@@ -39,7 +39,10 @@ use super::core_api::{API_POLL_INTERVAL, InFlightCall, answer_body};
 use super::link::{Link, Seen};
 use super::masks::mask_clocks;
 use super::steps::{Bootstrap, CoreRuntimePeer, Native, family_step};
-use super::{DEFAULT_HEARTBEAT_INTERVAL_MS, DEVICE_ID, deep_merge, default_launch_config};
+use super::{
+    BOOTSTRAP_PATH, DEFAULT_HEARTBEAT_INTERVAL_MS, DEVICE_ID, WS_LIMITS, WS_PATH, deep_merge,
+    default_launch_config,
+};
 use crate::drive::{
     Connection, DriveOptions, Event, NoOther, Peer, Process, Role, Run, Started, StepResult, fail,
     show, show_duration,
@@ -48,7 +51,6 @@ use crate::golden::EntryKind;
 use crate::scenario::model::{ApiStep, ConnectStep, HttpResponseSpec, Scenario, Step};
 use crate::target::{LaunchSpec, RunDir, Target};
 use crate::transport::client::{HttpAnswer, HttpClient, WsDial, dial_ws};
-use crate::transport::http::{BOOTSTRAP_PATH, WS_PATH};
 use crate::transport::ws::WsConnection;
 
 /// `runtime_version` of the heartbeat the harness sends as the Runtime.
@@ -473,9 +475,14 @@ impl CoreRuntimePeer for ScriptedRuntimePeer {
             status: 101,
             body: None,
         });
-        let dial = dial_ws(url.as_str(), &self.launcher.credential, run.step_timeout)
-            .await
-            .map_err(|e| fail::transport(format!("the WebSocket dial failed: {e}")))?;
+        let dial = dial_ws(
+            url.as_str(),
+            &self.launcher.credential,
+            run.step_timeout,
+            WS_LIMITS,
+        )
+        .await
+        .map_err(|e| fail::transport(format!("the WebSocket dial failed: {e}")))?;
         match dial {
             WsDial::Upgraded(conn) => {
                 self.undeclared = query

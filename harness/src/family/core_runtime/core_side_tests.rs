@@ -9,6 +9,7 @@ use serde_json::{Value, json};
 
 use super::*;
 use crate::drive::DriveOutcome;
+use crate::family::core_runtime::WS_LIMITS;
 use crate::family::core_runtime::codec::schema_check;
 use crate::scenario::model::{ApiCall, ApiStep, HttpResponseSpec, Side};
 use crate::target::{LaunchSpec, RunDir, Target};
@@ -67,7 +68,9 @@ fn heartbeat_follows_the_launch_declarations() {
 // server: `GET /v1/wait` is held until a `POST /v1/release` has arrived, then answered
 // `200 {"path", "query"}`; the release itself gets `204`. Anything else: `404`.
 async fn fake_core_main() {
-    let mut server = crate::transport::http::ScriptedCore::start().await.unwrap();
+    let mut server = crate::transport::http::ScriptedServer::start(WS_LIMITS)
+        .await
+        .unwrap();
     // libtest has printed `test … ` without a line end: start a fresh line.
     println!("\n{}", json!({"ready": {"base_url": server.base_url()}}));
     let mut held = Vec::new();

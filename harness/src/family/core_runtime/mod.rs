@@ -23,11 +23,28 @@ pub mod steps;
 
 use serde_json::{Map, Value, json};
 
+use contract_impl::core_runtime::wire::limits::TRANSPORT_FRAME_MAX_BYTES;
+
 use crate::drive::{self, DriveOptions, DriveOutcome};
 use crate::scenario::model::{Scenario, Side};
+use crate::transport::ws::WsLimits;
 
 /// The family's name (scenario directory and `--family` value).
 pub const FAMILY: &str = "core_runtime";
+
+/// The machine-connection bootstrap route ("Machine connection" of the spec).
+pub const BOOTSTRAP_PATH: &str = "/api/v1/agent-daemon/bootstrap";
+
+/// The machine-connection WebSocket route.
+pub const WS_PATH: &str = "/api/v1/agent-daemon/ws";
+
+/// The bounds of every WebSocket of this family: incoming messages at the protocol's
+/// transport bound; outgoing up to twice that, so a scenario can send an oversized
+/// message on purpose.
+pub const WS_LIMITS: WsLimits = WsLimits {
+    max_message_bytes: TRANSPORT_FRAME_MAX_BYTES,
+    max_outgoing_bytes: 2 * TRANSPORT_FRAME_MAX_BYTES,
+};
 
 /// The device ID every launched target presents or is told (`CONTRACT_DEVICE_ID`).
 /// Fixed, so that goldens are stable; each run has its own peer, so runs never collide.

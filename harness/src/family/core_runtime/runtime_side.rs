@@ -1,6 +1,5 @@
 //! Side `runtime` of the Core ↔ Runtime family: the Runtime under test is launched per
-//! `docs/launch-contract.md` and the harness plays **Core** (the scripted Core of
-//! [`crate::transport::http`]) and drives the Runtime's controlled adapter over the
+//! `docs/launch-contract.md` and the harness plays **Core** (a [`crate::transport::http::ScriptedServer`]) and drives the Runtime's controlled adapter over the
 //! control channel ([`super::control`]). The generic steps are the engine's
 //! ([`crate::drive`]); this module adds the scripted Core's transport and these steps:
 //!
@@ -33,7 +32,10 @@ use super::codec::RUNTIME_ROLE;
 use super::control::{ControlChannel, ControlListener};
 use super::link::{Link, Seen};
 use super::steps::{Bootstrap, CoreRuntimePeer, Native, family_step};
-use super::{DEFAULT_HEARTBEAT_INTERVAL_MS, DEVICE_ID, deep_merge, default_launch_config};
+use super::{
+    BOOTSTRAP_PATH, DEFAULT_HEARTBEAT_INTERVAL_MS, DEVICE_ID, WS_LIMITS, WS_PATH, deep_merge,
+    default_launch_config,
+};
 use crate::drive::{
     Connection, Describe, DriveOptions, Event, FailureCode, Peer, Role, Run, Started, StepError,
     StepResult, fail, show,
@@ -43,7 +45,7 @@ use crate::matcher::match_frame;
 use crate::scenario::model::{ApiStep, ConnectStep, HttpResponseSpec, Scenario, Step};
 use crate::target::{LaunchSpec, RunDir, Startup, Target, contains_secret};
 use crate::transport::TransportError;
-use crate::transport::http::{BOOTSTRAP_PATH, IncomingRequest, RequestBody, ScriptedCore, WS_PATH};
+use crate::transport::http::{IncomingRequest, RequestBody, ScriptedServer};
 use crate::transport::ws::truncate;
 
 /// Default wait of the controlled adapter for a request (`timeout_ms`, control-channel.md).
@@ -61,7 +63,7 @@ impl Describe for IncomingRequest {
 
 /// The scripted Core the harness plays against a target Runtime.
 pub struct ScriptedCorePeer {
-    core: ScriptedCore,
+    core: ScriptedServer,
     ws: Link,
     /// `None` when the target exited before readiness (a first `expect_exit` step).
     control: Option<ControlChannel>,
@@ -98,7 +100,9 @@ pub async fn start(
     let config_path = run_dir
         .write_config(&config_text)
         .map_err(|e| e.to_string())?;
-    let core = ScriptedCore::start().await.map_err(|e| e.to_string())?;
+    let core = ScriptedServer::start(WS_LIMITS)
+        .await
+        .map_err(|e| e.to_string())?;
     let listener = ControlListener::bind(&run_dir.control_socket()).map_err(|e| e.to_string())?;
     let credential = format!("crh-credential-{}", uuid::Uuid::new_v4().simple());
     let env = vec![
@@ -337,7 +341,7 @@ impl CoreRuntimePeer for ScriptedCorePeer {
                     Value::from(heartbeat_ms.unwrap_or(DEFAULT_HEARTBEAT_INTERVAL_MS))
                 });
                 map.entry("connection_url")
-                    .or_insert_with(|| Value::String(self.core.connection_url()));
+                    .or_insert_with(|| Value::String(self.core.ws_url(WS_PATH)));
             }
         }
         req.respond(status, body.as_ref())
