@@ -1,10 +1,12 @@
 //! Transports over which the harness plays a peer.
 //!
-//! * [`http`]: the **scripted Core** HTTP server (`127.0.0.1:0`) that turns every incoming
+//! * [`http`]: a scripted HTTP server (the scripted Core, for one) (`127.0.0.1:0`) that turns every incoming
 //!   request into an [`http::IncomingRequest`] event the family driver answers in order,
 //!   including the WebSocket upgrade.
 //! * [`client`]: the harness as a client of a target Core: HTTP requests and the
 //!   WebSocket dial (side `core`).
+//! * [`framed`]: 4-byte big-endian length-prefixed payloads over a Unix stream socket
+//!   ([`framed::FrameDecoder`], [`framed::FramedConnection`]), the maximum given by the family.
 //! * [`ws`]: one upgraded WebSocket connection ([`ws::WsConnection`]): a bounded event queue
 //!   of what the peer sent, plus send / raw send / close / abrupt drop.
 //!
@@ -14,6 +16,7 @@
 //! and never panic on what a peer sends: a target may send anything.
 
 pub mod client;
+pub mod framed;
 pub mod http;
 pub mod ws;
 
