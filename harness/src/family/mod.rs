@@ -137,6 +137,16 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_registry_and_the_scenario_tables_name_the_same_sides() {
+        for info in FAMILIES {
+            let table = crate::scenario::families::table(info.name)
+                .unwrap_or_else(|| panic!("{} has no scenario table", info.name));
+            let ours: Vec<Side> = info.sides.iter().map(|s| s.side).collect();
+            assert_eq!(ours, table.sides, "{}", info.name);
+        }
+    }
+
+    #[test]
     fn pairs_resolve_or_name_what_exists() {
         assert_eq!(resolve("core_runtime", "core").unwrap().1, Side::Core);
         let err = resolve("no_such", "x").unwrap_err();

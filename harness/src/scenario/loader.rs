@@ -709,6 +709,56 @@ steps:
     }
 
     #[test]
+    fn another_familys_keywords_sides_and_settings_are_located_errors() {
+        let dir = tempfile::tempdir().unwrap();
+        let fam = dir.path().join("demo");
+        std::fs::create_dir_all(&fam).unwrap();
+        let path = fam.join("x.yaml");
+        let text = "family: demo\nname: x\nsummary: s\ncovers: [DM-X-001]\nsides: [core, runtime]\nconfig: {runtime: {}}\nsteps:\n  - silence: 10ms\n  - handshake: {}\n  - any_order:\n      - core: {type: a, id: x, payload: {}}\n      - runtime: {type: b, id: y, payload: {}}\n";
+        std::fs::write(&path, text).unwrap();
+        let errors: Vec<String> = load_scenario_all_errors(&path)
+            .unwrap_err()
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        let all = errors.join("\n");
+        assert!(
+            all.contains("x.yaml:9:")
+                && all.contains(
+                    "`handshake` is not a step of family `demo` (its steps: core, silence"
+                ),
+            "{all}"
+        );
+        assert!(
+            all.contains("x.yaml:12:") && all.contains("`runtime` is not a step of family `demo`"),
+            "{all}"
+        );
+        assert!(
+            all.contains("family `demo` has no side `runtime` (its sides: core)"),
+            "{all}"
+        );
+        assert!(
+            all.contains("config.runtime is not a setting of family `demo` (its settings: none)"),
+            "{all}"
+        );
+        // An unknown family is named where it is written.
+        let other = dir.path().join("nope");
+        std::fs::create_dir_all(&other).unwrap();
+        let path = other.join("y.yaml");
+        std::fs::write(
+            &path,
+            "family: nope\nname: y\nsummary: s\ncovers: [DM-X-001]\nsteps:\n  - silence: 10ms\n",
+        )
+        .unwrap();
+        let err = load_scenario(&path).unwrap_err().to_string();
+        assert!(
+            err.contains("y.yaml:1:9")
+                && err.contains("unknown family `nope`; families: core_runtime"),
+            "{err}"
+        );
+    }
+
+    #[test]
     fn async_api_calls_and_queries_are_checked() {
         let head = "family: core_runtime\nname: x\nsummary: s\ncovers: [CR-A-001]\nsides: [core]\nsteps:\n";
         let start = |id: &str| {

@@ -3,6 +3,7 @@
 //! This module owns turning `scenarios/<family>/<name>.yaml` into a [`Scenario`]. It
 //! never runs anything: no sockets, no processes, no clocks.
 
+pub mod families;
 pub mod loader;
 pub mod model;
 pub mod validation;

@@ -134,9 +134,11 @@ impl Scenario {
         self.pending.get(&side).map(String::as_str)
     }
 
-    /// The sides the scenario runs on, in [`Side::ALL`] order.
+    /// The sides the scenario runs on: its family's sides (in the family's order,
+    /// `super::families`) that `sides:` admits.
     pub fn target_sides(&self) -> Vec<Side> {
-        Side::ALL.into_iter().filter(|s| self.runs_on(*s)).collect()
+        let sides: &[Side] = super::families::table(&self.family).map_or(&Side::ALL, |t| t.sides);
+        sides.iter().copied().filter(|s| self.runs_on(*s)).collect()
     }
 }
 

@@ -13,10 +13,10 @@
 
 use std::collections::BTreeSet;
 
-use contract_impl::core_runtime::wire::{Direction, MessageType};
 use serde_json::Value;
 use serde_saphyr::Location;
 
+use super::families::{self, FamilyTable};
 use super::model::{
     API_CALL_ID_MAX_BYTES, API_IN_FLIGHT_MAX, API_METHODS, API_QUERY_PARAMS_MAX, ApiStep,
     ExitCodeSpec, GENERATED_FILE_MAX_BYTES, GENERATED_TOTAL_MAX_BYTES, Party, Scenario, Side, Step,
@@ -41,9 +41,6 @@ pub const NATIVE_OPS: &[&str] = &[
 /// Longest `expect_exit.stderr` substring (bytes): the harness keeps a bounded stderr
 /// tail, so a longer needle could never be found.
 pub const EXPECT_EXIT_STDERR_MAX_BYTES: usize = 1024;
-
-/// Families whose frames are checked against the core-runtime message table.
-const CORE_RUNTIME: &str = "core_runtime";
 
 /// Source locations of a parsed scenario's parts (from the loader).
 #[derive(Debug, Clone)]
@@ -110,6 +107,8 @@ pub fn is_requirement_id(id: &str) -> bool {
 
 struct Checker<'a> {
     scenario: &'a Scenario,
+    /// The scenario's family table (`None`: an unknown family, reported once).
+    table: Option<&'static FamilyTable>,
     issues: Vec<Issue>,
 }
 
@@ -223,33 +222,28 @@ impl Checker<'_> {
                 format!("{what} `{kind}`: `id` must be a string"),
             ),
         }
-        if self.scenario.family == CORE_RUNTIME {
-            match MessageType::parse(kind) {
-                None => self.issue(
-                    Some(location),
-                    format!("{what}: unknown message type `{kind}`"),
-                ),
-                Some(t) => {
-                    let expected = match party {
-                        Party::Core => Direction::CoreToRuntime,
-                        _ => Direction::RuntimeToCore,
-                    };
-                    if t.direction() != expected {
-                        self.issue(
-                            Some(location),
-                            format!(
-                                "{what}: `{kind}` is not sent by {} (it travels {:?})",
-                                party.as_str(),
-                                t.direction()
-                            ),
-                        );
-                    }
-                }
-            }
+        if let Some(table) = self.table
+            && let Err(reason) = (table.check_frame)(party, frame)
+        {
+            self.issue(Some(location), format!("{what}: {reason}"));
         }
     }
 
     fn step(&mut self, location: Location, children: &[Location], step: &Step) {
+        if let Some(table) = self.table
+            && !table.has_step(step.keyword())
+        {
+            self.issue(
+                Some(location),
+                format!(
+                    "`{}` is not a step of family `{}` (its steps: {})",
+                    step.keyword(),
+                    table.family,
+                    table.step_names()
+                ),
+            );
+            return;
+        }
         match step {
             Step::Frame { party, frame } => self.frame(location, *party, frame),
             Step::Native { op, args, expect } => {
@@ -762,6 +756,7 @@ fn async_api_calls(scenario: &Scenario, spans: &Spans, issues: &mut Vec<Issue>) 
 pub fn validate(scenario: &Scenario, spans: &Spans) -> Vec<Issue> {
     let mut c = Checker {
         scenario,
+        table: families::table(&scenario.family),
         issues: Vec::new(),
     };
     let dir_family = scenario
@@ -787,6 +782,16 @@ pub fn validate(scenario: &Scenario, spans: &Spans) -> Vec<Issue> {
                 "name `{}` does not match the file name `{}`",
                 scenario.name,
                 stem.unwrap_or("")
+            ),
+        );
+    }
+    if c.table.is_none() {
+        c.issue(
+            Some(spans.family),
+            format!(
+                "unknown family `{}`; families: {}",
+                scenario.family,
+                families::family_names()
             ),
         );
     }
@@ -824,6 +829,47 @@ pub fn validate(scenario: &Scenario, spans: &Spans) -> Vec<Issue> {
         if distinct.len() != sides.len() {
             c.issue(loc, "sides lists a side twice");
         }
+        if let Some(table) = c.table {
+            for side in sides.iter().filter(|s| !table.sides.contains(s)) {
+                c.issue(
+                    loc,
+                    format!(
+                        "family `{}` has no side `{side}` (its sides: {})",
+                        table.family,
+                        table
+                            .sides
+                            .iter()
+                            .map(|s| s.as_str())
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ),
+                );
+            }
+        }
+    }
+    if let Some(table) = c.table {
+        let set = [
+            ("runtime", scenario.config.runtime.is_some()),
+            ("core", scenario.config.core.is_some()),
+            ("workspace", scenario.config.workspace.is_some()),
+        ];
+        for (key, _) in set
+            .iter()
+            .filter(|(k, on)| *on && !table.config_keys.contains(k))
+        {
+            c.issue(
+                spans.config,
+                format!(
+                    "config.{key} is not a setting of family `{}` (its settings: {})",
+                    table.family,
+                    if table.config_keys.is_empty() {
+                        "none".to_string()
+                    } else {
+                        table.config_keys.join(", ")
+                    }
+                ),
+            );
+        }
     }
     for (what, value) in [
         ("config.runtime", &scenario.config.runtime),
@@ -839,7 +885,15 @@ pub fn validate(scenario: &Scenario, spans: &Spans) -> Vec<Issue> {
         c.workspace(spans.config, ws);
     }
     for (side, reason) in &scenario.pending {
-        if !scenario.runs_on(*side) {
+        if c.table.is_some_and(|t| !t.sides.contains(side)) {
+            c.issue(
+                spans.pending,
+                format!(
+                    "pending names side `{side}`, which family `{}` does not have",
+                    scenario.family
+                ),
+            );
+        } else if !scenario.runs_on(*side) {
             c.issue(
                 spans.pending,
                 format!("pending names side `{side}`, which the scenario does not run on"),

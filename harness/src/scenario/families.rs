@@ -1,0 +1,135 @@
+//! What each family's scenarios may say: its sides, the parties that write frames, its
+//! own step keywords, its `config` keys, and the check of a frame against the family's
+//! single wire definition. Validation ([`super::validation`]) consults the table of the
+//! scenario's family, so another family's keyword in a scenario is a load error with
+//! file:line:column.
+//!
+//! This module is data plus one frame check per family; it never runs anything. The
+//! engine's generic steps ([`GENERIC_STEPS`]) are valid in every family.
+
+use contract_impl::core_runtime::wire::{Direction, MessageType};
+use serde_json::Value;
+
+use super::model::{Party, Side};
+
+/// Step keywords every family has (the step engine's own steps).
+pub const GENERIC_STEPS: &[&str] = &[
+    "silence",
+    "any_order",
+    "disconnect",
+    "half_close",
+    "send_bytes",
+    "expect_close",
+    "expect_exit",
+    "crash",
+];
+
+/// One family's vocabulary.
+#[derive(Debug, Clone, Copy)]
+pub struct FamilyTable {
+    /// The family (directory) name.
+    pub family: &'static str,
+    /// The sides that can be the target (`sides:`, `pending:`).
+    pub sides: &'static [Side],
+    /// The parties whose frames a scenario writes (their names are step keywords).
+    pub parties: &'static [Party],
+    /// The family's own step keywords (beyond the parties and [`GENERIC_STEPS`]).
+    pub steps: &'static [&'static str],
+    /// The `config:` keys the family's launch contracts read.
+    pub config_keys: &'static [&'static str],
+    /// Checks a frame `party` writes against the family's wire (message type, direction);
+    /// the reason when it does not fit.
+    pub check_frame: fn(Party, &Value) -> Result<(), String>,
+}
+
+impl FamilyTable {
+    /// Whether `keyword` is a step of this family.
+    pub fn has_step(&self, keyword: &str) -> bool {
+        GENERIC_STEPS.contains(&keyword)
+            || self.steps.contains(&keyword)
+            || self.parties.iter().any(|p| p.as_str() == keyword)
+    }
+
+    /// Every step keyword of this family, for messages.
+    pub fn step_names(&self) -> String {
+        let mut names: Vec<&str> = self.parties.iter().map(|p| p.as_str()).collect();
+        names.extend(self.steps);
+        names.extend(GENERIC_STEPS);
+        names.join(", ")
+    }
+}
+
+/// The core_runtime frame check: a known message type, sent in its direction.
+fn core_runtime_frame(party: Party, frame: &Value) -> Result<(), String> {
+    let kind = frame
+        .get("type")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
+    let Some(t) = MessageType::parse(kind) else {
+        return Err(format!("unknown message type `{kind}`"));
+    };
+    let expected = match party {
+        Party::Core => Direction::CoreToRuntime,
+        _ => Direction::RuntimeToCore,
+    };
+    if t.direction() == expected {
+        Ok(())
+    } else {
+        Err(format!(
+            "`{kind}` is not sent by {} (it travels {:?})",
+            party.as_str(),
+            t.direction()
+        ))
+    }
+}
+
+/// The Core ↔ Runtime family.
+pub const CORE_RUNTIME: FamilyTable = FamilyTable {
+    family: "core_runtime",
+    sides: &[Side::Runtime, Side::Core],
+    parties: &[Party::Core, Party::Runtime],
+    steps: &[
+        "native",
+        "bootstrap",
+        "connect",
+        "handshake",
+        "reconnect",
+        "api",
+        "api_result",
+    ],
+    config_keys: &["runtime", "core", "workspace"],
+    check_frame: core_runtime_frame,
+};
+
+/// A family of generic steps only, for the loader's own tests.
+#[cfg(test)]
+pub const DEMO: FamilyTable = FamilyTable {
+    family: "demo",
+    sides: &[Side::Core],
+    parties: &[Party::Core],
+    steps: &[],
+    config_keys: &[],
+    check_frame: |_, _| Ok(()),
+};
+
+/// Every family's table.
+#[cfg(not(test))]
+pub const TABLES: &[FamilyTable] = &[CORE_RUNTIME];
+
+/// Every family's table (and the test-only [`DEMO`]).
+#[cfg(test)]
+pub const TABLES: &[FamilyTable] = &[CORE_RUNTIME, DEMO];
+
+/// The table of `family`.
+pub fn table(family: &str) -> Option<&'static FamilyTable> {
+    TABLES.iter().find(|t| t.family == family)
+}
+
+/// The families that have tables, comma-separated.
+pub fn family_names() -> String {
+    TABLES
+        .iter()
+        .map(|t| t.family)
+        .collect::<Vec<_>>()
+        .join(", ")
+}
