@@ -9,6 +9,7 @@
 //! contract-harness list --family core_runtime [--scenarios DIR]
 //! contract-harness golden review [--golden-dir DIR]
 //! contract-harness golden accept [--golden-dir DIR]
+//! contract-harness peer relay --socket PATH [-- ARGS…]
 //! ```
 //!
 //! Exit status: 0 success; 1 a scenario failed (or coverage has errors); 2 usage errors
@@ -48,6 +49,25 @@ enum Command {
     Golden {
         #[command(subcommand)]
         action: GoldenAction,
+    },
+    /// Be the peer a target launches itself, relayed to a running harness.
+    Peer {
+        #[command(subcommand)]
+        mode: PeerMode,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum PeerMode {
+    /// Connect back to the harness at `--socket` and relay this process's launch, stdio
+    /// and sockets to it; exit with the code it says, or at once when it goes away.
+    Relay {
+        /// The harness's relay socket.
+        #[arg(long, env = "CONTRACT_RELAY_SOCKET")]
+        socket: PathBuf,
+        /// Whatever the target passes after `--` (recorded in the hello).
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
     },
 }
 
@@ -155,7 +175,86 @@ fn main() -> ExitCode {
         Command::Coverage(args) => coverage(args),
         Command::List(args) => list(&args),
         Command::Golden { action } => golden_action(action),
+        Command::Peer {
+            mode: PeerMode::Relay { socket, args: _ },
+        } => relay_peer(&socket),
     }
+}
+
+/// The process's stdout for the relay peer: shutting it down (the harness's
+/// `CloseStdout`) flushes it and points fd 1 at `/dev/null`, so the target reading the
+/// peer's stdout sees its end (tokio's own shutdown of stdout only flushes).
+struct ClosableStdout(tokio::io::Stdout);
+
+impl tokio::io::AsyncWrite for ClosableStdout {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.0).poll_write(cx, buf)
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.0).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        let flushed = std::pin::Pin::new(&mut self.0).poll_flush(cx);
+        if let std::task::Poll::Ready(Ok(())) = flushed {
+            let null = std::fs::OpenOptions::new().write(true).open("/dev/null")?;
+            nix::unistd::dup2_stdout(&null).map_err(std::io::Error::from)?;
+        }
+        flushed
+    }
+}
+
+/// Exit status of a relay peer whose harness went away.
+const EXIT_HARNESS_GONE: u8 = 1;
+
+fn relay_peer(socket: &Path) -> ExitCode {
+    use contract_harness::transport::relay::{Hello, PeerEnd, run_peer};
+    let hello = Hello {
+        argv: std::env::args().collect(),
+        env: std::env::vars().collect(),
+        cwd: std::env::current_dir()
+            .map(|d| d.display().to_string())
+            .unwrap_or_default(),
+        pid: std::process::id(),
+    };
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("contract-harness peer: {e}");
+            return ExitCode::from(EXIT_HARNESS_GONE);
+        }
+    };
+    let end = runtime.block_on(run_peer(
+        socket,
+        hello,
+        tokio::io::stdin(),
+        ClosableStdout(tokio::io::stdout()),
+        tokio::io::stderr(),
+    ));
+    // Exit now: the stdin reader may still be blocked in a read.
+    let code = match end {
+        Ok(PeerEnd::Exit(code)) => code,
+        Ok(PeerEnd::LinkGone) => i32::from(EXIT_HARNESS_GONE),
+        Err(e) => {
+            eprintln!("contract-harness peer: cannot reach the harness: {e}");
+            i32::from(EXIT_HARNESS_GONE)
+        }
+    };
+    std::process::exit(code)
 }
 
 fn load(args: &FamilyArgs) -> Result<Vec<Scenario>, ExitCode> {

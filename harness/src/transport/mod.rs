@@ -7,6 +7,8 @@
 //!   WebSocket dial (side `core`).
 //! * [`framed`]: 4-byte big-endian length-prefixed payloads over a Unix stream socket
 //!   ([`framed::FrameDecoder`], [`framed::FramedConnection`]), the maximum given by the family.
+//! * [`relay`]: the link to `contract-harness peer relay`, the program the harness hands a
+//!   target that launches its peer itself (stdio, dialled and accepted sockets).
 //! * [`ws`]: one upgraded WebSocket connection ([`ws::WsConnection`]): a bounded event queue
 //!   of what the peer sent, plus send / raw send / close / abrupt drop.
 //!
@@ -18,6 +20,7 @@
 pub mod client;
 pub mod framed;
 pub mod http;
+pub mod relay;
 pub mod ws;
 
 use std::time::Duration;
