@@ -22,7 +22,6 @@
 //! what "ready" means are the family driver's business. It must never leave a process
 //! group running behind it.
 
-use std::collections::VecDeque;
 use std::future::Future;
 use std::path::{Component, Path, PathBuf};
 use std::process::{ExitStatus, Stdio};
@@ -30,8 +29,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use nix::sys::signal::{Signal, killpg};
-use nix::unistd::Pid;
+use contract_impl::process::{OutputTail, ProcessGroup};
+use nix::sys::signal::Signal;
 use tokio::io::AsyncRead;
 use tokio::io::AsyncReadExt;
 use tokio::process::{Child, Command};
@@ -361,75 +360,32 @@ fn safe_relative(path: &str) -> Result<&Path, TargetError> {
     }
 }
 
-/// The last lines a target wrote to stderr, bounded by [`STDERR_TAIL_LINES`] and
-/// [`STDERR_TAIL_BYTES`] (a single longer line is cut, marked with `…`).
-#[derive(Debug, Default)]
-pub struct StderrTail {
-    lines: VecDeque<String>,
-    bytes: usize,
-    partial: Vec<u8>,
-    partial_cut: bool,
+/// The last lines a target wrote to stderr (or stdout), bounded by
+/// [`STDERR_TAIL_LINES`] and [`STDERR_TAIL_BYTES`] (a single longer line is cut, marked
+/// with `…`): the shared [`OutputTail`], with terminal colours removed from its text.
+#[derive(Debug)]
+pub struct StderrTail(OutputTail);
+
+impl Default for StderrTail {
+    fn default() -> Self {
+        Self(OutputTail::new(
+            STDERR_TAIL_LINES,
+            STDERR_TAIL_BYTES,
+            STDERR_TAIL_BYTES,
+        ))
+    }
 }
 
 impl StderrTail {
-    /// Appends raw stderr bytes.
+    /// Appends raw output bytes.
     pub fn push(&mut self, chunk: &[u8]) {
-        for piece in chunk.split_inclusive(|b| *b == b'\n') {
-            let (body, complete) = match piece.strip_suffix(b"\n") {
-                Some(body) => (body, true),
-                None => (piece, false),
-            };
-            let room = STDERR_TAIL_BYTES.saturating_sub(self.partial.len());
-            if body.len() > room {
-                self.partial.extend_from_slice(&body[..room]);
-                self.partial_cut = true;
-            } else {
-                self.partial.extend_from_slice(body);
-            }
-            if complete {
-                self.finish_line();
-            }
-        }
-    }
-
-    fn finish_line(&mut self) {
-        let mut line = String::from_utf8_lossy(&self.partial).into_owned();
-        if self.partial_cut {
-            line.push('…');
-        }
-        self.partial.clear();
-        self.partial_cut = false;
-        self.bytes += line.len();
-        self.lines.push_back(line);
-        while self.lines.len() > STDERR_TAIL_LINES
-            || (self.bytes > STDERR_TAIL_BYTES && self.lines.len() > 1)
-        {
-            if let Some(old) = self.lines.pop_front() {
-                self.bytes -= old.len();
-            }
-        }
+        self.0.push(chunk);
     }
 
     /// The tail as text: complete lines, then any unterminated last line; terminal
     /// escape sequences (colours) are removed.
     pub fn text(&self) -> String {
-        strip_ansi(&self.raw_text())
-    }
-
-    fn raw_text(&self) -> String {
-        let partial = (!self.partial.is_empty()).then(|| String::from_utf8_lossy(&self.partial));
-        let keep = STDERR_TAIL_LINES - usize::from(partial.is_some());
-        let skip = self.lines.len().saturating_sub(keep);
-        let mut out: Vec<String> = self.lines.iter().skip(skip).cloned().collect();
-        out.extend(partial.map(|p| p.into_owned()));
-        let mut text = out.join("\n");
-        while text.len() > STDERR_TAIL_BYTES {
-            match text.find('\n') {
-                Some(i) => text.drain(..=i),
-                None => break,
-            };
-        }
-        text
+        strip_ansi(&self.0.text())
     }
 }
 
@@ -514,7 +470,7 @@ pub enum Startup<T> {
 #[derive(Debug)]
 pub struct Target {
     child: Child,
-    pgid: Pid,
+    group: ProcessGroup,
     tail: Arc<Mutex<StderrTail>>,
     secret_seen: Arc<AtomicBool>,
     stderr_task: Option<JoinHandle<()>>,
@@ -569,7 +525,7 @@ impl Target {
             program: program.clone(),
             source: std::io::Error::other("the process exited before its id was read"),
         })?;
-        let pgid = Pid::from_raw(i32::try_from(pid).unwrap_or(i32::MAX));
+        let group = ProcessGroup::of_leader(pid);
         let tail = Arc::new(Mutex::new(StderrTail::default()));
         let secret_seen = Arc::new(AtomicBool::new(false));
         let stderr_task = child.stderr.take().map(|stderr| {
@@ -600,7 +556,7 @@ impl Target {
         });
         Ok(Self {
             child,
-            pgid,
+            group,
             tail,
             secret_seen,
             stderr_task,
@@ -627,14 +583,14 @@ impl Target {
     /// # Errors
     /// [`TargetError::WaitFailed`].
     pub async fn kill_now(&mut self) -> Result<ExitStatus, TargetError> {
-        let _ = killpg(self.pgid, Signal::SIGKILL);
+        self.group.signal(Signal::SIGKILL);
         self.stopped = true;
         self.wait_exit().await
     }
 
     /// The process (and process group) ID.
     pub fn pid(&self) -> i32 {
-        self.pgid.as_raw()
+        self.group.id().as_raw()
     }
 
     /// The current stderr tail.
@@ -774,13 +730,13 @@ impl Target {
         }
         self.stopped = true;
         if self.try_exit().is_none() {
-            let _ = killpg(self.pgid, Signal::SIGTERM);
+            self.group.signal(Signal::SIGTERM);
             if let Ok(Ok(status)) = tokio::time::timeout(TERM_GRACE, self.child.wait()).await {
                 self.exit = Some(status);
             }
         }
         // The leader may be gone while others of its group live on: always kill the group.
-        let _ = killpg(self.pgid, Signal::SIGKILL);
+        self.group.signal(Signal::SIGKILL);
         if self.exit.is_none()
             && let Ok(Ok(status)) = tokio::time::timeout(TERM_GRACE, self.child.wait()).await
         {
@@ -794,7 +750,7 @@ impl Target {
 impl Drop for Target {
     fn drop(&mut self) {
         if !self.stopped {
-            let _ = killpg(self.pgid, Signal::SIGKILL);
+            self.group.signal(Signal::SIGKILL);
         }
         for task in [self.stderr_task.take(), self.stdout_task.take()]
             .into_iter()
@@ -1239,7 +1195,7 @@ mod tests {
     /// to await for a process that is not our child.
     async fn gone_within_2s(pid: i32) -> bool {
         let dead = || {
-            nix::sys::signal::kill(Pid::from_raw(pid), None).is_err()
+            nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None).is_err()
                 || std::fs::read_to_string(format!("/proc/{pid}/stat"))
                     .map(|s| s.contains(") Z "))
                     .unwrap_or(true)

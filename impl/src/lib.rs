@@ -2,6 +2,9 @@
 //!
 //! * [`wire`]: strict JSON, identifiers and bounded types shared by every family.
 //! * [`core_runtime`]: the Core ↔ Runtime daemon protocol.
+//! * [`process`]: process-group supervision and bounded output tails, for every host
+//!   that runs programs.
 
 pub mod core_runtime;
+pub mod process;
 pub mod wire;

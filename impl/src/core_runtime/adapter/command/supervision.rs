@@ -1,0 +1,213 @@
+//! Supervising one Run: from spawn to settlement.
+
+use super::*;
+
+/// Everything the supervisor of one Run owns.
+pub(super) struct RunProcess {
+    pub(super) run_id: RunId,
+    pub(super) child: Child,
+    pub(super) pgid: Pid,
+    pub(super) stdout: Box<dyn AsyncRead + Send + Unpin>,
+    pub(super) stderr: Box<dyn AsyncRead + Send + Unpin>,
+    pub(super) stdin_task: JoinHandle<()>,
+    pub(super) events: RunEventSink,
+    pub(super) stop: watch::Receiver<Option<StopReason>>,
+    pub(super) ended: watch::Sender<Option<RunEnd>>,
+    pub(super) permit: OwnedSemaphorePermit,
+    /// `Some` with [`ProgramProtocol::Jsonl`].
+    pub(super) jsonl: Option<Arc<JsonlRun>>,
+}
+
+/// How the program ended, natively.
+pub(super) enum Native {
+    Exited(io::Result<ExitStatus>),
+    Stopped,
+}
+
+pub(super) fn cut(text: &str, max: usize) -> &str {
+    if text.len() <= max {
+        return text;
+    }
+    let mut end = max;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    &text[..end]
+}
+
+/// The `error` message of an unsuccessful exit: status, then the stderr excerpt.
+pub(super) fn exit_message(status: ExitStatus, stderr: Option<&str>) -> String {
+    let mut message = match (status.code(), status.signal()) {
+        (Some(code), _) => format!("program exited with status {code}"),
+        (None, Some(signal)) => format!("program was terminated by signal {signal}"),
+        (None, None) => format!("program ended unsuccessfully ({status})"),
+    };
+    if let Some(line) = stderr {
+        message.push_str(": ");
+        message.push_str(cut(line, ERROR_DETAIL_MAX_BYTES));
+    }
+    message
+}
+
+pub(super) async fn supervise(shared: Arc<Shared>, mut p: RunProcess) {
+    let config = &shared.config;
+    let (give_up, give_up_rx) = watch::channel(false);
+    let tail = Arc::new(Mutex::new(stderr_tail()));
+    let stdout_task = match &p.jsonl {
+        Some(run) => tokio::spawn(forward_jsonl(
+            p.stdout,
+            p.events.clone(),
+            give_up_rx.clone(),
+            run.clone(),
+        )),
+        None => tokio::spawn(forward_stdout(
+            p.stdout,
+            p.events.clone(),
+            give_up_rx.clone(),
+        )),
+    };
+    let mut output = OutputTasks {
+        stdout: Some(stdout_task),
+        stderr: Some(tokio::spawn(collect_stderr(
+            p.stderr,
+            tail.clone(),
+            give_up_rx,
+        ))),
+    };
+    let mut stop = p.stop.clone();
+    let jsonl = p.jsonl.clone();
+    let violated = async {
+        match &jsonl {
+            Some(run) => run.wait_violated().await,
+            None => std::future::pending().await,
+        }
+    };
+    let exited = tokio::select! {
+        status = p.child.wait() => Some(status),
+        // A dropped sender (adapter gone) also stops the program.
+        _ = stop.wait_for(Option::is_some) => None,
+        // A protocol violation stops it too.
+        () = violated => None,
+    };
+    let (native, cleanup) = match exited {
+        Some(status) => {
+            // Let output reach EOF, then remove what the program left behind.
+            let _ = tokio::time::timeout(config.output_drain_grace, output.join()).await;
+            let cleanup = ProcessGroup::new(p.pgid).clean(config.kill_grace).await;
+            (Native::Exited(status), cleanup)
+        }
+        None => {
+            let cleanup = ProcessGroup::new(p.pgid)
+                .terminate(&mut p.child, config.kill_grace)
+                .await;
+            (Native::Stopped, cleanup)
+        }
+    };
+    output.finish(&give_up, config.output_drain_grace).await;
+    p.stdin_task.abort();
+    let reason = *p.stop.borrow();
+    let violation = p.jsonl.as_ref().and_then(|run| run.violation());
+    let reported_error = p
+        .jsonl
+        .as_ref()
+        .is_some_and(|run| run.reported_error.load(Ordering::SeqCst));
+
+    let end = match (&native, &cleanup) {
+        (Native::Exited(_), _) => RunEnd::Exited,
+        // Only a cancel request can claim a stop the violation caused.
+        (Native::Stopped, _) if violation.is_some() && reason != Some(StopReason::Cancel) => {
+            RunEnd::Violated
+        }
+        (Native::Stopped, Ok(())) => RunEnd::Stopped,
+        (Native::Stopped, Err(reason)) => RunEnd::Unconfirmed(reason.clone()),
+    };
+    {
+        let mut state = shared.lock();
+        let executor_id = state.runs.remove(&p.run_id).map(|r| r.executor_id);
+        match (&cleanup, executor_id) {
+            (Err(reason), Some(executor_id)) => {
+                tracing::warn!(run_id = %p.run_id, "command adapter: {reason}; kept for the Executor's close");
+                state
+                    .leftovers
+                    .entry(executor_id)
+                    .or_default()
+                    .push(Leftover {
+                        pgid: p.pgid,
+                        _permit: p.permit,
+                    });
+            }
+            _ => drop(p.permit),
+        }
+    }
+    let _ = p.ended.send(Some(end));
+
+    let (error, outcome) = match native {
+        // An undecodable record fails the Run, whatever the program did next.
+        _ if violation.is_some() => {
+            let violation = violation.unwrap_or_default();
+            let mut message = format!("program protocol violation: {violation}");
+            if let Err(reason) = &cleanup {
+                message.push_str("; ");
+                message.push_str(reason);
+            }
+            (
+                Some(cut(&message, ERROR_DETAIL_MAX_BYTES).to_string()),
+                Outcome::Failed,
+            )
+        }
+        Native::Exited(Ok(status)) if status.success() => (None, Outcome::Completed),
+        // The program already reported its failure natively (`jsonl` `error` record):
+        // an unclassified exit error after it would only bury its metadata.
+        Native::Exited(Ok(status)) if reported_error => {
+            tracing::info!(run_id = %p.run_id, %status, "command adapter: program failed after reporting an error");
+            (None, Outcome::Failed)
+        }
+        Native::Exited(Ok(status)) => {
+            let tail = tail.lock().unwrap_or_else(PoisonError::into_inner);
+            tracing::info!(run_id = %p.run_id, %status, stderr_tail = %tail.text(), "command adapter: program failed");
+            (
+                Some(exit_message(status, tail.last_line().as_deref())),
+                Outcome::Failed,
+            )
+        }
+        Native::Exited(Err(e)) => (
+            Some(format!("cannot wait for the program: {e}")),
+            Outcome::Failed,
+        ),
+        Native::Stopped => match (reason, cleanup) {
+            (Some(StopReason::Cancel), Ok(())) => (None, Outcome::Cancelled),
+            (Some(StopReason::Cancel), Err(reason)) => (
+                Some(format!("cancellation unconfirmed: {reason}")),
+                Outcome::Failed,
+            ),
+            (_, Ok(())) => (
+                Some("the program was stopped because its Executor was closed".into()),
+                Outcome::Failed,
+            ),
+            (_, Err(reason)) => (
+                Some(format!(
+                    "the program was stopped because its Executor was closed; {reason}"
+                )),
+                Outcome::Failed,
+            ),
+        },
+    };
+    tracing::info!(run_id = %p.run_id, ?outcome, "command adapter: run settled");
+    if let Some(message) = error {
+        let _ = p
+            .events
+            .send(NativeEvent::Error {
+                message,
+                code: None,
+                http_status: None,
+            })
+            .await;
+    }
+    let _ = p
+        .events
+        .send(NativeEvent::Settled {
+            outcome,
+            native_session_id: None,
+        })
+        .await;
+}

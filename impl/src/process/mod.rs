@@ -1,0 +1,20 @@
+//! Process supervision shared by every host that runs programs it did not write: the
+//! command Harness adapter, the harness's target launcher, and the worker and plugin
+//! hosts to come.
+//!
+//! * [`group`]: a child's **process group** as the unit of signalling and reaping:
+//!   SIGTERM, grace, SIGKILL of the whole group, and confirmation that no member is
+//!   left (zombies count); the child-subreaper flag that lets a host reap re-parented
+//!   descendants.
+//! * [`tail`]: a **bounded output tail** (last lines, bounded bytes, long lines cut), for
+//!   the stderr a host keeps for error messages and logs.
+//!
+//! This module owns signalling, reaping and tail bounds. It never spawns (callers build
+//! their own commands with `process_group(0)`), never interprets output and never
+//! decides policy (grace periods and bounds are the caller's).
+
+pub mod group;
+pub mod tail;
+
+pub use group::ProcessGroup;
+pub use tail::OutputTail;
