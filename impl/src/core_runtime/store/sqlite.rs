@@ -196,18 +196,63 @@ fn turn_from_row(r: TurnRow) -> Result<TurnRecord, StoreError> {
     })
 }
 
-fn load_turn(tx: &Connection, turn_id: &str) -> Result<TurnRecord, StoreError> {
-    let row = tx
-        .query_row(
-            &format!("SELECT {TURN_COLUMNS} FROM turns WHERE turn_id = ?1"),
-            params![turn_id],
-            turn_row,
-        )
+/// The one row `sql` selects with `params`, mapped by `map`; [`StoreError::NotFound`]
+/// (`kind`, `id`) when there is none. Every keyed lookup of a record goes through here.
+fn one_row<T, P: rusqlite::Params>(
+    conn: &Connection,
+    sql: &str,
+    params: P,
+    (kind, id): (&'static str, &str),
+    map: impl FnOnce(&rusqlite::Row<'_>) -> rusqlite::Result<T>,
+) -> Result<T, StoreError> {
+    conn.query_row(sql, params, map)
         .optional()?
         .ok_or_else(|| StoreError::NotFound {
-            kind: "turn",
-            id: turn_id.to_string(),
-        })?;
+            kind,
+            id: id.to_string(),
+        })
+}
+
+/// Runs an `INSERT OR IGNORE` of a record that must be new; [`StoreError::AlreadyExists`]
+/// (`kind`, `id`) when its key is taken. The caller commits.
+fn insert_new<P: rusqlite::Params>(
+    tx: &Transaction<'_>,
+    sql: &str,
+    params: P,
+    (kind, id): (&'static str, &str),
+) -> Result<(), StoreError> {
+    if tx.execute(sql, params)? == 0 {
+        return Err(StoreError::AlreadyExists {
+            kind,
+            id: id.to_string(),
+        });
+    }
+    Ok(())
+}
+
+/// [`StoreError::NotFound`] (`kind`, `id`) unless `table` has a row whose `column` is `id`.
+fn require_row(
+    tx: &Transaction<'_>,
+    (table, column): (&str, &str),
+    (kind, id): (&'static str, &str),
+) -> Result<(), StoreError> {
+    one_row(
+        tx,
+        &format!("SELECT 1 FROM {table} WHERE {column} = ?1"),
+        params![id],
+        (kind, id),
+        |_| Ok(()),
+    )
+}
+
+fn load_turn(tx: &Connection, turn_id: &str) -> Result<TurnRecord, StoreError> {
+    let row = one_row(
+        tx,
+        &format!("SELECT {TURN_COLUMNS} FROM turns WHERE turn_id = ?1"),
+        params![turn_id],
+        ("turn", turn_id),
+        turn_row,
+    )?;
     turn_from_row(row)
 }
 
@@ -463,49 +508,40 @@ impl CoreStore for SqliteStore {
     }
 
     fn owner_epoch(&mut self, device_id: &str) -> Result<u64, StoreError> {
-        let epoch: Option<i64> = self
-            .conn
-            .query_row(
-                "SELECT owner_epoch FROM devices WHERE device_id = ?1",
-                params![device_id],
-                |r| r.get(0),
-            )
-            .optional()?;
-        epoch.map(|e| e as u64).ok_or_else(|| StoreError::NotFound {
-            kind: "device",
-            id: device_id.to_string(),
-        })
+        let epoch: i64 = one_row(
+            &self.conn,
+            "SELECT owner_epoch FROM devices WHERE device_id = ?1",
+            params![device_id],
+            ("device", device_id),
+            |r| r.get(0),
+        )?;
+        Ok(epoch as u64)
     }
 
     fn insert_agent(&mut self, agent: &AgentRecord) -> Result<(), StoreError> {
         let tx = self.tx()?;
-        let n = tx.execute(
+        insert_new(
+            &tx,
             "INSERT OR IGNORE INTO agents (agent_id, definition, created_at_ms) VALUES (?1, ?2, ?3)",
-            params![agent.agent_id, to_json(&agent.definition)?, agent.created_at_ms],
+            params![
+                agent.agent_id,
+                to_json(&agent.definition)?,
+                agent.created_at_ms
+            ],
+            ("agent", &agent.agent_id),
         )?;
-        if n == 0 {
-            return Err(StoreError::AlreadyExists {
-                kind: "agent",
-                id: agent.agent_id.clone(),
-            });
-        }
         tx.commit()?;
         Ok(())
     }
 
     fn agent(&mut self, agent_id: &str) -> Result<AgentRecord, StoreError> {
-        let row: Option<(String, i64)> = self
-            .conn
-            .query_row(
-                "SELECT definition, created_at_ms FROM agents WHERE agent_id = ?1",
-                params![agent_id],
-                |r| Ok((r.get(0)?, r.get(1)?)),
-            )
-            .optional()?;
-        let (definition, created_at_ms) = row.ok_or_else(|| StoreError::NotFound {
-            kind: "agent",
-            id: agent_id.to_string(),
-        })?;
+        let (definition, created_at_ms): (String, i64) = one_row(
+            &self.conn,
+            "SELECT definition, created_at_ms FROM agents WHERE agent_id = ?1",
+            params![agent_id],
+            ("agent", agent_id),
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )?;
         Ok(AgentRecord {
             agent_id: agent_id.to_string(),
             definition: from_json(&definition)?,
@@ -515,37 +551,28 @@ impl CoreStore for SqliteStore {
 
     fn insert_environment(&mut self, environment: &EnvironmentRecord) -> Result<(), StoreError> {
         let tx = self.tx()?;
-        let n = tx.execute(
+        insert_new(
+            &tx,
             "INSERT OR IGNORE INTO environments (environment_id, kind, created_at_ms) VALUES (?1, ?2, ?3)",
             params![
                 environment.environment_id,
                 environment.kind.as_str(),
                 environment.created_at_ms
             ],
+            ("environment", &environment.environment_id),
         )?;
-        if n == 0 {
-            return Err(StoreError::AlreadyExists {
-                kind: "environment",
-                id: environment.environment_id.clone(),
-            });
-        }
         tx.commit()?;
         Ok(())
     }
 
     fn environment(&mut self, environment_id: &str) -> Result<EnvironmentRecord, StoreError> {
-        let row: Option<(String, i64)> = self
-            .conn
-            .query_row(
-                "SELECT kind, created_at_ms FROM environments WHERE environment_id = ?1",
-                params![environment_id],
-                |r| Ok((r.get(0)?, r.get(1)?)),
-            )
-            .optional()?;
-        let (kind, created_at_ms) = row.ok_or_else(|| StoreError::NotFound {
-            kind: "environment",
-            id: environment_id.to_string(),
-        })?;
+        let (kind, created_at_ms): (String, i64) = one_row(
+            &self.conn,
+            "SELECT kind, created_at_ms FROM environments WHERE environment_id = ?1",
+            params![environment_id],
+            ("environment", environment_id),
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )?;
         Ok(EnvironmentRecord {
             environment_id: environment_id.to_string(),
             kind: EnvironmentKind::parse(&kind).ok_or_else(|| corrupt("environment kind"))?,
@@ -555,30 +582,14 @@ impl CoreStore for SqliteStore {
 
     fn insert_session(&mut self, session: &SessionRecord) -> Result<(), StoreError> {
         let tx = self.tx()?;
-        for (table, column, kind, id) in [
-            ("agents", "agent_id", "agent", &session.agent_id),
-            (
-                "environments",
-                "environment_id",
-                "environment",
-                &session.environment_id,
-            ),
-        ] {
-            let found = tx
-                .query_row(
-                    &format!("SELECT 1 FROM {table} WHERE {column} = ?1"),
-                    params![id],
-                    |_| Ok(()),
-                )
-                .optional()?;
-            if found.is_none() {
-                return Err(StoreError::NotFound {
-                    kind,
-                    id: id.clone(),
-                });
-            }
-        }
-        let n = tx.execute(
+        require_row(&tx, ("agents", "agent_id"), ("agent", &session.agent_id))?;
+        require_row(
+            &tx,
+            ("environments", "environment_id"),
+            ("environment", &session.environment_id),
+        )?;
+        insert_new(
+            &tx,
             "INSERT OR IGNORE INTO sessions (session_id, agent_id, environment_id, frozen, native_session_id, started_turns, created_at_ms) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
             params![
                 session.session_id,
@@ -589,31 +600,30 @@ impl CoreStore for SqliteStore {
                 session.started_turns as i64,
                 session.created_at_ms
             ],
+            ("session", &session.session_id),
         )?;
-        if n == 0 {
-            return Err(StoreError::AlreadyExists {
-                kind: "session",
-                id: session.session_id.clone(),
-            });
-        }
         tx.commit()?;
         Ok(())
     }
 
     fn session(&mut self, session_id: &str) -> Result<SessionRecord, StoreError> {
         type Row = (String, String, String, Option<String>, i64, i64);
-        let row: Option<Row> = self
-            .conn
-            .query_row(
-                "SELECT agent_id, environment_id, frozen, native_session_id, started_turns, created_at_ms FROM sessions WHERE session_id = ?1",
-                params![session_id],
-                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?)),
-            )
-            .optional()?;
-        let r = row.ok_or_else(|| StoreError::NotFound {
-            kind: "session",
-            id: session_id.to_string(),
-        })?;
+        let r: Row = one_row(
+            &self.conn,
+            "SELECT agent_id, environment_id, frozen, native_session_id, started_turns, created_at_ms FROM sessions WHERE session_id = ?1",
+            params![session_id],
+            ("session", session_id),
+            |r| {
+                Ok((
+                    r.get(0)?,
+                    r.get(1)?,
+                    r.get(2)?,
+                    r.get(3)?,
+                    r.get(4)?,
+                    r.get(5)?,
+                ))
+            },
+        )?;
         Ok(SessionRecord {
             session_id: session_id.to_string(),
             agent_id: r.0,
@@ -644,19 +654,7 @@ impl CoreStore for SqliteStore {
         now_ms: i64,
     ) -> Result<TurnRecord, StoreError> {
         let tx = self.tx()?;
-        let exists = tx
-            .query_row(
-                "SELECT 1 FROM sessions WHERE session_id = ?1",
-                params![session_id],
-                |_| Ok(()),
-            )
-            .optional()?;
-        if exists.is_none() {
-            return Err(StoreError::NotFound {
-                kind: "session",
-                id: session_id.to_string(),
-            });
-        }
+        require_row(&tx, ("sessions", "session_id"), ("session", session_id))?;
         if session_has_active_turn(&tx, session_id)? {
             return Err(StoreError::SessionBusy(session_id.to_string()));
         }
@@ -868,19 +866,7 @@ impl CoreStore for SqliteStore {
         now_ms: i64,
     ) -> Result<u64, StoreError> {
         let tx = self.tx()?;
-        let exists = tx
-            .query_row(
-                "SELECT 1 FROM turns WHERE turn_id = ?1",
-                params![turn_id],
-                |_| Ok(()),
-            )
-            .optional()?;
-        if exists.is_none() {
-            return Err(StoreError::NotFound {
-                kind: "turn",
-                id: turn_id.to_string(),
-            });
-        }
+        require_row(&tx, ("turns", "turn_id"), ("turn", turn_id))?;
         let last: i64 = tx.query_row(
             "SELECT COALESCE(MAX(sequence), 0) FROM turn_events WHERE turn_id = ?1",
             params![turn_id],
@@ -961,16 +947,12 @@ impl CoreStore for SqliteStore {
         if count as u64 >= INPUTS_PER_TURN_MAX {
             return Err(StoreError::LimitReached("inputs per turn"));
         }
-        let n = tx.execute(
+        insert_new(
+            &tx,
             "INSERT OR IGNORE INTO inputs (input_id, turn_id, position, input, state, created_at_ms) VALUES (?1, ?2, ?3, ?4, 'queued', ?5)",
             params![input_id, turn_id, count, to_json(input)?, now_ms],
+            ("input", input_id),
         )?;
-        if n == 0 {
-            return Err(StoreError::AlreadyExists {
-                kind: "input",
-                id: input_id.to_string(),
-            });
-        }
         tx.commit()?;
         Ok(InputRecord {
             input_id: input_id.to_string(),
@@ -1010,17 +992,13 @@ impl CoreStore for SqliteStore {
         error_code: Option<&str>,
     ) -> Result<(), StoreError> {
         let tx = self.tx()?;
-        let row: Option<(String, String, i64)> = tx
-            .query_row(
-                "SELECT turn_id, state, position FROM inputs WHERE input_id = ?1",
-                params![input_id],
-                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
-            )
-            .optional()?;
-        let (turn_id, current, position) = row.ok_or_else(|| StoreError::NotFound {
-            kind: "input",
-            id: input_id.to_string(),
-        })?;
+        let (turn_id, current, position): (String, String, i64) = one_row(
+            &tx,
+            "SELECT turn_id, state, position FROM inputs WHERE input_id = ?1",
+            params![input_id],
+            ("input", input_id),
+            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+        )?;
         let current = InputState::parse(&current).ok_or_else(|| corrupt("input state"))?;
         let allowed = match (current, state) {
             (InputState::Queued, InputState::Delivering | InputState::NotDelivered) => true,
@@ -1078,18 +1056,24 @@ impl CoreStore for SqliteStore {
         interaction_id: &str,
         kind: InteractionKind,
     ) -> Result<InteractionRecord, StoreError> {
-        let row: Option<InteractionRow> = self
-            .conn
-            .query_row(
-                "SELECT turn_id, interaction_id, kind, request, state, answer, delivery_id FROM interactions WHERE turn_id = ?1 AND interaction_id = ?2 AND kind = ?3",
-                params![turn_id, interaction_id, kind.as_str()],
-                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?, r.get(6)?)),
-            )
-            .optional()?;
-        interaction_from_row(row.ok_or_else(|| StoreError::NotFound {
-            kind: "interaction",
-            id: interaction_id.to_string(),
-        })?)
+        let row: InteractionRow = one_row(
+            &self.conn,
+            "SELECT turn_id, interaction_id, kind, request, state, answer, delivery_id FROM interactions WHERE turn_id = ?1 AND interaction_id = ?2 AND kind = ?3",
+            params![turn_id, interaction_id, kind.as_str()],
+            ("interaction", interaction_id),
+            |r| {
+                Ok((
+                    r.get(0)?,
+                    r.get(1)?,
+                    r.get(2)?,
+                    r.get(3)?,
+                    r.get(4)?,
+                    r.get(5)?,
+                    r.get(6)?,
+                ))
+            },
+        )?;
+        interaction_from_row(row)
     }
 
     fn interactions(&mut self, turn_id: &str) -> Result<Vec<InteractionRecord>, StoreError> {
@@ -1181,19 +1165,7 @@ impl CoreStore for SqliteStore {
 
     fn reserve_write(&mut self, r: &WriteReservation) -> Result<(), StoreError> {
         let tx = self.tx()?;
-        let exists = tx
-            .query_row(
-                "SELECT 1 FROM sessions WHERE session_id = ?1",
-                params![r.session_id],
-                |_| Ok(()),
-            )
-            .optional()?;
-        if exists.is_none() {
-            return Err(StoreError::NotFound {
-                kind: "session",
-                id: r.session_id.clone(),
-            });
-        }
+        require_row(&tx, ("sessions", "session_id"), ("session", &r.session_id))?;
         if session_has_open_write(&tx, &r.session_id)? {
             return Err(StoreError::WriteReserved(r.session_id.clone()));
         }
@@ -1253,18 +1225,13 @@ impl CoreStore for SqliteStore {
         reservation_id: &str,
     ) -> Result<WriteReservation, StoreError> {
         type Row = (String, i64, String, String, i64);
-        let row: Option<Row> = self
-            .conn
-            .query_row(
-                "SELECT path, size, sha256, state, created_at_ms FROM write_reservations WHERE session_id = ?1 AND reservation_id = ?2",
-                params![session_id, reservation_id],
-                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?)),
-            )
-            .optional()?;
-        let r = row.ok_or_else(|| StoreError::NotFound {
-            kind: "write",
-            id: reservation_id.to_string(),
-        })?;
+        let r: Row = one_row(
+            &self.conn,
+            "SELECT path, size, sha256, state, created_at_ms FROM write_reservations WHERE session_id = ?1 AND reservation_id = ?2",
+            params![session_id, reservation_id],
+            ("write", reservation_id),
+            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?)),
+        )?;
         Ok(WriteReservation {
             reservation_id: reservation_id.to_string(),
             session_id: session_id.to_string(),
@@ -1320,386 +1287,5 @@ impl CoreStore for SqliteStore {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use serde_json::json;
-
-    fn seeded(dir: &Path) -> SqliteStore {
-        let mut s = SqliteStore::open(dir).unwrap();
-        s.insert_agent(&AgentRecord {
-            agent_id: "a1".into(),
-            definition: json!({"model": "m"}),
-            created_at_ms: 1,
-        })
-        .unwrap();
-        s.insert_environment(&EnvironmentRecord {
-            environment_id: "e1".into(),
-            kind: EnvironmentKind::SelfHosted,
-            created_at_ms: 1,
-        })
-        .unwrap();
-        s.insert_session(&SessionRecord {
-            session_id: "s1".into(),
-            agent_id: "a1".into(),
-            environment_id: "e1".into(),
-            frozen: json!({}),
-            native_session_id: None,
-            started_turns: 0,
-            created_at_ms: 1,
-        })
-        .unwrap();
-        s
-    }
-
-    #[test]
-    fn wal_full_and_versioned_schema() {
-        let dir = tempfile::tempdir().unwrap();
-        let s = SqliteStore::open(dir.path()).unwrap();
-        assert_eq!(s.schema_version().unwrap() as usize, MIGRATIONS.len());
-        let mode: String = s
-            .conn
-            .query_row("PRAGMA journal_mode", [], |r| r.get(0))
-            .unwrap();
-        assert_eq!(mode, "wal");
-        let sync: i64 = s
-            .conn
-            .query_row("PRAGMA synchronous", [], |r| r.get(0))
-            .unwrap();
-        assert_eq!(sync, 2, "FULL");
-        drop(s);
-        // Reopening applies nothing twice.
-        let s = SqliteStore::open(dir.path()).unwrap();
-        assert_eq!(s.schema_version().unwrap() as usize, MIGRATIONS.len());
-    }
-
-    #[test]
-    fn credentials_are_hashed_verified_and_revoked() {
-        let dir = tempfile::tempdir().unwrap();
-        let mut s = SqliteStore::open(dir.path()).unwrap();
-        let secret = super::super::credential::generate_secret();
-        let id = s.add_credential("cred_1", "dev", &secret, 1).unwrap();
-        assert_eq!(s.add_credential("cred_2", "dev", &secret, 2).unwrap(), id);
-        // Only the hash is stored.
-        let raw: Vec<u8> = s
-            .conn
-            .query_row("SELECT secret_sha256 FROM credentials", [], |r| r.get(0))
-            .unwrap();
-        assert_eq!(raw.len(), 32);
-        let dump: String = s
-            .conn
-            .query_row("SELECT group_concat(prefix) FROM credentials", [], |r| {
-                r.get(0)
-            })
-            .unwrap();
-        assert!(!dump.contains(&secret));
-        assert_eq!(
-            s.verify_credential("dev", &secret).unwrap(),
-            Some(id.clone())
-        );
-        assert_eq!(s.verify_credential("other", &secret).unwrap(), None);
-        assert_eq!(s.verify_credential("dev", "rcd_wrong").unwrap(), None);
-        assert!(s.add_credential("c", "dev", "proj_abc", 1).is_err());
-        assert!(s.add_credential("c", "dev", "core_abc", 1).is_err());
-        assert_eq!(s.verify_credential("dev", "proj_abc").unwrap(), None);
-        assert_eq!(s.list_credentials().unwrap().len(), 1);
-        assert!(s.revoke_credential(&id, 5).unwrap());
-        assert!(!s.revoke_credential(&id, 6).unwrap());
-        assert_eq!(s.verify_credential("dev", &secret).unwrap(), None);
-        assert_eq!(s.bump_owner_epoch("dev").unwrap(), 1);
-        assert_eq!(s.bump_owner_epoch("dev").unwrap(), 2);
-        assert!(s.bump_owner_epoch("nope").is_err());
-    }
-
-    #[test]
-    fn requeue_of_a_turn_with_a_cancel_request_cancels_it() {
-        let dir = tempfile::tempdir().unwrap();
-        let mut s = seeded(dir.path());
-        s.create_turn("t1", "s1", &json!([]), 10).unwrap();
-        assert!(s.claim_turn("t1", "dev", 1, "run-1", 11).unwrap());
-        s.request_cancel("t1", 12).unwrap();
-        assert_eq!(s.requeue_turn("t1", 100, 13).unwrap(), TurnState::Cancelled);
-        assert_eq!(s.turn("t1").unwrap().state, TurnState::Cancelled);
-        assert!(s.claimable_turns(i64::MAX, 10).unwrap().is_empty());
-        // The Session is free for a successor.
-        s.create_turn("t2", "s1", &json!([]), 14).unwrap();
-    }
-
-    #[test]
-    fn turn_lifecycle_cursor_and_events() {
-        let dir = tempfile::tempdir().unwrap();
-        let mut s = seeded(dir.path());
-        let t = s.create_turn("t1", "s1", &json!([]), 10).unwrap();
-        assert_eq!(t.state, TurnState::Queued);
-        assert_eq!(
-            s.create_turn("t2", "s1", &json!([]), 10)
-                .unwrap_err()
-                .code(),
-            "session_busy"
-        );
-        assert_eq!(s.claimable_turns(10, 10).unwrap().len(), 1);
-        assert!(s.claim_turn("t1", "dev", 1, "run-1", 11).unwrap());
-        assert!(!s.claim_turn("t1", "dev", 1, "run-2", 11).unwrap());
-        assert_eq!(s.session("s1").unwrap().started_turns, 1);
-        assert_eq!(s.requeue_turn("t1", 100, 12).unwrap(), TurnState::Queued);
-        assert!(s.claimable_turns(50, 10).unwrap().is_empty());
-        assert_eq!(s.session("s1").unwrap().started_turns, 0);
-        assert!(s.claim_turn("t1", "dev", 1, "run-1", 101).unwrap());
-        assert!(s.advance_turn("t1", TurnState::Running, 102).is_err());
-        s.advance_turn("t1", TurnState::Starting, 102).unwrap();
-        s.advance_turn("t1", TurnState::Running, 103).unwrap();
-        for i in 0..3 {
-            assert_eq!(
-                s.append_event("t1", "delta", &json!({"text": i}), 104)
-                    .unwrap(),
-                i + 1
-            );
-        }
-        let page = s.events("t1", 1, 10).unwrap();
-        assert_eq!(page.iter().map(|e| e.sequence).collect::<Vec<_>>(), [2, 3]);
-        let a = s.enqueue_input("t1", "in-a", &json!([]), 105).unwrap();
-        let b = s.enqueue_input("t1", "in-b", &json!([]), 105).unwrap();
-        assert_eq!((a.position, b.position), (0, 1));
-        s.set_input_state("in-a", InputState::Delivering, None)
-            .unwrap();
-        s.set_input_state("in-a", InputState::Written, None)
-            .unwrap();
-        // `written` does not move the cursor; `accepted` does.
-        assert_eq!(s.turn("t1").unwrap().input_cursor, 0);
-        s.set_input_state("in-a", InputState::Accepted, None)
-            .unwrap();
-        assert_eq!(s.turn("t1").unwrap().input_cursor, 1);
-        assert!(
-            s.set_input_state("in-a", InputState::Unknown, None)
-                .is_err()
-        );
-        let outcome = TurnOutcome {
-            native_outcome: Some(crate::core_runtime::wire::Outcome::Completed),
-            native_session_id: Some("ns-1".into()),
-            ..TurnOutcome::default()
-        };
-        s.finish_turn("t1", TurnState::Completed, &outcome, 106)
-            .unwrap();
-        assert!(
-            s.finish_turn("t1", TurnState::Failed, &outcome, 107)
-                .is_err()
-        );
-        assert_eq!(s.inputs("t1").unwrap()[1].state, InputState::NotDelivered);
-        assert_eq!(
-            s.session("s1").unwrap().native_session_id.as_deref(),
-            Some("ns-1")
-        );
-        assert!(s.enqueue_input("t1", "in-c", &json!([]), 108).is_err());
-    }
-
-    #[test]
-    fn write_reservation_blocks_successors_across_reopen() {
-        let dir = tempfile::tempdir().unwrap();
-        {
-            let mut s = seeded(dir.path());
-            s.reserve_write(&WriteReservation {
-                reservation_id: "w1".into(),
-                session_id: "s1".into(),
-                path: "a.txt".into(),
-                size: 3,
-                sha256: "00".into(),
-                state: WriteState::Reserved,
-                created_at_ms: 1,
-            })
-            .unwrap();
-        }
-        let mut s = SqliteStore::open(dir.path()).unwrap();
-        s.recover(2).unwrap();
-        assert_eq!(s.open_write("s1").unwrap().unwrap().reservation_id, "w1");
-        assert_eq!(
-            s.create_turn("t1", "s1", &json!([]), 3).unwrap_err().code(),
-            "write_reserved"
-        );
-        s.settle_write("w1", WriteState::Committed).unwrap();
-        assert!(s.settle_write("w1", WriteState::Rejected).is_err());
-        assert_eq!(
-            s.write_reservation("s1", "w1").unwrap().state,
-            WriteState::Committed
-        );
-        assert_eq!(
-            s.write_reservation("other", "w1").unwrap_err().code(),
-            "not_found"
-        );
-        s.create_turn("t1", "s1", &json!([]), 4).unwrap();
-    }
-
-    #[test]
-    fn interactions_are_routed_by_identity() {
-        let dir = tempfile::tempdir().unwrap();
-        let mut s = seeded(dir.path());
-        s.create_turn("t1", "s1", &json!([]), 1).unwrap();
-        let rec = InteractionRecord {
-            turn_id: "t1".into(),
-            interaction_id: "perm-1".into(),
-            kind: InteractionKind::Permission,
-            request: json!({"tool_name": "shell"}),
-            state: InteractionState::Pending,
-            answer: None,
-            delivery_id: None,
-        };
-        s.record_interaction(&rec).unwrap();
-        s.record_interaction(&rec).unwrap();
-        assert!(
-            s.interaction("t1", "perm-1", InteractionKind::UserChoice)
-                .is_err()
-        );
-        s.answer_interaction(
-            "t1",
-            "perm-1",
-            InteractionKind::Permission,
-            &json!({"decision": "allow"}),
-            "d1",
-        )
-        .unwrap();
-        assert!(
-            s.answer_interaction(
-                "t1",
-                "perm-1",
-                InteractionKind::Permission,
-                &json!({}),
-                "d2"
-            )
-            .is_err()
-        );
-        s.settle_interaction(
-            "t1",
-            "perm-1",
-            InteractionKind::Permission,
-            InteractionState::Applied,
-        )
-        .unwrap();
-        assert_eq!(
-            s.interactions("t1").unwrap()[0].state,
-            InteractionState::Applied
-        );
-        // A duplicate, conflicting acknowledgement cannot re-settle it.
-        assert!(matches!(
-            s.settle_interaction(
-                "t1",
-                "perm-1",
-                InteractionKind::Permission,
-                InteractionState::NotApplied,
-            ),
-            Err(StoreError::InvalidState(_))
-        ));
-        assert_eq!(
-            s.interactions("t1").unwrap()[0].state,
-            InteractionState::Applied
-        );
-    }
-
-    #[test]
-    fn reopen_after_drop_keeps_everything_and_recovers_without_replay() {
-        let dir = tempfile::tempdir().unwrap();
-        {
-            let mut s = seeded(dir.path());
-            s.create_turn("t1", "s1", &json!([{"role": "user"}]), 1)
-                .unwrap();
-            assert!(s.claim_turn("t1", "dev", 1, "run-1", 2).unwrap());
-            s.advance_turn("t1", TurnState::Starting, 3).unwrap();
-            s.advance_turn("t1", TurnState::Running, 4).unwrap();
-            s.append_event("t1", "delta", &json!({"text": "hi"}), 5)
-                .unwrap();
-            s.enqueue_input("t1", "in-1", &json!([]), 6).unwrap();
-            s.set_input_state("in-1", InputState::Delivering, None)
-                .unwrap();
-            s.insert_session(&SessionRecord {
-                session_id: "s2".into(),
-                agent_id: "a1".into(),
-                environment_id: "e1".into(),
-                frozen: json!({}),
-                native_session_id: None,
-                started_turns: 0,
-                created_at_ms: 1,
-            })
-            .unwrap();
-            s.create_turn("t2", "s2", &json!([]), 7).unwrap();
-        }
-        let mut s = SqliteStore::open(dir.path()).unwrap();
-        let report = s.recover(10).unwrap();
-        assert_eq!(report.stream_incomplete, vec!["t1".to_string()]);
-        assert_eq!(report.inputs_unknown, 1);
-        let t1 = s.turn("t1").unwrap();
-        assert_eq!(t1.state, TurnState::Failed);
-        assert_eq!(
-            t1.outcome.error_code,
-            Some(CoreErrorCode::EventStreamIncomplete)
-        );
-        assert_eq!(s.events("t1", 0, 10).unwrap().len(), 1);
-        assert_eq!(s.inputs("t1").unwrap()[0].state, InputState::Unknown);
-        // The never-dispatched Turn stays queued; nothing is re-sent.
-        assert_eq!(s.turn("t2").unwrap().state, TurnState::Queued);
-    }
-
-    /// Environment variable that turns the test binary into the child of the kill -9 test.
-    const CHILD_ENV: &str = "CONTRACT_STORE_KILL_CHILD_DIR";
-
-    /// The child half of [`kill_9_loses_no_committed_record`]: commits records, reports
-    /// each commit on stdout, then keeps committing until it is SIGKILLed.
-    #[test]
-    fn kill_9_child() {
-        let Ok(dir) = std::env::var(CHILD_ENV) else {
-            return;
-        };
-        use std::io::Write;
-        let mut s = seeded(Path::new(&dir));
-        s.create_turn("t1", "s1", &json!([]), 1).unwrap();
-        let mut out = std::io::stdout();
-        for i in 0u64.. {
-            let seq = s.append_event("t1", "delta", &json!({"i": i}), 2).unwrap();
-            writeln!(out, "committed {seq}").unwrap();
-            out.flush().unwrap();
-        }
-    }
-
-    #[test]
-    fn kill_9_loses_no_committed_record() {
-        use std::io::{BufRead, BufReader};
-        use std::process::{Command, Stdio};
-        let dir = tempfile::tempdir().unwrap();
-        let exe = std::env::current_exe().unwrap();
-        let mut child = Command::new(exe)
-            .args([
-                "--exact",
-                "core_runtime::store::sqlite::tests::kill_9_child",
-                "--nocapture",
-                "--test-threads=1",
-            ])
-            .env(CHILD_ENV, dir.path())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let stdout = child.stdout.take().unwrap();
-        let mut last = 0u64;
-        for line in BufReader::new(stdout).lines() {
-            let line = line.unwrap();
-            if let Some(n) = line.strip_prefix("committed ") {
-                last = n.parse().unwrap();
-                if last >= 50 {
-                    break;
-                }
-            }
-        }
-        nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(child.id() as i32),
-            nix::sys::signal::Signal::SIGKILL,
-        )
-        .unwrap();
-        let status = child.wait().unwrap();
-        assert!(!status.success());
-        assert!(last >= 50, "child reported {last} commits");
-        let mut s = SqliteStore::open(dir.path()).unwrap();
-        let events = s.events("t1", 0, EVENTS_PAGE_MAX).unwrap();
-        // Every commit the child reported is there, in order, without gaps.
-        assert!(events.len() as u64 >= last);
-        for (i, e) in events.iter().enumerate() {
-            assert_eq!(e.sequence, i as u64 + 1);
-        }
-        assert_eq!(s.turn("t1").unwrap().state, TurnState::Queued);
-    }
-}
+#[path = "sqlite_tests.rs"]
+mod tests;
