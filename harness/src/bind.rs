@@ -66,6 +66,9 @@ pub enum BindError {
     /// `$absent` appeared in a frame the harness must send.
     #[error("`$absent` cannot be sent; leave the key out instead")]
     AbsentInSent,
+    /// A comparison pattern (`{$gt: …}`) is malformed or cannot be satisfied.
+    #[error("comparison: {0}")]
+    Comparison(String),
 }
 
 /// The reserved placeholder name of [`Placeholder::Absent`] (`$absent`).
@@ -258,6 +261,11 @@ impl Bindings {
                     .collect::<Result<_, _>>()?,
             ),
             Value::Object(map) => {
+                if let Some(compare) = crate::matcher::ComparePattern::parse(template)
+                    .map_err(BindError::Comparison)?
+                {
+                    return self.substitute_comparison(&compare);
+                }
                 let mut out = Map::new();
                 for (k, v) in map {
                     out.insert(k.clone(), self.substitute_at(v, mint, Some(k))?);
@@ -266,6 +274,22 @@ impl Bindings {
             }
             other => other.clone(),
         })
+    }
+
+    /// The value to send for a comparison pattern: its `$as` placeholder's value when
+    /// bound, else the least value the bounds allow (then bound to `$as`).
+    fn substitute_comparison(
+        &mut self,
+        compare: &crate::matcher::ComparePattern,
+    ) -> Result<Value, BindError> {
+        if let Some(bound) = compare.name.as_ref().and_then(|n| self.values.get(n)) {
+            return Ok(bound.clone());
+        }
+        let value = compare.mint(self).map_err(BindError::Comparison)?;
+        if let Some(name) = &compare.name {
+            self.bind(name, value.clone())?;
+        }
+        Ok(value)
     }
 
     /// The first-bound placeholder name whose value equals `value`.
@@ -285,6 +309,26 @@ impl Bindings {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn comparisons_send_the_least_value_and_bind_it() {
+        let mut b = Bindings::new();
+        b.bind("r1", json!(100)).unwrap();
+        let sent = b
+            .substitute(&json!({"revision": {"$gt": "$r1", "$as": "$r2"}}), true)
+            .unwrap();
+        assert_eq!(sent, json!({"revision": 101}));
+        assert_eq!(b.get("r2"), Some(&json!(101)));
+        // Bound already: the bound value is sent.
+        let again = b
+            .substitute(&json!({"revision": {"$gt": "$r1", "$as": "$r2"}}), true)
+            .unwrap();
+        assert_eq!(again, json!({"revision": 101}));
+        assert!(matches!(
+            b.substitute(&json!({"x": {"$gt": "$unbound"}}), true),
+            Err(BindError::Comparison(_))
+        ));
+    }
 
     #[test]
     fn uuid_keys_mint_uuids() {

@@ -119,6 +119,187 @@ impl GeneratedPattern {
     }
 }
 
+/// The keys of a comparison pattern (`{$gt: $r1, $as: $r2}`).
+pub const COMPARE_KEYS: &[&str] = &["$gt", "$ge", "$lt", "$le", "$as"];
+
+/// One side of a comparison: a literal number or a bound placeholder.
+#[derive(Debug, Clone, PartialEq)]
+enum Operand {
+    Literal(f64),
+    Named(String),
+}
+
+impl Operand {
+    fn parse(key: &str, value: &Value) -> Result<Self, String> {
+        match value {
+            Value::Number(n) => n
+                .as_f64()
+                .map(Operand::Literal)
+                .ok_or_else(|| format!("`{key}`: {n} is not a finite number")),
+            Value::String(s) => match parse_token(s) {
+                Ok(Token::Placeholder(Placeholder::Named(name))) => Ok(Operand::Named(name)),
+                _ => Err(format!(
+                    "`{key}` takes a number or a named placeholder (`$r1`), not {value}"
+                )),
+            },
+            other => Err(format!(
+                "`{key}` takes a number or a named placeholder, not {}",
+                type_name(other)
+            )),
+        }
+    }
+
+    fn resolve(&self, bindings: &Bindings) -> Result<f64, String> {
+        match self {
+            Operand::Literal(x) => Ok(*x),
+            Operand::Named(name) => match bindings.get(name) {
+                Some(Value::Number(n)) => n
+                    .as_f64()
+                    .ok_or_else(|| format!("`${name}` is not a finite number")),
+                Some(other) => Err(format!(
+                    "`${name}` is bound to {}, not a number",
+                    compact(other)
+                )),
+                None => Err(format!(
+                    "`${name}` is not bound yet (bind it in an earlier step)"
+                )),
+            },
+        }
+    }
+}
+
+/// A comparison pattern: a number bounded below (`$gt`, `$ge`) and/or above (`$lt`,
+/// `$le`) by literals or bound placeholders, bound to `$as` when it matches. The form for
+/// values the spec orders but does not fix: `revision: {$gt: $r1, $as: $r2}` ("after the
+/// previous revision of this handle"), `expires_in_ms: {$gt: 0, $le: 300000}`. Where the
+/// harness sends such a value it sends the least value the bounds allow (an integer when
+/// the bound is one).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ComparePattern {
+    lower: Option<(Operand, bool)>,
+    upper: Option<(Operand, bool)>,
+    /// The placeholder the matched (or sent) value binds to.
+    pub name: Option<String>,
+}
+
+impl ComparePattern {
+    /// Parses `pattern` when it is a comparison pattern (an object whose keys are all
+    /// [`COMPARE_KEYS`] with at least one bound): `Ok(None)` when it is not one.
+    ///
+    /// # Errors
+    /// A message naming what is wrong (two lower bounds, a bad operand, …).
+    pub fn parse(pattern: &Value) -> Result<Option<Self>, String> {
+        let Value::Object(map) = pattern else {
+            return Ok(None);
+        };
+        if map.is_empty() || !map.keys().all(|k| COMPARE_KEYS.contains(&k.as_str())) {
+            if map.keys().any(|k| COMPARE_KEYS[..4].contains(&k.as_str())) {
+                return Err(format!(
+                    "a comparison takes only the keys {}",
+                    COMPARE_KEYS.join(", ")
+                ));
+            }
+            return Ok(None);
+        }
+        let operand = |key: &str| map.get(key).map(|v| Operand::parse(key, v)).transpose();
+        let lower = match (operand("$gt")?, operand("$ge")?) {
+            (Some(_), Some(_)) => return Err("a comparison takes `$gt` or `$ge`, not both".into()),
+            (Some(x), None) => Some((x, true)),
+            (None, Some(x)) => Some((x, false)),
+            (None, None) => None,
+        };
+        let upper = match (operand("$lt")?, operand("$le")?) {
+            (Some(_), Some(_)) => return Err("a comparison takes `$lt` or `$le`, not both".into()),
+            (Some(x), None) => Some((x, true)),
+            (None, Some(x)) => Some((x, false)),
+            (None, None) => None,
+        };
+        if lower.is_none() && upper.is_none() {
+            return Err("`$as` needs a bound (`$gt`, `$ge`, `$lt` or `$le`)".into());
+        }
+        let name = match map.get("$as") {
+            None => None,
+            Some(Value::String(s)) => match parse_token(s) {
+                Ok(Token::Placeholder(Placeholder::Named(name))) => Some(name),
+                _ => {
+                    return Err(format!(
+                        "`$as` takes a named placeholder (`$r2`), not {s:?}"
+                    ));
+                }
+            },
+            Some(other) => {
+                return Err(format!(
+                    "`$as` takes a named placeholder, not {}",
+                    type_name(other)
+                ));
+            }
+        };
+        Ok(Some(Self { lower, upper, name }))
+    }
+
+    /// Whether `actual` is a number within the bounds (`Err` says why not).
+    fn check(&self, actual: &Value, bindings: &Bindings) -> Result<(), String> {
+        let Some(x) = actual.as_f64() else {
+            return Err(format!("expected a number, got {}", type_name(actual)));
+        };
+        if let Some((bound, strict)) = &self.lower {
+            let b = bound.resolve(bindings)?;
+            if x < b || (*strict && x == b) {
+                return Err(format!(
+                    "expected a number {} {b}",
+                    if *strict { ">" } else { ">=" }
+                ));
+            }
+        }
+        if let Some((bound, strict)) = &self.upper {
+            let b = bound.resolve(bindings)?;
+            if x > b || (*strict && x == b) {
+                return Err(format!(
+                    "expected a number {} {b}",
+                    if *strict { "<" } else { "<=" }
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The value the harness sends for this pattern: the least the bounds allow (the
+    /// lower bound, plus one when strict), else the greatest (the upper bound, minus one
+    /// when strict); integral when the bound is.
+    ///
+    /// # Errors
+    /// An unbound operand, or bounds nothing satisfies.
+    pub fn mint(&self, bindings: &Bindings) -> Result<Value, String> {
+        let step = |b: f64, strict: bool, up: bool| {
+            if !strict {
+                b
+            } else if b.fract() == 0.0 {
+                if up { b + 1.0 } else { b - 1.0 }
+            } else {
+                b
+            }
+        };
+        let x = match (&self.lower, &self.upper) {
+            (Some((b, strict)), _) => step(b.resolve(bindings)?, *strict, true),
+            (None, Some((b, strict))) => step(b.resolve(bindings)?, *strict, false),
+            (None, None) => return Err("a comparison needs a bound".into()),
+        };
+        let value = if x.fract() == 0.0 && x.abs() < 9.0e15 {
+            // Exact: |x| < 2^53.
+            #[allow(clippy::cast_possible_truncation)]
+            let n = x as i64;
+            Value::from(n)
+        } else {
+            serde_json::Number::from_f64(x)
+                .map(Value::Number)
+                .ok_or_else(|| "the bound is not a finite number".to_string())?
+        };
+        self.check(&value, bindings)
+            .map_err(|e| format!("no value satisfies the comparison: {e}"))?;
+        Ok(value)
+    }
+}
+
 /// Why an emitted value does not match the scenario's pattern.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Mismatch {
@@ -294,6 +475,21 @@ fn match_at(
             },
         },
         Value::Object(pattern) => {
+            match ComparePattern::parse(expected) {
+                Ok(Some(compare)) => {
+                    compare
+                        .check(actual, bindings)
+                        .map_err(|reason| mismatch(path, expected, Some(actual), reason))?;
+                    if let Some(name) = &compare.name {
+                        bindings
+                            .bind(name, actual.clone())
+                            .map_err(|e| mismatch(path, expected, Some(actual), e.to_string()))?;
+                    }
+                    return Ok(());
+                }
+                Err(reason) => return Err(mismatch(path, expected, Some(actual), reason)),
+                Ok(None) => {}
+            }
             match GeneratedPattern::parse(expected) {
                 Ok(Some(generated)) => {
                     return generated
@@ -493,6 +689,55 @@ mod tests {
         let pat = json!({"a": "$a", "b": 1});
         assert!(match_frame(&pat, &json!({"a": "x", "b": 2}), &mut b).is_err());
         assert_eq!(b.get("a"), None);
+    }
+
+    #[test]
+    fn comparisons_order_values_and_bind_them() {
+        let mut b = Bindings::new();
+        match_frame(
+            &json!({"revision": "$r1"}),
+            &json!({"revision": 100}),
+            &mut b,
+        )
+        .unwrap();
+        let next = json!({"revision": {"$gt": "$r1", "$as": "$r2"}});
+        let err = match_frame(&next, &json!({"revision": 100}), &mut b).unwrap_err();
+        assert!(err.reason.contains("> 100"), "{err:?}");
+        assert_eq!(b.get("r2"), None);
+        match_frame(&next, &json!({"revision": 107}), &mut b).unwrap();
+        assert_eq!(b.get("r2"), Some(&json!(107)));
+        // At the bound and one past it.
+        let expiry = json!({"expires_in_ms": {"$gt": 0, "$le": 300000}});
+        match_frame(&expiry, &json!({"expires_in_ms": 300000}), &mut b).unwrap();
+        assert!(match_frame(&expiry, &json!({"expires_in_ms": 300001}), &mut b).is_err());
+        assert!(match_frame(&expiry, &json!({"expires_in_ms": 0}), &mut b).is_err());
+        assert!(match_frame(&expiry, &json!({"expires_in_ms": "5"}), &mut b).is_err());
+        // An unbound operand is a mismatch naming it.
+        let err =
+            match_frame(&json!({"r": {"$ge": "$nope"}}), &json!({"r": 1}), &mut b).unwrap_err();
+        assert!(err.reason.contains("`$nope` is not bound yet"), "{err:?}");
+    }
+
+    #[test]
+    fn comparisons_are_parsed_strictly_and_mint_the_least_value() {
+        for bad in [
+            json!({"$gt": 1, "$ge": 1}),
+            json!({"$lt": 1, "$le": 1}),
+            json!({"$as": "$x"}),
+            json!({"$gt": "x"}),
+            json!({"$gt": 1, "other": 2}),
+            json!({"$gt": 1, "$as": "x"}),
+        ] {
+            assert!(ComparePattern::parse(&bad).is_err(), "{bad}");
+        }
+        assert_eq!(ComparePattern::parse(&json!({"a": 1})), Ok(None));
+        let mut b = Bindings::new();
+        b.bind("r1", json!(4)).unwrap();
+        let mint = |p: Value, b: &Bindings| ComparePattern::parse(&p).unwrap().unwrap().mint(b);
+        assert_eq!(mint(json!({"$gt": "$r1"}), &b), Ok(json!(5)));
+        assert_eq!(mint(json!({"$ge": "$r1"}), &b), Ok(json!(4)));
+        assert_eq!(mint(json!({"$lt": 10}), &b), Ok(json!(9)));
+        assert!(mint(json!({"$gt": 5, "$lt": 6}), &b).is_err());
     }
 
     #[test]

@@ -262,6 +262,11 @@ fn send(frame: Value) -> Step {
     }
 }
 
+/// `optional:` around a frame step.
+fn maybe(step: Step) -> Step {
+    Step::Optional(Box::new(step))
+}
+
 /// A 1 ms `silence`, so that a following `expect_exit` is not the first step.
 fn pause() -> Step {
     Step::Silence(Duration::from_millis(1))
@@ -712,6 +717,90 @@ fn cases() -> Vec<Case> {
             vec![],
         )
         .fails(C::TrailingOutput, Phase::AfterLastStep, "binary message"),
+        Case::new(
+            "an optional frame that comes is matched, bound and recorded",
+            vec![
+                now(text(json!({"type": "preparing", "id": "h-9"}))),
+                now(text(hello())),
+            ],
+            vec![
+                maybe(expect(json!({"type": "preparing", "id": "$h"}))),
+                expect(json!({"type": "hello"})),
+                send(json!({"type": "ack", "id": "$h"})),
+            ],
+        )
+        .records(vec!["runtime frame", "runtime frame"])
+        .sends(vec![
+            r#"{"type":"ack","id":"h-9"}"#,
+            "close:1000:scenario complete",
+        ]),
+        Case::new(
+            "an optional frame that does not come is no failure",
+            vec![now(text(hello()))],
+            vec![
+                maybe(expect(json!({"type": "preparing"}))),
+                expect(json!({"type": "hello"})),
+            ],
+        )
+        .records(vec!["runtime frame"]),
+        Case::new(
+            "an optional frame may come while the harness sends, before the next expectation",
+            vec![
+                later(10, text(json!({"type": "preparing"}))),
+                later(10, text(hello())),
+            ],
+            vec![
+                maybe(expect(json!({"type": "preparing"}))),
+                send(json!({"type": "go"})),
+                expect(json!({"type": "hello"})),
+            ],
+        )
+        .records(vec!["runtime frame", "runtime frame"]),
+        Case::new(
+            "an optional frame after the frame that follows it is out of order",
+            vec![now(text(hello())), now(text(json!({"type": "preparing"})))],
+            vec![
+                maybe(expect(json!({"type": "preparing"}))),
+                expect(json!({"type": "hello"})),
+            ],
+        )
+        .fails(C::TrailingOutput, Phase::AfterLastStep, "preparing"),
+        Case::new(
+            "an optional frame does not breach silence, and may trail the last step",
+            vec![
+                later(10, text(json!({"type": "preparing"}))),
+                later(300, text(json!({"type": "starting"}))),
+            ],
+            vec![
+                maybe(expect(json!({"type": "preparing"}))),
+                maybe(expect(json!({"type": "starting"}))),
+                Step::Silence(Duration::from_millis(100)),
+            ],
+        )
+        .records(vec!["runtime frame"]),
+        Case::new(
+            "an optional frame of a party the harness plays is sent",
+            vec![],
+            vec![maybe(send(json!({"type": "typical"})))],
+        )
+        .sends(vec![
+            r#"{"type":"typical"}"#,
+            "close:1000:scenario complete",
+        ]),
+        Case::new(
+            "a value the spec orders but does not fix is compared, not fixed",
+            vec![
+                now(text(json!({"type": "s", "revision": 100}))),
+                now(text(json!({"type": "s", "revision": 107}))),
+                now(text(json!({"type": "s", "revision": 107}))),
+            ],
+            vec![
+                expect(json!({"type": "s", "revision": "$r1"})),
+                expect(json!({"type": "s", "revision": {"$gt": "$r1", "$as": "$r2"}})),
+                expect(json!({"type": "s", "revision": {"$gt": "$r2"}})),
+            ],
+        )
+        .fails(C::Mismatch, Phase::Step(3), "expected a number > 107"),
         Case::new(
             "an unsupported family step names itself",
             vec![],

@@ -78,6 +78,8 @@ pub struct Run {
     pub earlier_stderr: String,
     /// The output channel on which a killed process had leaked the secret.
     pub earlier_leak: Option<&'static str>,
+    /// Frames of the target that `optional:` steps allow before the next expected frame.
+    optional: Vec<Value>,
     normalize: fn(&Value) -> Value,
 }
 
@@ -104,6 +106,7 @@ impl Run {
             ready_instead_of_exit: false,
             earlier_stderr: String::new(),
             earlier_leak: None,
+            optional: Vec::new(),
             normalize: identity,
         }
     }
@@ -220,19 +223,53 @@ impl Run {
         peer: &mut P,
         expected: &str,
     ) -> StepResult<Value> {
-        let text = match self.next_event(peer, self.step_timeout).await? {
-            Some(Event::Text(text)) => text,
-            Some(other) => {
-                return Err(fail::unexpected(format!(
-                    "expected {expected}, got {}",
-                    other.describe()
-                )));
+        self.expect_frame_of(peer, expected, &[]).await
+    }
+
+    /// [`Run::expect_frame`], where a frame matching a pending `optional:` pattern but
+    /// none of `awaited` is taken by that optional step (recorded, bound) and the wait
+    /// goes on, within the same deadline.
+    async fn expect_frame_of<P: Peer>(
+        &mut self,
+        peer: &mut P,
+        expected: &str,
+        awaited: &[&Value],
+    ) -> StepResult<Value> {
+        let deadline = Instant::now() + self.step_timeout;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let text = match self.next_event(peer, left).await? {
+                Some(Event::Text(text)) => text,
+                Some(other) => {
+                    return Err(fail::unexpected(format!(
+                        "expected {expected}, got {}",
+                        other.describe()
+                    )));
+                }
+                None => return Err(self.nothing(peer, expected)),
+            };
+            let value = Self::decode_emitted(peer, &text, expected)?;
+            self.record(peer.role().emitted_label, EntryKind::Frame, value.clone());
+            let awaited_match = awaited.iter().any(|pattern| {
+                let mut trial = self.bindings.clone();
+                match_frame(pattern, &value, &mut trial).is_ok()
+            });
+            if awaited_match || !self.take_optional(&value) {
+                return Ok(value);
             }
-            None => return Err(self.nothing(peer, expected)),
-        };
-        let value = Self::decode_emitted(peer, &text, expected)?;
-        self.record(peer.role().emitted_label, EntryKind::Frame, value.clone());
-        Ok(value)
+        }
+    }
+
+    /// Whether `value` is a frame a pending `optional:` step allows (it is then taken:
+    /// the pattern is dropped and its placeholders bound).
+    fn take_optional(&mut self, value: &Value) -> bool {
+        for i in 0..self.optional.len() {
+            if match_frame(&self.optional[i], value, &mut self.bindings).is_ok() {
+                self.optional.remove(i);
+                return true;
+            }
+        }
+        false
     }
 
     /// Expects one frame matching `pattern` (binds on success).
@@ -240,13 +277,18 @@ impl Run {
     /// # Errors
     /// As [`Run::expect_frame`], or the frame does not match.
     pub async fn expect_matching<P: Peer>(&mut self, peer: &mut P, pattern: &Value) -> StepResult {
-        let value = self.expect_frame(peer, &show(pattern)).await?;
+        let value = self
+            .expect_frame_of(peer, &show(pattern), &[pattern])
+            .await?;
         match_frame(pattern, &value, &mut self.bindings).map_err(|m| {
             fail::mismatch(format!(
                 "emitted frame does not match: {m}\n  emitted: {}",
                 show(&value)
             ))
-        })
+        })?;
+        // A later frame arrived: the typical ones before it can no longer come.
+        self.optional.clear();
+        Ok(())
     }
 
     /// Builds (placeholders substituted, unbound ones minted), schema-checks, encodes and
@@ -303,6 +345,20 @@ impl Run {
             }
             Step::Silence(d) => self.silence(peer, *d).await,
             Step::AnyOrder(steps) => self.any_order(peer, steps).await,
+            Step::Optional(inner) => match &**inner {
+                Step::Frame { party, frame } if *party == peer.role().target => {
+                    self.optional.push(frame.clone());
+                    Ok(())
+                }
+                Step::Frame { party, frame } if peer.role().plays.contains(party) => {
+                    let sent = self.send_frame(peer, frame).await?;
+                    peer.frame_sent(self, &sent).await
+                }
+                other => Err(fail::scenario(format!(
+                    "optional holds one frame step, found {}",
+                    other.describe()
+                ))),
+            },
             Step::Disconnect => {
                 if peer.connection().abort() {
                     Ok(())
@@ -341,20 +397,26 @@ impl Run {
 
     /// `silence: d`: nothing may arrive for `d`.
     async fn silence<P: Peer>(&mut self, peer: &mut P, duration: Duration) -> StepResult {
-        match self.next_event(peer, duration).await? {
-            None => Ok(()),
-            Some(event) => {
-                if let Event::Text(text) = &event
-                    && let Ok(value) = peer.role().codec.decode(text)
-                {
-                    self.record(peer.role().emitted_label, EntryKind::Frame, value);
+        let deadline = Instant::now() + duration;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let Some(event) = self.next_event(peer, left).await? else {
+                return Ok(());
+            };
+            if let Event::Text(text) = &event
+                && let Ok(value) = peer.role().codec.decode(text)
+            {
+                self.record(peer.role().emitted_label, EntryKind::Frame, value.clone());
+                // A typical frame an `optional:` step allows is not a breach of silence.
+                if peer.role().codec.check_emitted(&value).is_ok() && self.take_optional(&value) {
+                    continue;
                 }
-                Err(fail::unexpected(format!(
-                    "expected silence for {}, got {}",
-                    show_duration(duration),
-                    event.describe()
-                )))
             }
+            return Err(fail::unexpected(format!(
+                "expected silence for {}, got {}",
+                show_duration(duration),
+                event.describe()
+            )));
         }
     }
 
@@ -384,7 +446,7 @@ impl Run {
                     .collect::<Vec<_>>()
                     .join(" | ")
             );
-            let value = self.expect_frame(peer, &expected).await?;
+            let value = self.expect_frame_of(peer, &expected, &remaining).await?;
             let mut reasons = Vec::new();
             let mut matched = None;
             for (i, pattern) in remaining.iter().enumerate() {
@@ -411,6 +473,7 @@ impl Run {
                 }
             }
         }
+        self.optional.clear();
         Ok(())
     }
 
@@ -613,7 +676,7 @@ impl Run {
 
     /// One frame the target emitted after the last step: strict, schema-valid, and one
     /// the codec allows there ([`super::Codec::may_trail`]); never recorded.
-    fn trailing_frame<P: Peer>(peer: &P, text: &str) -> StepResult {
+    fn trailing_frame<P: Peer>(&mut self, peer: &P, text: &str) -> StepResult {
         let codec = peer.role().codec;
         let value = codec.decode(text).map_err(|e| {
             StepError::new(
@@ -633,7 +696,7 @@ impl Run {
                 ),
             )
         })?;
-        if codec.may_trail(&value) {
+        if codec.may_trail(&value) || self.take_optional(&value) {
             return Ok(());
         }
         Err(StepError::new(
@@ -676,7 +739,7 @@ impl Run {
                         )));
                     }
                     Some(Event::Other(other)) => peer.trailing_other(other)?,
-                    Some(Event::Text(text)) => Self::trailing_frame(peer, &text)?,
+                    Some(Event::Text(text)) => self.trailing_frame(peer, &text)?,
                     Some(Event::Close { .. } | Event::Eof) => {
                         peer.connection().abort();
                     }

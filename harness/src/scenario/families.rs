@@ -16,6 +16,7 @@ use super::model::{Party, Side};
 pub const GENERIC_STEPS: &[&str] = &[
     "silence",
     "any_order",
+    "optional",
     "disconnect",
     "half_close",
     "send_bytes",

@@ -216,6 +216,7 @@ enum RawStep {
     Reconnect(Empty),
     Silence(Spanned<DurationText>),
     AnyOrder(Vec<Spanned<RawStep>>),
+    Optional(Box<Spanned<RawStep>>),
     Disconnect(Empty),
     HalfClose(RawClose),
     SendBytes(RawBytes),
@@ -457,6 +458,11 @@ impl Converter<'_> {
                     }
                 }
                 Step::AnyOrder(steps)
+            }
+            RawStep::Optional(inner) => {
+                let (step, child) = self.step(*inner)?;
+                span.children.push(child.location);
+                Step::Optional(Box::new(step))
             }
             RawStep::Disconnect(Empty {}) => Step::Disconnect,
             RawStep::HalfClose(c) => Step::HalfClose {
@@ -706,6 +712,36 @@ steps:
             Ok(_) => panic!("expected an error for:\n{text}"),
             Err(e) => e.to_string(),
         }
+    }
+
+    #[test]
+    fn optional_frames_and_comparisons_load_and_are_checked() {
+        let base = "family: core_runtime\nname: x\nsummary: s\ncovers: [CR-A-001]\nsteps:\n  - handshake: {}\n";
+        let (_dir, ok) = load(
+            "x",
+            &format!(
+                "{base}  - optional: {{runtime: {{type: preparation_status, id: p, payload: {{status: preparing, admission_handle: $h, revision: $r1}}}}}}\n  - runtime: {{type: preparation_status, id: p, payload: {{status: ready, admission_handle: $h, revision: {{$gt: $r1}}, expires_in_ms: {{$gt: 0, $le: 300000}}}}}}\n"
+            ),
+        );
+        let s = ok.unwrap();
+        assert!(
+            matches!(&s.steps[1], Step::Optional(inner) if matches!(**inner, Step::Frame { party: Party::Runtime, .. }))
+        );
+        let err = load_err("x", &format!("{base}  - optional: {{silence: 10ms}}\n"));
+        assert!(
+            err.contains("x.yaml:7:15") && err.contains("optional holds one frame step"),
+            "{err}"
+        );
+        let err = load_err(
+            "x",
+            &format!(
+                "{base}  - runtime: {{type: heartbeat, id: h, payload: {{runtime_version: {{$gt: 1, $ge: 2}}}}}}\n"
+            ),
+        );
+        assert!(
+            err.contains("x.yaml:7:5") && err.contains("`$gt` or `$ge`, not both"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -396,6 +396,11 @@ pub enum Step {
     Silence(Duration),
     /// `any_order:` — frame expectations that may match in any order (only [`Step::Frame`]).
     AnyOrder(Vec<Step>),
+    /// `optional:` — one frame (only [`Step::Frame`]) the spec calls typical but does not
+    /// require. Of the target's frames: it may arrive before the next frame a later step
+    /// expects (then it must match, and is recorded), or not at all; of a party the
+    /// harness plays: the harness sends it.
+    Optional(Box<Step>),
     /// `disconnect:` — drop the transport abruptly.
     Disconnect,
     /// `half_close:` — send a Close frame and await the target's reply.
@@ -474,6 +479,7 @@ impl Step {
             Step::Reconnect => "reconnect",
             Step::Silence(_) => "silence",
             Step::AnyOrder(_) => "any_order",
+            Step::Optional(_) => "optional",
             Step::Disconnect => "disconnect",
             Step::HalfClose { .. } => "half_close",
             Step::SendBytes(_) => "send_bytes",
@@ -497,6 +503,7 @@ impl Step {
             Step::ApiResult(r) => format!("api_result {}", r.id),
             Step::Silence(d) => format!("silence {}ms", d.as_millis()),
             Step::AnyOrder(steps) => format!("any_order of {} frames", steps.len()),
+            Step::Optional(inner) => format!("optional {}", inner.describe()),
             other => other.keyword().to_string(),
         }
     }

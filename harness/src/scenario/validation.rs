@@ -23,7 +23,7 @@ use super::model::{
     WorkspaceSeed,
 };
 use crate::bind::malformed_placeholders;
-use crate::matcher::{GENERATED_MARKER, GeneratedPattern};
+use crate::matcher::{ComparePattern, GENERATED_MARKER, GeneratedPattern};
 
 /// Control-channel operations a `native:` step may name (`docs/control-channel.md`).
 pub const NATIVE_OPS: &[&str] = &[
@@ -198,9 +198,36 @@ impl Checker<'_> {
         }
     }
 
+    /// Checks every comparison pattern (`{$gt: …, $as: …}`) in `value` is well-formed.
+    fn comparisons(&mut self, location: Location, what: &str, value: &Value, path: &str) {
+        match ComparePattern::parse(value) {
+            Ok(Some(_)) => return,
+            Err(reason) => {
+                self.issue(Some(location), format!("{what}: at {path}: {reason}"));
+                return;
+            }
+            Ok(None) => {}
+        }
+        match value {
+            Value::Array(items) => {
+                for (i, item) in items.iter().enumerate() {
+                    self.comparisons(location, what, item, &format!("{path}[{i}]"));
+                }
+            }
+            Value::Object(map) => {
+                for (k, v) in map {
+                    let sub = crate::matcher::child_path(path, k);
+                    self.comparisons(location, what, v, &sub);
+                }
+            }
+            _ => {}
+        }
+    }
+
     fn frame(&mut self, location: Location, party: Party, frame: &Value) {
         let what = format!("`{}` frame", party.as_str());
         self.placeholders(location, &what, frame);
+        self.comparisons(location, &what, frame, "$");
         self.no_nulls(location, &what, frame, "$");
         self.generated_patterns(location, &what, party, frame, "$");
         let kind = frame
@@ -324,6 +351,27 @@ impl Checker<'_> {
                         Some(location),
                         "any_order frames must all be sent by the same party",
                     );
+                }
+            }
+            Step::Optional(inner) => {
+                let loc = children.first().copied().unwrap_or(location);
+                match &**inner {
+                    Step::Frame { .. } => self.step(loc, &[], inner),
+                    other => self.issue(
+                        Some(loc),
+                        format!(
+                            "optional holds one frame step (`{}`), found `{}`",
+                            self.table
+                                .map(|t| t
+                                    .parties
+                                    .iter()
+                                    .map(|p| p.as_str())
+                                    .collect::<Vec<_>>()
+                                    .join("`/`"))
+                                .unwrap_or_default(),
+                            other.keyword()
+                        ),
+                    ),
                 }
             }
             Step::HalfClose {
@@ -631,6 +679,10 @@ fn sight_step(
                 let loc = children.get(i).copied().unwrap_or(location);
                 sight_step(scenario, sightings, loc, &[], step, inner);
             }
+        }
+        Step::Optional(inner) => {
+            let loc = children.first().copied().unwrap_or(location);
+            sight_step(scenario, sightings, loc, &[], step, inner);
         }
         _ => {}
     }
