@@ -3,7 +3,7 @@
 //! ```text
 //! contract-harness run --family core_runtime --side runtime --target-cmd '…'
 //!     [--scenarios DIR] [--golden-dir DIR] [--filter SUBSTR] [--accept | --pending]
-//!     [--step-timeout 5s] [--startup-timeout 10s] [--jobs N]
+//!     [--step-timeout 5s] [--startup-timeout 10s] [--jobs N] [--mode strict|vendor]
 //!     [--junit FILE] [--json FILE] [--markdown FILE]
 //! contract-harness coverage --family core_runtime [--scenarios DIR] [--markdown FILE]
 //! contract-harness list --family core_runtime [--scenarios DIR]
@@ -25,7 +25,7 @@ use contract_harness::family;
 use contract_harness::golden::{self, GoldenMode};
 use contract_harness::report::{self, ScenarioResult};
 use contract_harness::requirements;
-use contract_harness::runner::{self, RunOptions};
+use contract_harness::runner::{self, Mode, RunOptions};
 use contract_harness::scenario::loader::parse_duration;
 use contract_harness::scenario::{LoadError, Scenario, Side, load_family};
 
@@ -110,6 +110,12 @@ struct RunArgs {
     /// Deadline for the target to become ready.
     #[arg(long, default_value = "10s", value_parser = parse_cli_duration)]
     startup_timeout: Duration,
+    /// `strict` (default; our own runs): `reference:` steps are asserted like any other.
+    /// `vendor` (a third party's run): a failure inside a `reference:` step is reported
+    /// as `DIFF` (a difference from the reference behaviour, with the requirement), not
+    /// as a failure.
+    #[arg(long, default_value = "strict", value_parser = parse_mode)]
+    mode: Mode,
     /// Runs at once, at least 1 (default: available parallelism).
     #[arg(long, value_parser = parse_jobs)]
     jobs: Option<usize>,
@@ -147,6 +153,10 @@ enum GoldenAction {
         #[arg(long, default_value = "golden")]
         golden_dir: PathBuf,
     },
+}
+
+fn parse_mode(text: &str) -> Result<Mode, String> {
+    Mode::parse(text).ok_or_else(|| format!("unknown mode `{text}` (use `strict` or `vendor`)"))
 }
 
 fn parse_jobs(text: &str) -> Result<usize, String> {
@@ -333,6 +343,7 @@ fn run(args: RunArgs) -> ExitCode {
         golden_mode,
         step_timeout: args.step_timeout,
         startup_timeout: args.startup_timeout,
+        mode: args.mode,
     };
     let jobs = args.jobs.unwrap_or_else(runner::default_jobs);
     let runtime = match tokio::runtime::Builder::new_multi_thread()

@@ -12,12 +12,20 @@
 //! requirements:
 //!   - id: CR-CONN-001
 //!     section: "Ownership and connection"
+//!     level: required               # the spec says it: quote the sentence
 //!     statement: "The Runtime opens exactly one WebSocket per device."
+//!     quote: "…"                    # the original's words, verbatim
 //!   - id: CR-CONN-009
 //!     section: "Ownership and connection"
-//!     statement: "..."
+//!     level: reference              # our implementation's choice, or our reading of
+//!     statement: "..."              # a silent or ambiguous point
+//!     reading: "our reading: …"     # which, and why (a `quote` of the ambiguous
+//!                                   # sentence may be added)
 //!     uncovered: "needs two physical devices"   # only for what no scenario can cover
 //! ```
+//!
+//! A vendor's failure of a `reference` requirement is a difference from our reference
+//! implementation, never non-conformance; `coverage` reports the two levels apart.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -29,6 +37,27 @@ use crate::scenario::Scenario;
 use crate::scenario::loader::{LoadError, parse_yaml};
 use crate::scenario::validation::is_requirement_id;
 
+/// Whether the spec requires a rule or it is our reference implementation's choice.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Level {
+    /// The spec says it (the entry quotes it): every implementation must do it.
+    Required,
+    /// Our implementation's choice, or our written reading of a silent or ambiguous
+    /// point: another implementation may differ.
+    Reference,
+}
+
+impl Level {
+    /// `required` or `reference`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Level::Required => "required",
+            Level::Reference => "reference",
+        }
+    }
+}
+
 /// One requirement of a spec.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Requirement {
@@ -36,8 +65,14 @@ pub struct Requirement {
     pub id: String,
     /// Spec section the requirement comes from.
     pub section: String,
+    /// Required by the spec, or our reference choice.
+    pub level: Level,
     /// The requirement, in the spec's words.
     pub statement: String,
+    /// The original's sentence(s) (always for [`Level::Required`]).
+    pub quote: Option<String>,
+    /// Why it is a reference choice and what we read (only [`Level::Reference`]).
+    pub reading: Option<String>,
     /// Why no scenario can cover it (only for such requirements).
     pub uncovered_reason: Option<String>,
 }
@@ -54,7 +89,12 @@ struct RawCatalog {
 struct RawRequirement {
     id: String,
     section: String,
+    level: Option<Level>,
     statement: String,
+    #[serde(default)]
+    quote: Option<String>,
+    #[serde(default)]
+    reading: Option<String>,
     #[serde(default)]
     uncovered: Option<String>,
 }
@@ -105,6 +145,47 @@ pub fn load_catalog(path: &Path) -> Result<Vec<Requirement>, LoadError> {
                 format!("requirement `{}` needs a section and a statement", r.id),
             ));
         }
+        let blank = |v: &Option<String>| v.as_deref().is_none_or(|t| t.trim().is_empty());
+        let level = match (r.level, blank(&r.quote), blank(&r.reading)) {
+            (None, ..) => {
+                return Err(at(
+                    loc,
+                    format!(
+                        "requirement `{}` needs `level: required` (with the spec's `quote`) or \
+                         `level: reference` (with a `reading`)",
+                        r.id
+                    ),
+                ));
+            }
+            (Some(Level::Required), true, _) => {
+                return Err(at(
+                    loc,
+                    format!(
+                        "requirement `{}` is required: quote the spec (`quote:`)",
+                        r.id
+                    ),
+                ));
+            }
+            (Some(Level::Required), false, false) => {
+                return Err(at(
+                    loc,
+                    format!(
+                        "requirement `{}` is required: a `reading` belongs to reference entries",
+                        r.id
+                    ),
+                ));
+            }
+            (Some(Level::Reference), _, true) => {
+                return Err(at(
+                    loc,
+                    format!(
+                        "requirement `{}` is a reference choice: say which and why (`reading:`)",
+                        r.id
+                    ),
+                ));
+            }
+            (Some(level), ..) => level,
+        };
         if r.uncovered.as_deref().is_some_and(|u| u.trim().is_empty()) {
             return Err(at(
                 loc,
@@ -114,7 +195,10 @@ pub fn load_catalog(path: &Path) -> Result<Vec<Requirement>, LoadError> {
         out.push(Requirement {
             id: r.id,
             section: r.section,
+            level,
             statement: r.statement,
+            quote: r.quote,
+            reading: r.reading,
             uncovered_reason: r.uncovered,
         });
     }
@@ -128,6 +212,8 @@ pub struct Uncovered {
     pub id: String,
     /// Its section.
     pub section: String,
+    /// Its level.
+    pub level: Level,
     /// The catalog's reason; `None` is an error (a gap nobody explained).
     pub reason: Option<String>,
 }
@@ -143,8 +229,14 @@ pub struct Coverage {
     pub unknown: BTreeMap<String, Vec<String>>,
     /// Requirements marked `uncovered` that scenarios do cover (the mark is stale).
     pub stale_reasons: Vec<String>,
+    /// `reference:` steps naming a requirement that is unknown or `required`, as
+    /// `(scenario ID, requirement ID)`: a rule the spec requires is never a mere
+    /// difference from the reference.
+    pub misused_references: Vec<(String, String)>,
     /// Number of requirements in the catalog.
     pub total: usize,
+    /// Level of every catalog requirement, by ID.
+    pub levels: BTreeMap<String, Level>,
 }
 
 impl Coverage {
@@ -165,6 +257,12 @@ impl Coverage {
                 scenarios.join(", ")
             ));
         }
+        for (scenario, id) in &self.misused_references {
+            out.push(format!(
+                "scenario {scenario} has a `reference:` step for {id}, which is not a \
+                 `level: reference` requirement of the catalog"
+            ));
+        }
         for id in &self.stale_reasons {
             out.push(format!(
                 "requirement {id} is marked `uncovered` but scenarios cover it; drop the mark"
@@ -176,6 +274,17 @@ impl Coverage {
     /// Whether [`Self::errors`] is empty.
     pub fn is_ok(&self) -> bool {
         self.errors().is_empty()
+    }
+
+    /// `(covered, total)` of the requirements of `level`.
+    pub fn count(&self, level: Level) -> (usize, usize) {
+        let total = self.levels.values().filter(|l| **l == level).count();
+        let covered = self
+            .covered
+            .iter()
+            .filter(|(id, _)| self.levels.get(id) == Some(&level))
+            .count();
+        (covered, total)
     }
 
     /// Percentage of catalog requirements covered by at least one scenario.
@@ -205,6 +314,7 @@ pub fn coverage(catalog: &[Requirement], scenarios: &[Scenario]) -> Coverage {
     let known: BTreeSet<&str> = catalog.iter().map(|r| r.id.as_str()).collect();
     let mut cov = Coverage {
         total: catalog.len(),
+        levels: catalog.iter().map(|r| (r.id.clone(), r.level)).collect(),
         ..Coverage::default()
     };
     for r in catalog {
@@ -218,6 +328,7 @@ pub fn coverage(catalog: &[Requirement], scenarios: &[Scenario]) -> Coverage {
             None => cov.uncovered.push(Uncovered {
                 id: r.id.clone(),
                 section: r.section.clone(),
+                level: r.level,
                 reason: r.uncovered_reason.clone(),
             }),
         }
@@ -225,6 +336,15 @@ pub fn coverage(catalog: &[Requirement], scenarios: &[Scenario]) -> Coverage {
     for (id, names) in citing {
         if !known.contains(id) {
             cov.unknown.insert(id.to_string(), names);
+        }
+    }
+    for s in scenarios {
+        for step in &s.steps {
+            if let crate::scenario::Step::Reference { requirement, .. } = step
+                && cov.levels.get(requirement) != Some(&Level::Reference)
+            {
+                cov.misused_references.push((s.id(), requirement.clone()));
+            }
         }
     }
     cov
@@ -239,7 +359,14 @@ mod tests {
         Requirement {
             id: id.into(),
             section: "S".into(),
+            level: if id.ends_with('4') {
+                Level::Reference
+            } else {
+                Level::Required
+            },
             statement: "x".into(),
+            quote: Some("q".into()),
+            reading: None,
             uncovered_reason: reason.map(Into::into),
         }
     }
@@ -301,6 +428,21 @@ mod tests {
         );
         assert!(errors.iter().any(|e| e.contains("CR-A-004")));
         assert!((cov.percent() - 50.0).abs() < 1e-9);
+        assert_eq!(cov.count(Level::Required), (1, 3));
+        assert_eq!(cov.count(Level::Reference), (1, 1));
+        let mut with_ref = scen("three", &["CR-A-001"]);
+        with_ref.steps = vec![Step::Reference {
+            requirement: "CR-A-001".into(),
+            steps: vec![Step::Disconnect],
+        }];
+        let cov = coverage(&catalog, &[with_ref]);
+        assert!(
+            cov.errors()
+                .iter()
+                .any(|e| e.contains("core_runtime/three") && e.contains("not a `level: reference`")),
+            "{:?}",
+            cov.errors()
+        );
     }
 
     #[test]
@@ -309,7 +451,7 @@ mod tests {
         let path = dir.path().join("core_runtime.yaml");
         std::fs::write(
             &path,
-            "family: core_runtime\nrequirements:\n  - id: CR-CONN-001\n    section: Conn\n    statement: one socket\n  - id: CR-CONN-002\n    section: Conn\n    statement: two\n    uncovered: needs two devices\n",
+            "family: core_runtime\nrequirements:\n  - id: CR-CONN-001\n    section: Conn\n    level: required\n    statement: one socket\n    quote: q\n  - id: CR-CONN-002\n    section: Conn\n    level: reference\n    statement: two\n    reading: ours\n    uncovered: needs two devices\n",
         )
         .unwrap();
         let cat = load_catalog(&path).unwrap();
@@ -318,6 +460,28 @@ mod tests {
             cat[1].uncovered_reason.as_deref(),
             Some("needs two devices")
         );
+        assert_eq!(cat[0].level, Level::Required);
+        assert_eq!(cat[1].level, Level::Reference);
+        for (entry, needle) in [
+            ("level: required\n    statement: s\n", "quote the spec"),
+            ("level: reference\n    statement: s\n", "say which and why"),
+            ("statement: s\n", "needs `level: required`"),
+            (
+                "level: required\n    statement: s\n    quote: q\n    reading: r\n",
+                "belongs to reference",
+            ),
+        ] {
+            std::fs::write(
+                &path,
+                format!("family: core_runtime\nrequirements:\n  - id: CR-CONN-001\n    section: Conn\n    {entry}"),
+            )
+            .unwrap();
+            let err = load_catalog(&path).unwrap_err().to_string();
+            assert!(
+                err.contains(needle) && err.contains(":3:5"),
+                "{entry}: {err}"
+            );
+        }
 
         std::fs::write(
             &path,
@@ -332,7 +496,7 @@ mod tests {
 
         std::fs::write(
             &path,
-            "family: core_runtime\nrequirements:\n  - {id: CR-CONN-001, section: a, statement: b}\n  - {id: CR-CONN-001, section: a, statement: b}\n",
+            "family: core_runtime\nrequirements:\n  - {id: CR-CONN-001, section: a, level: required, statement: b, quote: q}\n  - {id: CR-CONN-001, section: a, level: required, statement: b, quote: q}\n",
         )
         .unwrap();
         let err = load_catalog(&path).unwrap_err().to_string();

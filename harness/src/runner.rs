@@ -41,6 +41,31 @@ pub struct RunOptions {
     pub step_timeout: Duration,
     /// Deadline for the target's readiness.
     pub startup_timeout: Duration,
+    /// Strict (ours) or vendor (a third party's) judgement of `reference:` steps.
+    pub mode: Mode,
+}
+
+/// How failures inside `reference:` steps (our implementation's choices) count.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Mode {
+    /// Our own runs: a reference step is asserted like any other; its failure fails.
+    #[default]
+    Strict,
+    /// A third party's run: a failure inside a reference step ends the run as a
+    /// difference from the reference behaviour (reported with the requirement), never as
+    /// non-conformance.
+    Vendor,
+}
+
+impl Mode {
+    /// Parses `strict` or `vendor`.
+    pub fn parse(text: &str) -> Option<Self> {
+        match text {
+            "strict" => Some(Mode::Strict),
+            "vendor" => Some(Mode::Vendor),
+            _ => None,
+        }
+    }
 }
 
 /// Runs `scenario` against `side` and checks its golden. Never panics on target
@@ -71,13 +96,15 @@ async fn run_scenario_reporting_launch(
                 let first = failure.message.lines().next().unwrap_or("");
                 first.trim_end_matches("; stderr tail:").to_string()
             });
-        let result = ScenarioResult::fail(
-            id,
-            side,
-            started.elapsed(),
-            with_target_context(failure.to_string(), &outcome),
-        )
-        .with_code(failure.code, failure.phase);
+        let text = with_target_context(failure.to_string(), &outcome);
+        let result = match (&failure.reference, opts.mode) {
+            (Some(requirement), Mode::Vendor) => {
+                ScenarioResult::differs(id, side, started.elapsed(), requirement, text)
+            }
+            _ => ScenarioResult::fail(id, side, started.elapsed(), text),
+        }
+        .with_code(failure.code, failure.phase)
+        .with_reference(failure.reference.clone());
         return (result, launch);
     }
     let rendered = golden::render(

@@ -154,6 +154,7 @@ fn main() {
                         golden_mode: golden_mode(),
                         step_timeout: runner::DEFAULT_STEP_TIMEOUT,
                         startup_timeout: runner::DEFAULT_STARTUP_TIMEOUT,
+                        mode: runner::Mode::Strict,
                     };
                     let rt = tokio::runtime::Builder::new_multi_thread()
                         .worker_threads(2)

@@ -164,6 +164,8 @@ pub struct StepError {
     pub code: FailureCode,
     /// What was expected and what happened.
     pub message: String,
+    /// The `level: reference` requirement of the `reference:` step it happened in.
+    pub reference: Option<String>,
 }
 
 impl StepError {
@@ -172,7 +174,16 @@ impl StepError {
         Self {
             code,
             message: message.into(),
+            reference: None,
         }
+    }
+
+    /// The same failure, inside the `reference:` step of `requirement` (the innermost
+    /// one wins).
+    pub fn in_reference(mut self, requirement: &str) -> Self {
+        self.reference
+            .get_or_insert_with(|| requirement.to_string());
+        self
     }
 }
 
@@ -241,6 +252,9 @@ pub struct Failure {
     pub code: FailureCode,
     /// What was expected and what happened.
     pub message: String,
+    /// The `level: reference` requirement whose `reference:` step failed: the target
+    /// differs from our reference behaviour there (in vendor mode not a failure).
+    pub reference: Option<String>,
 }
 
 impl Failure {
@@ -253,6 +267,7 @@ impl Failure {
             what: phase.label(),
             code: error.code,
             message: error.message,
+            reference: error.reference,
         }
     }
 
@@ -305,6 +320,7 @@ mod tests {
             what: "runtime frame delta".into(),
             code: FailureCode::Timeout,
             message: "nothing".into(),
+            reference: None,
         };
         assert_eq!(
             f.to_string(),

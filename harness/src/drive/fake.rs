@@ -896,6 +896,38 @@ async fn every_generic_step_kind_behaves_as_documented() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_failure_inside_a_reference_step_names_its_requirement() {
+    let case = Case::new(
+        "reference",
+        vec![now(text(json!({"type": "s", "revision": 100})))],
+        vec![Step::Reference {
+            requirement: "CR-PREP-018".into(),
+            steps: vec![expect(json!({"type": "s", "revision": 1}))],
+        }],
+    );
+    let (outcome, _) = run_case(case).await;
+    let failure = outcome.failure.unwrap();
+    assert_eq!(failure.reference.as_deref(), Some("CR-PREP-018"));
+    assert_eq!(failure.code, FailureCode::Mismatch);
+    assert_eq!(failure.phase, Phase::Step(1));
+    // Passing reference steps are ordinary steps.
+    let case = Case::new(
+        "reference",
+        vec![now(text(json!({"type": "s", "revision": 1})))],
+        vec![Step::Reference {
+            requirement: "CR-PREP-018".into(),
+            steps: vec![expect(json!({"type": "s", "revision": 1}))],
+        }],
+    );
+    let (outcome, _) = run_case(case).await;
+    assert!(outcome.failure.is_none(), "{:?}", outcome.failure);
+    // A required failure outside names none.
+    let case = Case::new("required", vec![], vec![expect(json!({"type": "s"}))]);
+    let (outcome, _) = run_case(case).await;
+    assert_eq!(outcome.failure.unwrap().reference, None);
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_launch_failure_is_typed() {
     let opts = DriveOptions {
         target_cmd: String::new(),

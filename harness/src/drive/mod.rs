@@ -147,6 +147,7 @@ pub async fn drive_steps<P: Peer>(
                 what: step.describe(),
                 code: error.code,
                 message: error.message,
+                reference: error.reference,
             });
         }
     }

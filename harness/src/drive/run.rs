@@ -329,6 +329,26 @@ impl Run {
     /// # Errors
     /// The step's failure.
     pub async fn exec<P: Peer>(&mut self, peer: &mut P, step: &Step) -> StepResult {
+        match step {
+            Step::Reference { requirement, steps } => {
+                for inner in steps {
+                    if matches!(inner, Step::Reference { .. }) {
+                        return Err(fail::scenario("a `reference` step cannot hold another"));
+                    }
+                    self.exec_plain(peer, inner).await.map_err(|e| {
+                        let mut e = e.in_reference(requirement);
+                        e.message = format!("{} ({})", e.message, inner.describe());
+                        e
+                    })?;
+                }
+                Ok(())
+            }
+            other => self.exec_plain(peer, other).await,
+        }
+    }
+
+    /// One step that is not a `reference:` group.
+    async fn exec_plain<P: Peer>(&mut self, peer: &mut P, step: &Step) -> StepResult {
         if let Some(reason) = peer.role().refusal(step) {
             return Err(fail::unsupported(reason));
         }

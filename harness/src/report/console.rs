@@ -16,7 +16,11 @@ pub fn millis(duration: Duration) -> String {
 
 /// The line(s) for one run.
 pub fn result_line(result: &ScenarioResult) -> String {
-    let status = if result.passed { "PASS" } else { "FAIL" };
+    let status = match (result.passed, result.differs) {
+        (true, true) => "DIFF",
+        (true, false) => "PASS",
+        (false, _) => "FAIL",
+    };
     let mut out = format!(
         "{status} {} [{}] {}",
         result.scenario,
@@ -24,10 +28,11 @@ pub fn result_line(result: &ScenarioResult) -> String {
         millis(result.duration)
     );
     let code = result.code_line();
-    if !result.passed && !code.is_empty() {
+    let shown = !result.passed || result.differs;
+    if shown && !code.is_empty() {
         out.push_str(&format!(" ({code})"));
     }
-    if let Some(failure) = result.failure.as_deref().filter(|_| !result.passed) {
+    if let Some(failure) = result.failure.as_deref().filter(|_| shown) {
         for line in failure.lines() {
             out.push_str("\n  ");
             out.push_str(line);
@@ -70,5 +75,25 @@ mod tests {
         assert!(lines[2].starts_with("  step 4"));
         assert_eq!(lines[3], "  expected 1, got 2");
         assert_eq!(lines[4], "1 passed, 1 failed");
+        let diff = ScenarioResult::differs(
+            "core_runtime/x",
+            crate::scenario::Side::Runtime,
+            Duration::from_millis(5),
+            "CR-PREP-018",
+            "revision 1 expected",
+        )
+        .with_code(
+            crate::drive::FailureCode::Mismatch,
+            crate::drive::Phase::Step(3),
+        )
+        .with_reference(Some("CR-PREP-018".into()));
+        assert_eq!(
+            result_line(&diff),
+            "DIFF core_runtime/x [runtime] 5ms (mismatch at step 3, reference CR-PREP-018)\n  revision 1 expected"
+        );
+        assert_eq!(
+            summary_line(&[diff]),
+            "1 passed, 0 failed, 1 differ from the reference"
+        );
     }
 }

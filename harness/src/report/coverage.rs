@@ -1,28 +1,41 @@
 //! Requirement-coverage printouts (text and Markdown) of a
 //! [`crate::requirements::Coverage`]. Pure rendering; never touches sockets.
 
-use crate::requirements::Coverage;
+use crate::requirements::{Coverage, Level};
+
+/// `required 120/130 covered, reference 10/16 covered`.
+fn levels_line(coverage: &Coverage) -> String {
+    let (rc, rt) = coverage.count(Level::Required);
+    let (fc, ft) = coverage.count(Level::Reference);
+    format!("required {rc}/{rt} covered, reference {fc}/{ft} covered")
+}
 
 /// Plain-text coverage report for `family`; ends with the error lines, if any.
 pub fn render_text(family: &str, coverage: &Coverage) -> String {
     let mut out = format!(
-        "coverage {family}: {}/{} requirements covered ({:.0}%)\n",
+        "coverage {family}: {}/{} requirements covered ({:.0}%): {}\n",
         coverage.covered.len(),
         coverage.total,
-        coverage.percent()
+        coverage.percent(),
+        levels_line(coverage)
     );
-    for (id, scenarios) in &coverage.covered {
-        out.push_str(&format!("  covered   {id}: {}\n", scenarios.join(", ")));
-    }
-    for u in &coverage.uncovered {
-        match &u.reason {
-            Some(reason) => {
-                out.push_str(&format!("  uncovered {} ({}): {reason}\n", u.id, u.section))
+    for level in [Level::Required, Level::Reference] {
+        out.push_str(&format!("{}:\n", level.as_str()));
+        for (id, scenarios) in &coverage.covered {
+            if coverage.levels.get(id) == Some(&level) {
+                out.push_str(&format!("  covered   {id}: {}\n", scenarios.join(", ")));
             }
-            None => out.push_str(&format!(
-                "  MISSING   {} ({}): no scenario and no reason\n",
-                u.id, u.section
-            )),
+        }
+        for u in coverage.uncovered.iter().filter(|u| u.level == level) {
+            match &u.reason {
+                Some(reason) => {
+                    out.push_str(&format!("  uncovered {} ({}): {reason}\n", u.id, u.section))
+                }
+                None => out.push_str(&format!(
+                    "  MISSING   {} ({}): no scenario and no reason\n",
+                    u.id, u.section
+                )),
+            }
         }
     }
     for error in coverage.errors() {
@@ -34,20 +47,29 @@ pub fn render_text(family: &str, coverage: &Coverage) -> String {
 /// Markdown coverage table for `family`.
 pub fn render_markdown(family: &str, coverage: &Coverage) -> String {
     let mut out = format!(
-        "### Requirement coverage: {family}\n\n{}/{} covered ({:.0}%)\n\n| Requirement | Status | Scenarios / reason |\n|---|---|---|\n",
+        "### Requirement coverage: {family}\n\n{}/{} covered ({:.0}%): {}\n\n| Requirement | Level | Status | Scenarios / reason |\n|---|---|---|---|\n",
         coverage.covered.len(),
         coverage.total,
-        coverage.percent()
+        coverage.percent(),
+        levels_line(coverage)
     );
     for (id, scenarios) in &coverage.covered {
-        out.push_str(&format!("| {id} | covered | {} |\n", scenarios.join(", ")));
+        let level = coverage.levels.get(id).map_or("", |l| l.as_str());
+        out.push_str(&format!(
+            "| {id} | {level} | covered | {} |\n",
+            scenarios.join(", ")
+        ));
     }
     for u in &coverage.uncovered {
         let (status, reason) = match &u.reason {
             Some(r) => ("uncovered", r.replace('|', "\\|")),
             None => ("**missing**", "no scenario and no reason".to_string()),
         };
-        out.push_str(&format!("| {} | {status} | {reason} |\n", u.id));
+        out.push_str(&format!(
+            "| {} | {} | {status} | {reason} |\n",
+            u.id,
+            u.level.as_str()
+        ));
     }
     let errors = coverage.errors();
     if !errors.is_empty() {
@@ -71,15 +93,27 @@ mod tests {
             uncovered: vec![Uncovered {
                 id: "CR-A-002".into(),
                 section: "S".into(),
+                level: Level::Reference,
                 reason: None,
             }],
             total: 2,
+            levels: [
+                ("CR-A-001".to_string(), Level::Required),
+                ("CR-A-002".to_string(), Level::Reference),
+            ]
+            .into(),
             ..Coverage::default()
         };
         let text = render_text("core_runtime", &cov);
-        assert!(text.starts_with("coverage core_runtime: 1/2 requirements covered (50%)"));
-        assert!(text.contains("MISSING   CR-A-002"));
+        assert!(text.starts_with(
+            "coverage core_runtime: 1/2 requirements covered (50%): required 1/1 covered, reference 0/1 covered"
+        ), "{text}");
+        assert!(text.contains("required:\n  covered   CR-A-001"), "{text}");
+        assert!(text.contains("reference:\n  MISSING   CR-A-002"), "{text}");
         assert!(text.contains("error: requirement CR-A-002"));
-        assert!(render_markdown("core_runtime", &cov).contains("| CR-A-002 | **missing** |"));
+        assert!(
+            render_markdown("core_runtime", &cov)
+                .contains("| CR-A-002 | reference | **missing** |")
+        );
     }
 }

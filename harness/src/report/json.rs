@@ -1,7 +1,8 @@
 //! Machine-readable JSON report. Pure rendering; never touches sockets.
 //!
 //! Shape: `{"summary": {"passed": N, "failed": M}, "results": [{"scenario", "side",
-//! "passed", "duration_ms", "failure"?, "code"?, "phase"?, "step"?, "golden"?}...]}`:
+//! "passed", "duration_ms", "failure"?, "code"?, "phase"?, "step"?, "reference"?,
+//! "differs_from_reference"?, "golden"?}...]}` (the summary also counts `differ`):
 //! `code` is the failure's stable code (`mismatch`, `launch_failed`, …), `phase` one of
 //! `launch`, `step`, `after_last_step`, `end_of_run`, `golden`, and `step` the 1-based
 //! step index when the phase is `step`.
@@ -32,6 +33,12 @@ pub fn result_value(r: &ScenarioResult) -> Value {
     if let Some(step) = r.step() {
         map.insert("step".into(), json!(step));
     }
+    if let Some(reference) = &r.reference {
+        map.insert("reference".into(), json!(reference));
+    }
+    if r.differs {
+        map.insert("differs_from_reference".into(), json!(true));
+    }
     if let Some(g) = &r.golden {
         map.insert("golden".into(), json!(g));
     }
@@ -42,7 +49,7 @@ pub fn result_value(r: &ScenarioResult) -> Value {
 pub fn render_value(results: &[ScenarioResult]) -> Value {
     let summary = Summary::of(results);
     json!({
-        "summary": { "passed": summary.passed, "failed": summary.failed },
+        "summary": { "passed": summary.passed, "failed": summary.failed, "differ": summary.differ },
         "results": results.iter().map(result_value).collect::<Vec<_>>(),
     })
 }

@@ -36,6 +36,12 @@ pub struct ScenarioResult {
     pub code: Option<FailureCode>,
     /// When in the run it failed (the phase; the step index is in [`Self::step`]).
     pub phase: Option<Phase>,
+    /// The `level: reference` requirement of the `reference:` step the failure happened
+    /// in, when it did.
+    pub reference: Option<String>,
+    /// In vendor mode: the target is conformant here but differs from our reference
+    /// behaviour at [`Self::reference`] ([`Self::failure`] says how).
+    pub differs: bool,
 }
 
 impl ScenarioResult {
@@ -50,7 +56,25 @@ impl ScenarioResult {
             golden: None,
             code: None,
             phase: None,
+            reference: None,
+            differs: false,
         }
+    }
+
+    /// A conformant run that differs from the reference behaviour at `requirement`
+    /// (vendor mode), `how` saying where.
+    pub fn differs(
+        scenario: impl Into<String>,
+        side: Side,
+        duration: Duration,
+        requirement: &str,
+        how: impl Into<String>,
+    ) -> Self {
+        let mut result = Self::pass(scenario, side, duration);
+        result.failure = Some(how.into());
+        result.reference = Some(requirement.to_string());
+        result.differs = true;
+        result
     }
 
     /// A failing result.
@@ -69,7 +93,15 @@ impl ScenarioResult {
             golden: None,
             code: None,
             phase: None,
+            reference: None,
+            differs: false,
         }
+    }
+
+    /// The same result with the reference requirement of the failure, if any.
+    pub fn with_reference(mut self, reference: Option<String>) -> Self {
+        self.reference = reference;
+        self
     }
 
     /// The same result with the failure's `code` and `phase`.
@@ -87,11 +119,15 @@ impl ScenarioResult {
     /// `mismatch at step 3`, `launch_failed at launch`, … (empty when it passed or the
     /// failure carries no code).
     pub fn code_line(&self) -> String {
-        match (self.code, self.phase) {
+        let mut line = match (self.code, self.phase) {
             (Some(code), Some(phase)) => format!("{code} at {}", phase.label()),
             (Some(code), None) => code.to_string(),
             _ => String::new(),
+        };
+        if let Some(requirement) = &self.reference {
+            line.push_str(&format!(", reference {requirement}"));
         }
+        line
     }
 
     /// The family part of [`Self::scenario`].
@@ -112,10 +148,12 @@ impl ScenarioResult {
 /// Pass / fail counts.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Summary {
-    /// Runs that passed.
+    /// Runs that passed (those that differ from the reference included).
     pub passed: usize,
     /// Runs that failed.
     pub failed: usize,
+    /// Passing runs that differ from the reference behaviour (vendor mode).
+    pub differ: usize,
 }
 
 impl Summary {
@@ -125,6 +163,7 @@ impl Summary {
         Self {
             passed,
             failed: results.len() - passed,
+            differ: results.iter().filter(|r| r.differs).count(),
         }
     }
 
@@ -135,9 +174,13 @@ impl Summary {
 }
 
 impl std::fmt::Display for Summary {
-    /// Exactly `N passed, M failed`.
+    /// Exactly `N passed, M failed`, then `, K differ from the reference` when any do.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{} passed, {} failed", self.passed, self.failed)
+        write!(f, "{} passed, {} failed", self.passed, self.failed)?;
+        if self.differ > 0 {
+            write!(f, ", {} differ from the reference", self.differ)?;
+        }
+        Ok(())
     }
 }
 

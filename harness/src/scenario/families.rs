@@ -17,6 +17,7 @@ pub const GENERIC_STEPS: &[&str] = &[
     "silence",
     "any_order",
     "optional",
+    "reference",
     "disconnect",
     "half_close",
     "send_bytes",

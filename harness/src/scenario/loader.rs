@@ -217,6 +217,7 @@ enum RawStep {
     Silence(Spanned<DurationText>),
     AnyOrder(Vec<Spanned<RawStep>>),
     Optional(Box<Spanned<RawStep>>),
+    Reference(RawReference),
     Disconnect(Empty),
     HalfClose(RawClose),
     SendBytes(RawBytes),
@@ -255,6 +256,14 @@ impl RawFrame {
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct Empty {}
+
+/// `reference: {requirement, steps}`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawReference {
+    requirement: String,
+    steps: Vec<Spanned<RawStep>>,
+}
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -458,6 +467,19 @@ impl Converter<'_> {
                     }
                 }
                 Step::AnyOrder(steps)
+            }
+            RawStep::Reference(r) => {
+                let mut steps = Vec::new();
+                for item in r.steps {
+                    if let Some((step, child)) = self.step(item) {
+                        steps.push(step);
+                        span.children.push(child.location);
+                    }
+                }
+                Step::Reference {
+                    requirement: r.requirement,
+                    steps,
+                }
             }
             RawStep::Optional(inner) => {
                 let (step, child) = self.step(*inner)?;
@@ -712,6 +734,34 @@ steps:
             Ok(_) => panic!("expected an error for:\n{text}"),
             Err(e) => e.to_string(),
         }
+    }
+
+    #[test]
+    fn reference_steps_load_and_are_checked() {
+        let base = "family: core_runtime\nname: x\nsummary: s\ncovers: [CR-A-001]\nsteps:\n  - handshake: {}\n";
+        let (_dir, ok) = load(
+            "x",
+            &format!(
+                "{base}  - reference: {{requirement: CR-PREP-018, steps: [{{silence: 10ms}}, {{disconnect: {{}}}}]}}\n"
+            ),
+        );
+        let s = ok.unwrap();
+        assert!(
+            matches!(&s.steps[1], Step::Reference { requirement, steps } if requirement == "CR-PREP-018" && steps.len() == 2)
+        );
+        let err = load_err(
+            "x",
+            &format!("{base}  - reference: {{requirement: nope, steps: [{{silence: 10ms}}]}}\n"),
+        );
+        assert!(
+            err.contains("x.yaml:7:5") && err.contains("malformed requirement ID `nope`"),
+            "{err}"
+        );
+        let err = load_err(
+            "x",
+            &format!("{base}  - reference: {{requirement: CR-A-001, steps: []}}\n"),
+        );
+        assert!(err.contains("`steps` must not be empty"), "{err}");
     }
 
     #[test]

@@ -401,6 +401,16 @@ pub enum Step {
     /// expects (then it must match, and is recorded), or not at all; of a party the
     /// harness plays: the harness sends it.
     Optional(Box<Step>),
+    /// `reference:` — steps that assert our reference implementation's behaviour where
+    /// the spec leaves a choice (the catalog entry `requirement` is `level: reference`).
+    /// In strict mode (our own runs) they are ordinary steps; in vendor mode a failure
+    /// inside them ends the run as a difference from the reference, not a failure.
+    Reference {
+        /// The catalog entry the steps assert.
+        requirement: String,
+        /// The steps.
+        steps: Vec<Step>,
+    },
     /// `disconnect:` — drop the transport abruptly.
     Disconnect,
     /// `half_close:` — send a Close frame and await the target's reply.
@@ -480,6 +490,7 @@ impl Step {
             Step::Silence(_) => "silence",
             Step::AnyOrder(_) => "any_order",
             Step::Optional(_) => "optional",
+            Step::Reference { .. } => "reference",
             Step::Disconnect => "disconnect",
             Step::HalfClose { .. } => "half_close",
             Step::SendBytes(_) => "send_bytes",
@@ -504,6 +515,9 @@ impl Step {
             Step::Silence(d) => format!("silence {}ms", d.as_millis()),
             Step::AnyOrder(steps) => format!("any_order of {} frames", steps.len()),
             Step::Optional(inner) => format!("optional {}", inner.describe()),
+            Step::Reference { requirement, steps } => {
+                format!("reference {requirement} ({} steps)", steps.len())
+            }
             other => other.keyword().to_string(),
         }
     }

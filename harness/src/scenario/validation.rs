@@ -353,6 +353,24 @@ impl Checker<'_> {
                     );
                 }
             }
+            Step::Reference { requirement, steps } => {
+                if !is_requirement_id(requirement) {
+                    self.issue(
+                        Some(location),
+                        format!("reference: malformed requirement ID `{requirement}`"),
+                    );
+                }
+                if steps.is_empty() {
+                    self.issue(Some(location), "reference: `steps` must not be empty");
+                }
+                for (i, inner) in steps.iter().enumerate() {
+                    let loc = children.get(i).copied().unwrap_or(location);
+                    if matches!(inner, Step::ExpectExit { .. }) {
+                        self.issue(Some(loc), "expect_exit cannot be inside `reference`");
+                    }
+                    self.step(loc, &[], inner);
+                }
+            }
             Step::Optional(inner) => {
                 let loc = children.first().copied().unwrap_or(location);
                 match &**inner {
@@ -683,6 +701,12 @@ fn sight_step(
         Step::Optional(inner) => {
             let loc = children.first().copied().unwrap_or(location);
             sight_step(scenario, sightings, loc, &[], step, inner);
+        }
+        Step::Reference { steps, .. } => {
+            for (i, inner) in steps.iter().enumerate() {
+                let loc = children.get(i).copied().unwrap_or(location);
+                sight_step(scenario, sightings, loc, &[], step, inner);
+            }
         }
         _ => {}
     }
