@@ -277,7 +277,8 @@ impl Bindings {
     }
 
     /// The value to send for a comparison pattern: its `$as` placeholder's value when
-    /// bound, else the least value the bounds allow (then bound to `$as`).
+    /// bound, else the bound the pattern names ([`crate::matcher::ComparePattern::mint`]),
+    /// then bound to `$as`.
     fn substitute_comparison(
         &mut self,
         compare: &crate::matcher::ComparePattern,
@@ -311,7 +312,7 @@ mod tests {
     use serde_json::json;
 
     #[test]
-    fn comparisons_send_the_least_value_and_bind_it() {
+    fn comparisons_send_a_bound_and_bind_it() {
         let mut b = Bindings::new();
         b.bind("r1", json!(100)).unwrap();
         let sent = b

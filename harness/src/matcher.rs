@@ -172,8 +172,9 @@ impl Operand {
 /// `$le`) by literals or bound placeholders, bound to `$as` when it matches. The form for
 /// values the spec orders but does not fix: `revision: {$gt: $r1, $as: $r2}` ("after the
 /// previous revision of this handle"), `expires_in_ms: {$gt: 0, $le: 300000}`. Where the
-/// harness sends such a value it sends the least value the bounds allow (an integer when
-/// the bound is one).
+/// harness sends such a value it sends the upper bound when there is one (minus one when
+/// strict: the full five minutes of an expiry), else the lower bound (plus one when
+/// strict: the next revision); an integer when the bound is one.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ComparePattern {
     lower: Option<(Operand, bool)>,
@@ -263,9 +264,9 @@ impl ComparePattern {
         Ok(())
     }
 
-    /// The value the harness sends for this pattern: the least the bounds allow (the
-    /// lower bound, plus one when strict), else the greatest (the upper bound, minus one
-    /// when strict); integral when the bound is.
+    /// The value the harness sends for this pattern: the upper bound when there is one
+    /// (minus one when strict), else the lower bound (plus one when strict); integral
+    /// when the bound is.
     ///
     /// # Errors
     /// An unbound operand, or bounds nothing satisfies.
@@ -280,8 +281,8 @@ impl ComparePattern {
             }
         };
         let x = match (&self.lower, &self.upper) {
-            (Some((b, strict)), _) => step(b.resolve(bindings)?, *strict, true),
-            (None, Some((b, strict))) => step(b.resolve(bindings)?, *strict, false),
+            (_, Some((b, strict))) => step(b.resolve(bindings)?, *strict, false),
+            (Some((b, strict)), None) => step(b.resolve(bindings)?, *strict, true),
             (None, None) => return Err("a comparison needs a bound".into()),
         };
         let value = if x.fract() == 0.0 && x.abs() < 9.0e15 {
@@ -719,7 +720,7 @@ mod tests {
     }
 
     #[test]
-    fn comparisons_are_parsed_strictly_and_mint_the_least_value() {
+    fn comparisons_are_parsed_strictly_and_mint_a_bound() {
         for bad in [
             json!({"$gt": 1, "$ge": 1}),
             json!({"$lt": 1, "$le": 1}),
@@ -737,6 +738,10 @@ mod tests {
         assert_eq!(mint(json!({"$gt": "$r1"}), &b), Ok(json!(5)));
         assert_eq!(mint(json!({"$ge": "$r1"}), &b), Ok(json!(4)));
         assert_eq!(mint(json!({"$lt": 10}), &b), Ok(json!(9)));
+        assert_eq!(
+            mint(json!({"$gt": 0, "$le": 300000}), &b),
+            Ok(json!(300000))
+        );
         assert!(mint(json!({"$gt": 5, "$lt": 6}), &b).is_err());
     }
 
