@@ -1,6 +1,8 @@
 //! Integration tests of the Files write API of `contract-impl core serve`
 //! (`PUT /v1/sessions/{id}/files/content`, "Workspace operations": `workspace_write`,
-//! durable write reservations), against a scripted Runtime.
+//! durable write reservations), against a scripted Runtime. Rejections, connection loss
+//! and the reservation across a restart are side-core scenarios (`workspace_write_*`,
+//! `core_write_reservation_*`).
 
 mod common;
 
@@ -113,6 +115,7 @@ async fn turn_status(api: &common::Api, session: &Session) -> (u16, Value) {
     .await
 }
 
+// Stays a Rust test: a body of several 64 KiB chunks, whose bytes a side-core scenario would have to spell out (`$generated` matching is for side-runtime scenarios only).
 #[tokio::test(flavor = "multi_thread")]
 async fn a_committed_write_settles_the_reservation_and_unblocks_the_session() {
     let core = Core::start("");
@@ -168,103 +171,7 @@ async fn a_committed_write_settles_the_reservation_and_unblocks_the_session() {
     rt.run().await;
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn a_rejection_receipt_settles_the_reservation_rejected() {
-    let core = Core::start("");
-    let api = core.api();
-    let mut rt = Runtime::connect_with(&core.base, &["controlled"]).await;
-    let session = api.session("controlled", "self_hosted").await;
-    let env = session.environment_id.clone();
-    let content = b"hello world".to_vec();
-
-    let writing = spawn_put(&core.base, &session.session_id, "a.txt", &content);
-    rt.initialize(&env).await;
-    let (prep, handle, op) = begin(&mut rt, &env, "a.txt", &content).await;
-    receive_chunks(&mut rt, &op, &content).await;
-    rt.expect("workspace_write").await;
-    rt.send(json!({"type": "workspace_write_result", "id": op,
-        "payload": {"phase": "rejected", "error_code": "digest_mismatch"}}))
-        .await;
-    release(&mut rt, &prep, &handle).await;
-    let (status, body) = writing.await.unwrap();
-    assert_eq!(
-        (
-            status,
-            body["error"].as_str(),
-            body["runtime_error_code"].as_str()
-        ),
-        (422, Some("write_rejected"), Some("digest_mismatch")),
-        "{body}"
-    );
-    assert_eq!(body["write_id"], op);
-    let w = api
-        .get(&format!(
-            "/sessions/{}/files/writes/{}",
-            session.session_id,
-            op.as_str().unwrap()
-        ))
-        .await;
-    assert_eq!(w["state"], "rejected", "{w}");
-    let (status, body) = turn_status(&api, &session).await;
-    assert_eq!(status, 201, "{body}");
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn a_disconnect_mid_transfer_leaves_the_write_unknown_and_blocking() {
-    let core = Core::start("");
-    let api = core.api();
-    let mut rt = Runtime::connect_with(&core.base, &["controlled"]).await;
-    let session = api.session("controlled", "self_hosted").await;
-    let env = session.environment_id.clone();
-    let content: Vec<u8> = vec![7u8; CHUNK + 10];
-
-    let writing = spawn_put(&core.base, &session.session_id, "big.bin", &content);
-    rt.initialize(&env).await;
-    let (_prep, _handle, op) = begin(&mut rt, &env, "big.bin", &content).await;
-    // Acknowledge the first chunk only, then lose the transport.
-    let chunk = rt.expect("workspace_write").await;
-    assert_eq!(chunk["payload"]["offset"], 0);
-    rt.send(json!({"type": "workspace_write_result", "id": op,
-        "payload": {"phase": "received", "offset": 0, "received": CHUNK}}))
-        .await;
-    rt.expect("workspace_write").await;
-    rt.drop_transport();
-    let (status, body) = writing.await.unwrap();
-    assert_eq!(
-        (status, body["error"].as_str()),
-        (503, Some("write_unknown")),
-        "{body}"
-    );
-    assert_eq!(body["write_id"], op);
-    let w = api
-        .get(&format!(
-            "/sessions/{}/files/writes/{}",
-            session.session_id,
-            op.as_str().unwrap()
-        ))
-        .await;
-    assert_eq!(w["state"], "unknown", "{w}");
-    // Never claimed as done: Turns and further writes of the Session stay blocked.
-    let (status, body) = turn_status(&api, &session).await;
-    assert_eq!(
-        (status, body["error"].as_str()),
-        (409, Some("write_reserved")),
-        "{body}"
-    );
-    let (status, body) = put_raw(
-        &core.base,
-        &session.session_id,
-        "other.txt",
-        json!({"content_base64": b64(b"x")}).to_string(),
-    )
-    .await;
-    assert_eq!(
-        (status, body["error"].as_str()),
-        (409, Some("write_reserved")),
-        "{body}"
-    );
-}
-
+// Stays a Rust test: it runs the operator command `core write settle` on the data directory, a process no scenario step can run.
 #[tokio::test(flavor = "multi_thread")]
 async fn an_unsettled_reservation_blocks_across_a_sigkill_until_an_operator_settles_it() {
     let mut core = Core::start("");
@@ -337,6 +244,7 @@ async fn an_unsettled_reservation_blocks_across_a_sigkill_until_an_operator_sett
     rt.run().await;
 }
 
+// Stays a Rust test: public-API request validation, with bodies over 5 MiB and non-JSON bodies that an `api:` step cannot send.
 #[tokio::test(flavor = "multi_thread")]
 async fn public_checks_refuse_before_any_runtime_frame() {
     let core = Core::start("");

@@ -257,11 +257,6 @@ impl Api {
             .map(|e| e["type"].as_str().unwrap().to_string())
             .collect()
     }
-
-    /// The Turn's active inputs (`GET /v1/turns/{id}/inputs`).
-    pub async fn inputs(&self, turn_id: &str) -> Value {
-        self.get(&format!("/turns/{turn_id}/inputs")).await
-    }
 }
 
 /// One user message of text.
@@ -388,11 +383,6 @@ impl Runtime {
                 Some(Err(e)) => panic!("connection error before close: {e}"),
             }
         }
-    }
-
-    /// Drops the TCP connection without a close handshake.
-    pub fn drop_transport(self) {
-        drop(self.ws);
     }
 
     /// Answers `runtime_prepare initialize` when the Environment is local.
