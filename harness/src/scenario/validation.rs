@@ -105,6 +105,27 @@ pub fn is_requirement_id(id: &str) -> bool {
             .is_some_and(|s| s.bytes().all(|b| b.is_ascii_digit()))
 }
 
+/// Visits `value` and, unless `visit` returns `true` (handled), its elements and members
+/// with their JSON paths.
+fn walk(value: &Value, path: &str, visit: &mut dyn FnMut(&Value, &str) -> bool) {
+    if visit(value, path) {
+        return;
+    }
+    match value {
+        Value::Array(items) => {
+            for (i, item) in items.iter().enumerate() {
+                walk(item, &format!("{path}[{i}]"), visit);
+            }
+        }
+        Value::Object(map) => {
+            for (k, v) in map {
+                walk(v, &crate::matcher::child_path(path, k), visit);
+            }
+        }
+        _ => {}
+    }
+}
+
 struct Checker<'a> {
     scenario: &'a Scenario,
     /// The scenario's family table (`None`: an unknown family, reported once).
@@ -153,83 +174,56 @@ impl Checker<'_> {
 
     /// Checks every `{$generated: …}` pattern in `value`: well-formed, and only in frames
     /// of the one side the scenario targets (the harness can match it, never send it).
-    fn generated_patterns(
-        &mut self,
-        location: Location,
-        what: &str,
-        party: Party,
-        value: &Value,
-        path: &str,
-    ) {
-        match GeneratedPattern::parse(value) {
-            Ok(Some(_)) => {
-                let only_target = self.scenario.sides.as_deref() == Some(&[party.side()][..]);
-                if !only_target {
-                    self.issue(
-                        Some(location),
-                        format!(
-                            "{what}: `{GENERATED_MARKER}` at {path} matches only what the target emits; use it in `{}` frames of a scenario with `sides: [{}]`",
-                            party.as_str(),
-                            party.side()
-                        ),
-                    );
+    fn generated_patterns(&mut self, location: Location, what: &str, party: Party, value: &Value) {
+        let only_target = self.scenario.sides.as_deref() == Some(&[party.side()][..]);
+        let mut found = Vec::new();
+        walk(
+            value,
+            "$",
+            &mut |v, path| match GeneratedPattern::parse(v) {
+                Ok(Some(_)) if only_target => true,
+                Ok(Some(_)) => {
+                    found.push(format!(
+                    "{what}: `{GENERATED_MARKER}` at {path} matches only what the target emits; use it in `{}` frames of a scenario with `sides: [{}]`",
+                    party.as_str(),
+                    party.side()
+                ));
+                    true
                 }
-                return;
-            }
-            Err(reason) => {
-                self.issue(Some(location), format!("{what}: at {path}: {reason}"));
-                return;
-            }
-            Ok(None) => {}
-        }
-        match value {
-            Value::Array(items) => {
-                for (i, item) in items.iter().enumerate() {
-                    self.generated_patterns(location, what, party, item, &format!("{path}[{i}]"));
+                Err(reason) => {
+                    found.push(format!("{what}: at {path}: {reason}"));
+                    true
                 }
-            }
-            Value::Object(map) => {
-                for (k, v) in map {
-                    let sub = crate::matcher::child_path(path, k);
-                    self.generated_patterns(location, what, party, v, &sub);
-                }
-            }
-            _ => {}
+                Ok(None) => false,
+            },
+        );
+        for message in found {
+            self.issue(Some(location), message);
         }
     }
 
     /// Checks every comparison pattern (`{$gt: …, $as: …}`) in `value` is well-formed.
-    fn comparisons(&mut self, location: Location, what: &str, value: &Value, path: &str) {
-        match ComparePattern::parse(value) {
-            Ok(Some(_)) => return,
+    fn comparisons(&mut self, location: Location, what: &str, value: &Value) {
+        let mut found = Vec::new();
+        walk(value, "$", &mut |v, path| match ComparePattern::parse(v) {
+            Ok(Some(_)) => true,
             Err(reason) => {
-                self.issue(Some(location), format!("{what}: at {path}: {reason}"));
-                return;
+                found.push(format!("{what}: at {path}: {reason}"));
+                true
             }
-            Ok(None) => {}
-        }
-        match value {
-            Value::Array(items) => {
-                for (i, item) in items.iter().enumerate() {
-                    self.comparisons(location, what, item, &format!("{path}[{i}]"));
-                }
-            }
-            Value::Object(map) => {
-                for (k, v) in map {
-                    let sub = crate::matcher::child_path(path, k);
-                    self.comparisons(location, what, v, &sub);
-                }
-            }
-            _ => {}
+            Ok(None) => false,
+        });
+        for message in found {
+            self.issue(Some(location), message);
         }
     }
 
     fn frame(&mut self, location: Location, party: Party, frame: &Value) {
         let what = format!("`{}` frame", party.as_str());
         self.placeholders(location, &what, frame);
-        self.comparisons(location, &what, frame, "$");
+        self.comparisons(location, &what, frame);
         self.no_nulls(location, &what, frame, "$");
-        self.generated_patterns(location, &what, party, frame, "$");
+        self.generated_patterns(location, &what, party, frame);
         let kind = frame
             .get("type")
             .and_then(Value::as_str)

@@ -540,7 +540,7 @@ impl CoreStore for SqliteStore {
             "SELECT definition, created_at_ms FROM agents WHERE agent_id = ?1",
             params![agent_id],
             ("agent", agent_id),
-            |r| Ok((r.get(0)?, r.get(1)?)),
+            |r| r.try_into(),
         )?;
         Ok(AgentRecord {
             agent_id: agent_id.to_string(),
@@ -571,7 +571,7 @@ impl CoreStore for SqliteStore {
             "SELECT kind, created_at_ms FROM environments WHERE environment_id = ?1",
             params![environment_id],
             ("environment", environment_id),
-            |r| Ok((r.get(0)?, r.get(1)?)),
+            |r| r.try_into(),
         )?;
         Ok(EnvironmentRecord {
             environment_id: environment_id.to_string(),
@@ -613,16 +613,7 @@ impl CoreStore for SqliteStore {
             "SELECT agent_id, environment_id, frozen, native_session_id, started_turns, created_at_ms FROM sessions WHERE session_id = ?1",
             params![session_id],
             ("session", session_id),
-            |r| {
-                Ok((
-                    r.get(0)?,
-                    r.get(1)?,
-                    r.get(2)?,
-                    r.get(3)?,
-                    r.get(4)?,
-                    r.get(5)?,
-                ))
-            },
+            |r| r.try_into(),
         )?;
         Ok(SessionRecord {
             session_id: session_id.to_string(),
@@ -970,17 +961,7 @@ impl CoreStore for SqliteStore {
             "SELECT input_id, turn_id, position, input, state, error_code, created_at_ms FROM inputs WHERE turn_id = ?1 ORDER BY position",
         )?;
         let rows = stmt
-            .query_map(params![turn_id], |r| {
-                Ok((
-                    r.get(0)?,
-                    r.get(1)?,
-                    r.get(2)?,
-                    r.get(3)?,
-                    r.get(4)?,
-                    r.get(5)?,
-                    r.get(6)?,
-                ))
-            })?
+            .query_map(params![turn_id], |r| r.try_into())?
             .collect::<Result<Vec<InputRow>, _>>()?;
         rows.into_iter().map(input_from_row).collect()
     }
@@ -997,7 +978,7 @@ impl CoreStore for SqliteStore {
             "SELECT turn_id, state, position FROM inputs WHERE input_id = ?1",
             params![input_id],
             ("input", input_id),
-            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+            |r| r.try_into(),
         )?;
         let current = InputState::parse(&current).ok_or_else(|| corrupt("input state"))?;
         let allowed = match (current, state) {
@@ -1061,17 +1042,7 @@ impl CoreStore for SqliteStore {
             "SELECT turn_id, interaction_id, kind, request, state, answer, delivery_id FROM interactions WHERE turn_id = ?1 AND interaction_id = ?2 AND kind = ?3",
             params![turn_id, interaction_id, kind.as_str()],
             ("interaction", interaction_id),
-            |r| {
-                Ok((
-                    r.get(0)?,
-                    r.get(1)?,
-                    r.get(2)?,
-                    r.get(3)?,
-                    r.get(4)?,
-                    r.get(5)?,
-                    r.get(6)?,
-                ))
-            },
+            |r| r.try_into(),
         )?;
         interaction_from_row(row)
     }
@@ -1081,17 +1052,7 @@ impl CoreStore for SqliteStore {
             "SELECT turn_id, interaction_id, kind, request, state, answer, delivery_id FROM interactions WHERE turn_id = ?1 ORDER BY rowid",
         )?;
         let rows = stmt
-            .query_map(params![turn_id], |r| {
-                Ok((
-                    r.get(0)?,
-                    r.get(1)?,
-                    r.get(2)?,
-                    r.get(3)?,
-                    r.get(4)?,
-                    r.get(5)?,
-                    r.get(6)?,
-                ))
-            })?
+            .query_map(params![turn_id], |r| r.try_into())?
             .collect::<Result<Vec<InteractionRow>, _>>()?;
         rows.into_iter().map(interaction_from_row).collect()
     }
@@ -1205,7 +1166,7 @@ impl CoreStore for SqliteStore {
             .query_row(
                 "SELECT reservation_id, path, size, sha256, created_at_ms FROM write_reservations WHERE session_id = ?1 AND state = 'reserved'",
                 params![session_id],
-                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?)),
+                |r| r.try_into(),
             )
             .optional()?;
         Ok(row.map(|r| WriteReservation {
@@ -1230,7 +1191,7 @@ impl CoreStore for SqliteStore {
             "SELECT path, size, sha256, state, created_at_ms FROM write_reservations WHERE session_id = ?1 AND reservation_id = ?2",
             params![session_id, reservation_id],
             ("write", reservation_id),
-            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?)),
+            |r| r.try_into(),
         )?;
         Ok(WriteReservation {
             reservation_id: reservation_id.to_string(),
