@@ -257,7 +257,9 @@ fn relay_peer(socket: &Path) -> ExitCode {
     ));
     // Exit now: the stdin reader may still be blocked in a read.
     let code = match end {
-        Ok(PeerEnd::Exit(code)) => code,
+        // An exit status is one byte: anything else is a failure, never a wrap to 0.
+        Ok(PeerEnd::Exit(code)) if (0..=255).contains(&code) => code,
+        Ok(PeerEnd::Exit(_)) => 255,
         Ok(PeerEnd::LinkGone) => i32::from(EXIT_HARNESS_GONE),
         Err(e) => {
             eprintln!("contract-harness peer: cannot reach the harness: {e}");

@@ -669,6 +669,29 @@ fn cases() -> Vec<Case> {
             "credential leaked in a text frame",
         ),
         Case::new(
+            "the secret escaped on the wire is still a leak",
+            vec![now(Event::Text(format!(
+                "{{\"type\":\"hello\",\"token\":\"\\u0073{}\"}}",
+                &SECRET[1..]
+            )))],
+            vec![expect(json!({"type": "hello"}))],
+        )
+        .fails(
+            C::CredentialLeak,
+            Phase::Step(1),
+            "credential leaked in a text frame",
+        )
+        .records(vec![]),
+        Case::new(
+            "a frame the transport refuses is an invalid frame",
+            vec![now(Event::Error {
+                code: "invalid_utf8",
+                detail: "bad byte".into(),
+            })],
+            vec![expect(json!({"type": "hello"}))],
+        )
+        .fails(C::InvalidFrame, Phase::Step(1), "invalid_utf8"),
+        Case::new(
             "the secret in a family event is a leak where the family says",
             vec![now(Event::Other(FakeRequest(format!("GET /?t={SECRET}"))))],
             vec![Step::Silence(Duration::from_millis(50))],
@@ -925,6 +948,43 @@ async fn a_failure_inside_a_reference_step_names_its_requirement() {
     let case = Case::new("required", vec![], vec![expect(json!({"type": "s"}))]);
     let (outcome, _) = run_case(case).await;
     assert_eq!(outcome.failure.unwrap().reference, None);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_flood_of_allowed_frames_does_not_outlast_the_final_deadline() {
+    let ticks = (0..10_000)
+        .map(|_| later(1, text(json!({"type": "tick"}))))
+        .collect::<Vec<_>>();
+    let peer = FakePeer {
+        link: FakeLink {
+            script: ticks.into(),
+            connected: true,
+            echo_close: false,
+            sent: Arc::default(),
+        },
+    };
+    let opts = DriveOptions {
+        target_cmd: String::new(),
+        step_timeout: STEP,
+        startup_timeout: STEP,
+    };
+    let started = Started {
+        peer,
+        process: Box::new(FakeProcess::default()),
+        secret: String::new(),
+        ready: true,
+        normalize: Value::clone,
+    };
+    let begun = tokio::time::Instant::now();
+    let outcome = drive(&scenario(vec![]), &opts, async { Ok(started) }).await;
+    assert!(
+        begun.elapsed() <= STEP + Duration::from_millis(5),
+        "{:?}",
+        begun.elapsed()
+    );
+    let failure = outcome.failure.unwrap();
+    assert_eq!(failure.code, FailureCode::Timeout);
+    assert_eq!(failure.phase, Phase::AfterLastStep);
 }
 
 #[tokio::test(start_paused = true)]

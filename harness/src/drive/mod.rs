@@ -177,6 +177,17 @@ async fn finish<P: Peer>(
             fail::leak(leak_message(&format!("the target's {channel}"))),
         ));
     }
+    if failure.is_none()
+        && let Some(label) = run.recorded_leak.take()
+    {
+        failure = Some(Failure::outside(
+            id,
+            Phase::EndOfRun,
+            fail::leak(leak_message(&format!(
+                "a recorded {label} (escaped on the wire)"
+            ))),
+        ));
+    }
     let secret = run.secret.clone();
     let redact = |text: &str| {
         if secret.is_empty() {

@@ -80,11 +80,57 @@ pub struct Run {
     pub earlier_leak: Option<&'static str>,
     /// Frames of the target that `optional:` steps allow before the next expected frame.
     optional: Vec<Value>,
+    /// The label of the first recorded body that carried the secret (redacted).
+    pub recorded_leak: Option<String>,
     normalize: fn(&Value) -> Value,
 }
 
 fn identity(value: &Value) -> Value {
     value.clone()
+}
+
+/// Whether any string (or key) in `value` contains `secret`; every occurrence is
+/// replaced by `<credential>`.
+fn redact_value(value: &mut Value, secret: &str) -> bool {
+    match value {
+        Value::String(text) if text.contains(secret) => {
+            *text = text.replace(secret, "<credential>");
+            true
+        }
+        Value::Array(items) => {
+            // Every element is redacted: no short-circuit.
+            let mut found = false;
+            for item in items {
+                found |= redact_value(item, secret);
+            }
+            found
+        }
+        Value::Object(map) => {
+            let leaked_keys: Vec<String> =
+                map.keys().filter(|k| k.contains(secret)).cloned().collect();
+            for key in &leaked_keys {
+                if let Some(v) = map.remove(key) {
+                    map.insert(key.replace(secret, "<credential>"), v);
+                }
+            }
+            map.values_mut().fold(!leaked_keys.is_empty(), |found, v| {
+                redact_value(v, secret) || found
+            })
+        }
+        _ => false,
+    }
+}
+
+/// Whether any string (or key) of `value` contains `secret`.
+fn carries_secret(value: &Value, secret: &str) -> bool {
+    match value {
+        Value::String(text) => text.contains(secret),
+        Value::Array(items) => items.iter().any(|v| carries_secret(v, secret)),
+        Value::Object(map) => map
+            .iter()
+            .any(|(k, v)| k.contains(secret) || carries_secret(v, secret)),
+        _ => false,
+    }
 }
 
 impl Run {
@@ -107,6 +153,7 @@ impl Run {
             earlier_stderr: String::new(),
             earlier_leak: None,
             optional: Vec::new(),
+            recorded_leak: None,
             normalize: identity,
         }
     }
@@ -117,8 +164,15 @@ impl Run {
     }
 
     /// Records one emission of the target at the running step (normalized).
+    ///
+    /// A body that carries the secret in any decoded string (however the target escaped
+    /// it on the wire) is recorded with the secret replaced by `<credential>`, and the run
+    /// fails at its end ([`Run::recorded_leak`]): a golden never holds the secret.
     pub fn record(&mut self, label: &str, kind: EntryKind, body: Value) {
-        let body = (self.normalize)(&body);
+        let mut body = (self.normalize)(&body);
+        if !self.secret.is_empty() && redact_value(&mut body, &self.secret) {
+            self.recorded_leak.get_or_insert_with(|| label.to_string());
+        }
         self.recording.push(GoldenEntry {
             step: self.step,
             label: label.to_string(),
@@ -190,7 +244,7 @@ impl Run {
     }
 
     /// Decodes and schema-checks one emitted text frame.
-    fn decode_emitted<P: Peer>(peer: &P, text: &str, expected: &str) -> StepResult<Value> {
+    fn decode_emitted<P: Peer>(&self, peer: &P, text: &str, expected: &str) -> StepResult<Value> {
         let codec = peer.role().codec;
         let value = codec.decode(text).map_err(|e| {
             StepError::new(
@@ -210,7 +264,20 @@ impl Run {
                 ),
             )
         })?;
+        self.check_decoded(&value, "a text frame")?;
         Ok(value)
+    }
+
+    /// Fails when a decoded frame carries the secret in any string or key (an escaped
+    /// secret passes the raw-text check).
+    ///
+    /// # Errors
+    /// [`FailureCode::CredentialLeak`] naming `place`.
+    pub fn check_decoded(&self, value: &Value, place: &str) -> StepResult {
+        if !self.secret.is_empty() && carries_secret(value, &self.secret) {
+            return Err(fail::leak(leak_message(place)));
+        }
+        Ok(())
     }
 
     /// Receives the next frame from the target within the step deadline, decodes and
@@ -238,8 +305,19 @@ impl Run {
         let deadline = Instant::now() + self.step_timeout;
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(self.nothing(peer, expected));
+            }
             let text = match self.next_event(peer, left).await? {
                 Some(Event::Text(text)) => text,
+                Some(Event::Error { code, detail }) => {
+                    return Err(StepError::new(
+                        FailureCode::InvalidFrame,
+                        format!(
+                            "expected {expected}, got a frame the transport refuses ({code}: {detail})"
+                        ),
+                    ));
+                }
                 Some(other) => {
                     return Err(fail::unexpected(format!(
                         "expected {expected}, got {}",
@@ -248,7 +326,7 @@ impl Run {
                 }
                 None => return Err(self.nothing(peer, expected)),
             };
-            let value = Self::decode_emitted(peer, &text, expected)?;
+            let value = self.decode_emitted(peer, &text, expected)?;
             self.record(peer.role().emitted_label, EntryKind::Frame, value.clone());
             let awaited_match = awaited.iter().any(|pattern| {
                 let mut trial = self.bindings.clone();
@@ -420,12 +498,16 @@ impl Run {
         let deadline = Instant::now() + duration;
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Ok(());
+            }
             let Some(event) = self.next_event(peer, left).await? else {
                 return Ok(());
             };
             if let Event::Text(text) = &event
                 && let Ok(value) = peer.role().codec.decode(text)
             {
+                self.check_decoded(&value, "a text frame")?;
                 self.record(peer.role().emitted_label, EntryKind::Frame, value.clone());
                 // A typical frame an `optional:` step allows is not a breach of silence.
                 if peer.role().codec.check_emitted(&value).is_ok() && self.take_optional(&value) {
@@ -599,6 +681,12 @@ impl Run {
         let deadline = Instant::now() + self.step_timeout;
         let status = loop {
             let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(fail::timeout(format!(
+                    "expected {expected} within {}, it is still running",
+                    show_duration(self.step_timeout)
+                )));
+            }
             // Biased towards the connections: what the target emitted before it exited is
             // reported rather than hidden by the exit.
             let event = tokio::select! {
@@ -716,6 +804,7 @@ impl Run {
                 ),
             )
         })?;
+        self.check_decoded(&value, "a text frame")?;
         if codec.may_trail(&value) || self.take_optional(&value) {
             return Ok(());
         }
@@ -748,7 +837,12 @@ impl Run {
                 .await;
             while peer.connected() {
                 let left = deadline.saturating_duration_since(Instant::now());
-                match self.next_event(peer, left).await? {
+                let event = if left.is_zero() {
+                    None
+                } else {
+                    self.next_event(peer, left).await?
+                };
+                match event {
                     None => {
                         return Err(fail::timeout(format!(
                             "{} answered the harness's Close ({DEFAULT_CLOSE_CODE} \

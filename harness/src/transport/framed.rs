@@ -1,5 +1,5 @@
 //! The framed transport: payloads behind a 4-byte big-endian length over a Unix stream
-//! socket (the worker protocol's wire; any family whose frames are length-prefixed).
+//! socket (for any family whose frames are length-prefixed; the relay's own link).
 //!
 //! [`FrameDecoder`] is the pure codec: bytes in, whole payloads out, every malformed
 //! length a typed [`FrameError`]. [`FramedConnection`] runs it on a socket: a reader task
@@ -102,6 +102,9 @@ pub fn encode_frame(payload: &[u8], max: usize) -> Result<Vec<u8>, FrameError> {
 pub struct FrameDecoder {
     max: usize,
     buf: Vec<u8>,
+    /// Bytes at the front of `buf` already handed out (compacted lazily, so many small
+    /// frames in one read cost linear time).
+    start: usize,
 }
 
 impl FrameDecoder {
@@ -110,12 +113,21 @@ impl FrameDecoder {
         Self {
             max,
             buf: Vec::new(),
+            start: 0,
         }
     }
 
     /// Appends bytes read from the stream.
     pub fn push(&mut self, bytes: &[u8]) {
+        if self.start > 0 && self.start * 2 >= self.buf.len() {
+            self.buf.drain(..self.start);
+            self.start = 0;
+        }
         self.buf.extend_from_slice(bytes);
+    }
+
+    fn pending(&self) -> &[u8] {
+        &self.buf[self.start..]
     }
 
     /// The next whole payload, if one is buffered.
@@ -123,7 +135,7 @@ impl FrameDecoder {
     /// # Errors
     /// A zero or over-long length (the stream is unusable after it).
     pub fn next_frame(&mut self) -> Result<Option<Vec<u8>>, FrameError> {
-        let Some(header) = self.buf.first_chunk::<LENGTH_PREFIX_BYTES>() else {
+        let Some(header) = self.pending().first_chunk::<LENGTH_PREFIX_BYTES>() else {
             return Ok(None);
         };
         let len = u32::from_be_bytes(*header) as usize;
@@ -136,11 +148,12 @@ impl FrameDecoder {
                 max: self.max,
             });
         }
-        if self.buf.len() < LENGTH_PREFIX_BYTES + len {
+        let pending = self.pending();
+        if pending.len() < LENGTH_PREFIX_BYTES + len {
             return Ok(None);
         }
-        let payload = self.buf[LENGTH_PREFIX_BYTES..LENGTH_PREFIX_BYTES + len].to_vec();
-        self.buf.drain(..LENGTH_PREFIX_BYTES + len);
+        let payload = pending[LENGTH_PREFIX_BYTES..LENGTH_PREFIX_BYTES + len].to_vec();
+        self.start += LENGTH_PREFIX_BYTES + len;
         Ok(Some(payload))
     }
 
@@ -149,12 +162,13 @@ impl FrameDecoder {
     /// # Errors
     /// [`FrameError::TruncatedHeader`], [`FrameError::TruncatedBody`].
     pub fn finish(&self) -> Result<(), FrameError> {
-        match self.buf.len() {
+        let pending = self.pending();
+        match pending.len() {
             0 => Ok(()),
             got if got < LENGTH_PREFIX_BYTES => Err(FrameError::TruncatedHeader { got }),
             got => {
                 let mut header = [0u8; LENGTH_PREFIX_BYTES];
-                header.copy_from_slice(&self.buf[..LENGTH_PREFIX_BYTES]);
+                header.copy_from_slice(&pending[..LENGTH_PREFIX_BYTES]);
                 Err(FrameError::TruncatedBody {
                     expected: u32::from_be_bytes(header) as usize,
                     got: got - LENGTH_PREFIX_BYTES,

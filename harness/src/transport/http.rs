@@ -46,7 +46,7 @@ pub enum RequestBody {
     Failed(String),
 }
 
-/// One HTTP request the target sent to the scripted Core, waiting for the driver's
+/// One HTTP request the target sent to the scripted server, waiting for the driver's
 /// answer. Dropping it unanswered answers `503`.
 #[derive(Debug)]
 pub struct IncomingRequest {

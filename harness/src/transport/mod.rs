@@ -1,6 +1,6 @@
 //! Transports over which the harness plays a peer.
 //!
-//! * [`http`]: a scripted HTTP server (the scripted Core, for one) (`127.0.0.1:0`) that turns every incoming
+//! * [`http`]: a scripted HTTP server (`127.0.0.1:0`; the scripted Core of core_runtime) that turns every incoming
 //!   request into an [`http::IncomingRequest`] event the family driver answers in order,
 //!   including the WebSocket upgrade.
 //! * [`client`]: the harness as a client of a target Core: HTTP requests and the
@@ -25,16 +25,16 @@ pub mod ws;
 
 use std::time::Duration;
 
-/// Largest HTTP request body the scripted Core reads (bytes). A bootstrap body is a few
+/// Largest HTTP request body the scripted server reads (bytes). A bootstrap body is a few
 /// dozen bytes; anything over this is reported to the driver as
 /// [`http::RequestBody::TooLarge`] instead of being buffered.
 pub const HTTP_BODY_MAX_BYTES: usize = 64 * 1024;
 
-/// Capacity of the scripted Core's request queue (requests waiting for the driver). When
+/// Capacity of the scripted server's request queue (requests waiting for the driver). When
 /// it is full the server stops answering new requests until the driver consumes one.
 pub const HTTP_QUEUE_CAPACITY: usize = 16;
 
-/// Most TCP connections the scripted Core serves at once; further connections wait in the
+/// Most TCP connections the scripted server serves at once; further connections wait in the
 /// listen backlog.
 pub const HTTP_CONNECTIONS_MAX: usize = 16;
 
@@ -45,11 +45,11 @@ pub const WS_EVENT_QUEUE_CAPACITY: usize = 32;
 /// Failure of a transport operation. Every variant has a stable [`code`](Self::code).
 #[derive(Debug, thiserror::Error)]
 pub enum TransportError {
-    /// The scripted Core could not bind its listening socket.
-    #[error("cannot bind the scripted Core on 127.0.0.1:0: {0}")]
+    /// A listening socket (the scripted server's, a relay's) could not be bound.
+    #[error("cannot bind a listening socket: {0}")]
     Bind(#[source] std::io::Error),
-    /// The scripted Core's server task has stopped (no more requests can arrive).
-    #[error("the scripted Core has stopped")]
+    /// The scripted server's task has stopped (no more requests can arrive).
+    #[error("the scripted server has stopped")]
     Stopped,
     /// The driver tried to upgrade a request that is not a WebSocket upgrade request.
     #[error("the request is not a WebSocket upgrade request: {0}")]
@@ -91,7 +91,7 @@ impl TransportError {
     pub fn code(&self) -> &'static str {
         match self {
             TransportError::Bind(_) => "bind_failed",
-            TransportError::Stopped => "core_stopped",
+            TransportError::Stopped => "server_stopped",
             TransportError::NotUpgradable(_) => "not_upgradable",
             TransportError::UpgradeFailed(_) => "upgrade_failed",
             TransportError::InvalidStatus(_) => "invalid_status",

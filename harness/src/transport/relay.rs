@@ -359,9 +359,88 @@ enum Local {
     Data(u32, Option<Vec<u8>>),
 }
 
+/// The link to the harness as the peer side holds it: a reader task that never blocks
+/// (it forwards every decoded message at once and flags the link's end), and the write
+/// half. Every local write the peer makes races the link's end, so a target that stops
+/// reading the peer's stdout or a socket can never keep the peer alive after the harness
+/// is gone.
+struct PeerLink {
+    write: tokio::net::unix::OwnedWriteHalf,
+    messages: mpsc::UnboundedReceiver<RelayMsg>,
+    gone: tokio::sync::watch::Receiver<bool>,
+}
+
+impl PeerLink {
+    async fn connect(socket: &Path) -> Result<Self, TransportError> {
+        let stream = UnixStream::connect(socket)
+            .await
+            .map_err(|e| TransportError::Client(format!("{}: {e}", socket.display())))?;
+        let (mut read, write) = stream.into_split();
+        let (tx, messages) = mpsc::unbounded_channel();
+        let (gone_tx, gone) = tokio::sync::watch::channel(false);
+        tokio::spawn(async move {
+            let mut decoder = super::framed::FrameDecoder::new(RELAY_FRAME_MAX_BYTES);
+            let mut chunk = vec![0u8; 64 * 1024];
+            'read: loop {
+                loop {
+                    match decoder.next_frame() {
+                        Ok(Some(payload)) => {
+                            let Ok(msg) = RelayMsg::decode(&payload) else {
+                                break 'read;
+                            };
+                            if tx.send(msg).is_err() {
+                                break 'read;
+                            }
+                        }
+                        Ok(None) => break,
+                        Err(_) => break 'read,
+                    }
+                }
+                match read.read(&mut chunk).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => decoder.push(&chunk[..n]),
+                }
+            }
+            let _ = gone_tx.send(true);
+        });
+        Ok(Self {
+            write,
+            messages,
+            gone,
+        })
+    }
+
+    /// Sends one message to the harness; `false` when the link is gone.
+    async fn send(&mut self, msg: &RelayMsg) -> bool {
+        let Ok(frame) = super::framed::encode_frame(&msg.encode(), RELAY_FRAME_MAX_BYTES) else {
+            return false;
+        };
+        let mut gone = self.gone.clone();
+        tokio::select! {
+            sent = tokio::time::timeout(LINK_WRITE_TIMEOUT, self.write.write_all(&frame)) => {
+                matches!(sent, Ok(Ok(())))
+            }
+            _ = gone.wait_for(|g| *g) => false,
+        }
+    }
+
+    /// Writes `bytes` to a local destination, unless the link ends first (`false`).
+    async fn local_write<W: AsyncWrite + Unpin>(&self, out: &mut W, bytes: &[u8]) -> bool {
+        let mut gone = self.gone.clone();
+        tokio::select! {
+            written = async {
+                let _ = out.write_all(bytes).await;
+                let _ = out.flush().await;
+            } => { let () = written; true }
+            _ = gone.wait_for(|g| *g) => false,
+        }
+    }
+}
+
 /// The peer side (`contract-harness peer relay`): connects to the harness at `socket`,
-/// says hello, then relays until told to exit or until the link ends. `stdin`, `stdout`
-/// and `stderr` are the process's own in production and pipes in tests.
+/// says hello, then relays until told to exit or until the link ends, which it notices
+/// even while a write to the target is stalled. `stdin`, `stdout` and `stderr` are the
+/// process's own in production and pipes in tests.
 ///
 /// # Errors
 /// The harness's socket cannot be reached.
@@ -377,35 +456,27 @@ where
     O: AsyncWrite + Unpin,
     E: AsyncWrite + Unpin,
 {
-    let mut link = FramedConnection::connect(socket, RELAY_FRAME_MAX_BYTES).await?;
-    link.send(&RelayMsg::Hello(hello).encode(), LINK_WRITE_TIMEOUT)
-        .await?;
+    let mut link = PeerLink::connect(socket).await?;
+    if !link.send(&RelayMsg::Hello(hello)).await {
+        return Ok(PeerEnd::LinkGone);
+    }
     let (tx, mut local) = mpsc::channel::<Local>(64);
     spawn_reader(stdin, tx.clone(), Local::Stdin);
     let mut channels: HashMap<u32, tokio::net::unix::OwnedWriteHalf> = HashMap::new();
     let mut stdout_open = true;
     loop {
         tokio::select! {
-            event = link.recv() => {
-                let msg = match event {
-                    Some(FramedEvent::Frame(payload)) => match RelayMsg::decode(&payload) {
-                        Ok(msg) => msg,
-                        Err(_) => return Ok(PeerEnd::LinkGone),
-                    },
-                    _ => return Ok(PeerEnd::LinkGone),
+            msg = link.messages.recv() => {
+                let Some(msg) = msg else {
+                    return Ok(PeerEnd::LinkGone);
                 };
-                match msg {
-                    RelayMsg::Stdout(bytes) if stdout_open => {
-                        let _ = stdout.write_all(&bytes).await;
-                        let _ = stdout.flush().await;
-                    }
-                    RelayMsg::Stderr(bytes) => {
-                        let _ = stderr.write_all(&bytes).await;
-                        let _ = stderr.flush().await;
-                    }
+                let alive = match msg {
+                    RelayMsg::Stdout(bytes) if stdout_open => link.local_write(&mut stdout, &bytes).await,
+                    RelayMsg::Stderr(bytes) => link.local_write(&mut stderr, &bytes).await,
                     RelayMsg::CloseStdout => {
                         stdout_open = false;
                         let _ = stdout.shutdown().await;
+                        true
                     }
                     RelayMsg::Dial { channel, path } if channel < RELAY_CHANNELS_MAX => {
                         let tx = tx.clone();
@@ -415,6 +486,7 @@ where
                                 .map_err(|e| format!("{path}: {e}"));
                             let _ = tx.send(Local::Opened(channel, opened)).await;
                         });
+                        true
                     }
                     RelayMsg::Listen { channel, path } if channel < RELAY_CHANNELS_MAX => {
                         let tx = tx.clone();
@@ -429,27 +501,28 @@ where
                             };
                             let _ = tx.send(Local::Opened(channel, opened)).await;
                         });
+                        true
                     }
                     RelayMsg::Dial { channel, .. } | RelayMsg::Listen { channel, .. } => {
                         let reason = format!("channel {channel} is not below {RELAY_CHANNELS_MAX}");
-                        let msg = RelayMsg::OpenFailed { channel, reason };
-                        if link.send(&msg.encode(), LINK_WRITE_TIMEOUT).await.is_err() {
-                            return Ok(PeerEnd::LinkGone);
-                        }
+                        link.send(&RelayMsg::OpenFailed { channel, reason }).await
                     }
-                    RelayMsg::Data { channel, bytes } => {
-                        if let Some(write) = channels.get_mut(&channel) {
-                            let _ = write.write_all(&bytes).await;
-                        }
-                    }
+                    RelayMsg::Data { channel, bytes } => match channels.get_mut(&channel) {
+                        Some(write) => link.local_write(write, &bytes).await,
+                        None => true,
+                    },
                     RelayMsg::Eof(channel) => {
                         if let Some(mut write) = channels.remove(&channel) {
                             let _ = write.shutdown().await;
                         }
+                        true
                     }
                     RelayMsg::Exit(code) => return Ok(PeerEnd::Exit(code)),
                     // Messages only a peer sends, or stdout after it was closed: ignored.
-                    _ => {}
+                    _ => true,
+                };
+                if !alive {
+                    return Ok(PeerEnd::LinkGone);
                 }
             }
             Some(event) = local.recv() => {
@@ -466,7 +539,7 @@ where
                     Local::Data(channel, Some(bytes)) => RelayMsg::Data { channel, bytes },
                     Local::Data(channel, None) => RelayMsg::Eof(channel),
                 };
-                if link.send(&msg.encode(), LINK_WRITE_TIMEOUT).await.is_err() {
+                if !link.send(&msg).await {
                     return Ok(PeerEnd::LinkGone);
                 }
             }
@@ -655,6 +728,37 @@ mod tests {
         ));
         relay.send(RelayMsg::Exit(3), t).await.unwrap();
         assert_eq!(peer.await.unwrap().unwrap(), PeerEnd::Exit(3));
+    }
+
+    #[tokio::test]
+    async fn a_stalled_stdout_does_not_keep_the_peer_alive() {
+        let dir = tempfile::tempdir().unwrap();
+        let relay_path = dir.path().join("relay.sock");
+        let listener = RelayListener::bind(&relay_path).unwrap();
+        let hello = Hello {
+            argv: vec![],
+            env: vec![],
+            cwd: "/".into(),
+            pid: 1,
+        };
+        let (_stdin_w, stdin_r) = tokio::io::duplex(64);
+        // Nobody reads the peer's stdout: writes stall after 64 bytes.
+        let (stdout_w, _stdout_r) = tokio::io::duplex(64);
+        let peer = tokio::spawn({
+            let relay_path = relay_path.clone();
+            async move { run_peer(&relay_path, hello, stdin_r, stdout_w, tokio::io::sink()).await }
+        });
+        let t = Duration::from_secs(5);
+        let (mut relay, _) = listener.accept(t).await.unwrap();
+        relay
+            .send(RelayMsg::Stdout(vec![b'x'; 1 << 20]), t)
+            .await
+            .unwrap();
+        drop(relay);
+        let end = tokio::time::timeout(t, peer)
+            .await
+            .expect("the peer must end");
+        assert_eq!(end.unwrap().unwrap(), PeerEnd::LinkGone);
     }
 
     #[tokio::test]

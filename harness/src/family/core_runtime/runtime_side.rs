@@ -176,6 +176,7 @@ impl Peer for ScriptedCorePeer {
             // opened a new HTTP exchange (typically: close, then reconnect) comes first.
             return Ok(tokio::select! {
                 biased;
+                () = tokio::time::sleep_until(deadline) => None,
                 seen = self.ws.next() => match seen {
                     Seen::Event(event) => Some(event),
                     // The connection ended and every event was consumed.
@@ -185,7 +186,6 @@ impl Peer for ScriptedCorePeer {
                     Some(request) => Some(Event::Other(request)),
                     None => return Err(fail::harness("the scripted Core stopped unexpectedly")),
                 },
-                () = tokio::time::sleep_until(deadline) => None,
             });
         }
     }
@@ -198,7 +198,11 @@ impl Peer for ScriptedCorePeer {
         }
         for (name, value) in &req.headers {
             if name.eq_ignore_ascii_case("authorization") {
-                if value.contains(secret) && *value != format!("Bearer {secret}") {
+                // The scheme is case-insensitive (RFC 7235); the credential is the token.
+                let exact = value.split_once(' ').is_some_and(|(scheme, token)| {
+                    scheme.eq_ignore_ascii_case("bearer") && token == secret
+                });
+                if value.contains(secret) && !exact {
                     return Some(format!(
                         "the Authorization header of {} (it must be exactly `Bearer <credential>`)",
                         req.describe()
