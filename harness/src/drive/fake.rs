@@ -846,6 +846,35 @@ fn cases() -> Vec<Case> {
     ]
 }
 
+/// Drive options of the engine tests (every deadline [`STEP`]).
+fn opts() -> DriveOptions {
+    DriveOptions {
+        target_cmd: String::new(),
+        step_timeout: STEP,
+        startup_timeout: STEP,
+    }
+}
+
+/// A run of a target that never answers the harness's Close, following `script`.
+async fn drive_silent_closer(script: Vec<Scripted>) -> DriveOutcome {
+    let peer = FakePeer {
+        link: FakeLink {
+            script: script.into(),
+            connected: true,
+            echo_close: false,
+            sent: Arc::default(),
+        },
+    };
+    let started = Started {
+        peer,
+        process: Box::new(FakeProcess::default()),
+        secret: String::new(),
+        ready: true,
+        normalize: Value::clone,
+    };
+    drive(&scenario(vec![]), &opts(), async { Ok(started) }).await
+}
+
 async fn run_case(case: Case) -> (DriveOutcome, Vec<String>) {
     let sent: SentLog = Arc::default();
     let peer = FakePeer {
@@ -856,11 +885,6 @@ async fn run_case(case: Case) -> (DriveOutcome, Vec<String>) {
             sent: sent.clone(),
         },
     };
-    let opts = DriveOptions {
-        target_cmd: String::new(),
-        step_timeout: STEP,
-        startup_timeout: STEP,
-    };
     let process: Box<dyn Process> = Box::new(case.process);
     let started = Started {
         peer,
@@ -869,7 +893,7 @@ async fn run_case(case: Case) -> (DriveOutcome, Vec<String>) {
         ready: case.ready,
         normalize: Value::clone,
     };
-    let outcome = drive(&scenario(case.steps), &opts, async { Ok(started) }).await;
+    let outcome = drive(&scenario(case.steps), &opts(), async { Ok(started) }).await;
     let sent = sent.lock().unwrap().clone();
     (outcome, sent)
 }
@@ -955,28 +979,8 @@ async fn a_flood_of_allowed_frames_does_not_outlast_the_final_deadline() {
     let ticks = (0..10_000)
         .map(|_| later(1, text(json!({"type": "tick"}))))
         .collect::<Vec<_>>();
-    let peer = FakePeer {
-        link: FakeLink {
-            script: ticks.into(),
-            connected: true,
-            echo_close: false,
-            sent: Arc::default(),
-        },
-    };
-    let opts = DriveOptions {
-        target_cmd: String::new(),
-        step_timeout: STEP,
-        startup_timeout: STEP,
-    };
-    let started = Started {
-        peer,
-        process: Box::new(FakeProcess::default()),
-        secret: String::new(),
-        ready: true,
-        normalize: Value::clone,
-    };
     let begun = tokio::time::Instant::now();
-    let outcome = drive(&scenario(vec![]), &opts, async { Ok(started) }).await;
+    let outcome = drive_silent_closer(ticks).await;
     assert!(
         begun.elapsed() <= STEP + Duration::from_millis(5),
         "{:?}",
@@ -989,12 +993,7 @@ async fn a_flood_of_allowed_frames_does_not_outlast_the_final_deadline() {
 
 #[tokio::test(start_paused = true)]
 async fn a_launch_failure_is_typed() {
-    let opts = DriveOptions {
-        target_cmd: String::new(),
-        step_timeout: STEP,
-        startup_timeout: STEP,
-    };
-    let outcome = drive::<FakePeer, _>(&scenario(vec![]), &opts, async {
+    let outcome = drive::<FakePeer, _>(&scenario(vec![]), &opts(), async {
         Err("no such program".to_string())
     })
     .await;
@@ -1009,28 +1008,7 @@ async fn a_launch_failure_is_typed() {
 
 #[tokio::test(start_paused = true)]
 async fn a_target_that_never_answers_the_final_close_times_out() {
-    let sent: SentLog = Arc::default();
-    let peer = FakePeer {
-        link: FakeLink {
-            script: VecDeque::new(),
-            connected: true,
-            echo_close: false,
-            sent,
-        },
-    };
-    let opts = DriveOptions {
-        target_cmd: String::new(),
-        step_timeout: STEP,
-        startup_timeout: STEP,
-    };
-    let started = Started {
-        peer,
-        process: Box::new(FakeProcess::default()),
-        secret: String::new(),
-        ready: true,
-        normalize: Value::clone,
-    };
-    let outcome = drive(&scenario(vec![]), &opts, async { Ok(started) }).await;
+    let outcome = drive_silent_closer(Vec::new()).await;
     let failure = outcome.failure.unwrap();
     assert_eq!(failure.code, FailureCode::Timeout);
     assert_eq!(failure.phase, Phase::AfterLastStep);

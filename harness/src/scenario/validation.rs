@@ -197,7 +197,12 @@ impl Checker<'_> {
                 Ok(None) => false,
             },
         );
-        for message in found {
+        self.issues_at(location, found);
+    }
+
+    /// Records each of `messages` as an issue at `location`.
+    fn issues_at(&mut self, location: Location, messages: Vec<String>) {
+        for message in messages {
             self.issue(Some(location), message);
         }
     }
@@ -213,9 +218,7 @@ impl Checker<'_> {
             }
             Ok(None) => false,
         });
-        for message in found {
-            self.issue(Some(location), message);
-        }
+        self.issues_at(location, found);
     }
 
     fn frame(&mut self, location: Location, party: Party, frame: &Value) {

@@ -730,17 +730,22 @@ mod tests {
         assert_eq!(peer.await.unwrap().unwrap(), PeerEnd::Exit(3));
     }
 
+    /// A hello with nothing in it.
+    fn blank_hello() -> Hello {
+        Hello {
+            argv: vec![],
+            env: vec![],
+            cwd: "/".into(),
+            pid: 1,
+        }
+    }
+
     #[tokio::test]
     async fn a_stalled_stdout_does_not_keep_the_peer_alive() {
         let dir = tempfile::tempdir().unwrap();
         let relay_path = dir.path().join("relay.sock");
         let listener = RelayListener::bind(&relay_path).unwrap();
-        let hello = Hello {
-            argv: vec![],
-            env: vec![],
-            cwd: "/".into(),
-            pid: 1,
-        };
+        let hello = blank_hello();
         let (_stdin_w, stdin_r) = tokio::io::duplex(64);
         // Nobody reads the peer's stdout: writes stall after 64 bytes.
         let (stdout_w, _stdout_r) = tokio::io::duplex(64);
@@ -766,12 +771,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let relay_path = dir.path().join("relay.sock");
         let listener = RelayListener::bind(&relay_path).unwrap();
-        let hello = Hello {
-            argv: vec![],
-            env: vec![],
-            cwd: "/".into(),
-            pid: 1,
-        };
+        let hello = blank_hello();
         let (_stdin_w, stdin_r) = tokio::io::duplex(64);
         let peer = tokio::spawn({
             let relay_path = relay_path.clone();
@@ -792,12 +792,7 @@ mod tests {
         // Without a harness the peer cannot start.
         drop(listener);
         let (_w, r) = tokio::io::duplex(64);
-        let hello = Hello {
-            argv: vec![],
-            env: vec![],
-            cwd: "/".into(),
-            pid: 1,
-        };
+        let hello = blank_hello();
         assert!(
             run_peer(&relay_path, hello, r, tokio::io::sink(), tokio::io::sink())
                 .await
