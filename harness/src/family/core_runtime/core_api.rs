@@ -244,6 +244,63 @@ impl ScriptedRuntimePeer {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::scenario::model::Step;
+
+    /// Whether the concrete `path` (placeholders as `$x`, literal IDs) fits the route
+    /// `template` (`{name}` matches one segment).
+    fn fits(template: &str, path: &str) -> bool {
+        let (t, p): (Vec<&str>, Vec<&str>) =
+            (template.split('/').collect(), path.split('/').collect());
+        t.len() == p.len()
+            && t.iter()
+                .zip(&p)
+                .all(|(t, p)| (t.starts_with('{') && t.ends_with('}')) || t == p)
+    }
+
+    #[test]
+    fn every_api_route_the_scenarios_call_is_in_the_core_test_contract() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let doc = std::fs::read_to_string(root.join("docs/core-test-contract.md")).unwrap();
+        let routes: Vec<(String, String)> = doc
+            .lines()
+            .filter_map(|line| {
+                let cell = line.strip_prefix("| `")?.split('`').next()?;
+                let (method, path) = cell.split_once(' ')?;
+                Some((method.to_string(), path.to_string()))
+            })
+            .collect();
+        assert!(routes.len() >= 20, "{routes:?}");
+        let scenarios =
+            crate::scenario::load_family(&root.join("scenarios"), super::super::FAMILY).unwrap();
+        let mut missing = Vec::new();
+        for scenario in &scenarios {
+            let mut steps: Vec<&Step> = scenario.steps.iter().collect();
+            while let Some(step) = steps.pop() {
+                match step {
+                    Step::Reference { steps: inner, .. } => steps.extend(inner),
+                    Step::Api(api) => {
+                        let listed = routes
+                            .iter()
+                            .any(|(m, t)| *m == api.call.method && fits(t, &api.call.path));
+                        if !listed {
+                            missing.push(format!(
+                                "{}: {} {}",
+                                scenario.id(),
+                                api.call.method,
+                                api.call.path
+                            ));
+                        }
+                    }
+                    _ => {}
+                }
+            }
+        }
+        assert!(
+            missing.is_empty(),
+            "not in docs/core-test-contract.md:\n{}",
+            missing.join("\n")
+        );
+    }
 
     #[test]
     fn queries_are_percent_encoded() {
