@@ -137,7 +137,24 @@ pub fn malformed_placeholders(value: &Value) -> Vec<(String, String)> {
     out
 }
 
-/// The placeholder table of one scenario run (one target side).
+/// A value where the target differs from our reference behaviour, found in vendor mode
+/// by a `{$reference: …}` pattern ([`crate::matcher::ReferencePattern`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Difference {
+    /// The `level: reference` requirement.
+    pub requirement: String,
+    /// JSON path of the value.
+    pub path: String,
+    /// Our reference's pattern.
+    pub reference: Value,
+    /// What the target sent.
+    pub actual: Value,
+}
+
+/// The placeholder table of one scenario run (one target side). It also carries the
+/// run's judgement of `{$reference: …}` patterns (strict or vendor) and the differences
+/// from the reference found so far, so that both follow the all-or-nothing commit of a
+/// match.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Bindings {
     /// Bound values by name.
@@ -146,6 +163,11 @@ pub struct Bindings {
     order: Vec<String>,
     /// Number of values minted so far.
     minted: u64,
+    /// Vendor mode: a `{$reference: …}` value the target does not match is a
+    /// [`Difference`], not a mismatch.
+    pub vendor: bool,
+    /// The differences found (vendor mode), in order.
+    pub differences: Vec<Difference>,
 }
 
 impl Bindings {
@@ -265,6 +287,12 @@ impl Bindings {
                     .map_err(BindError::Comparison)?
                 {
                     return self.substitute_comparison(&compare);
+                }
+                // The harness sends our reference's value.
+                if let Some(r) = crate::matcher::ReferencePattern::parse(template)
+                    .map_err(BindError::Comparison)?
+                {
+                    return self.substitute_at(&r.reference, mint, key);
                 }
                 let mut out = Map::new();
                 for (k, v) in map {

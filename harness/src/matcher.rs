@@ -301,6 +301,61 @@ impl ComparePattern {
     }
 }
 
+/// The keys of a reference pattern.
+pub const REFERENCE_KEYS: &[&str] = &["$reference", "$requirement", "$otherwise"];
+
+/// A value our reference implementation chooses where the spec leaves the choice:
+/// `{$reference: hb-1, $requirement: CR-CONN-021, $otherwise: $_}`. In strict mode (our
+/// runs) the value must match `$reference`; in vendor mode it must match `$otherwise`
+/// (default `$_`), and where it does not also match `$reference` the run records a
+/// [`crate::bind::Difference`] naming the requirement instead of failing. Where the harness
+/// sends such a value it sends `$reference`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ReferencePattern {
+    /// Our reference's pattern.
+    pub reference: Value,
+    /// The `level: reference` requirement it asserts.
+    pub requirement: String,
+    /// What the spec requires of any implementation.
+    pub otherwise: Value,
+}
+
+impl ReferencePattern {
+    /// Parses `pattern` when it is a reference pattern (an object with the key
+    /// `$reference`): `Ok(None)` when it is not one.
+    ///
+    /// # Errors
+    /// A missing or malformed `$requirement`, or an unknown key.
+    pub fn parse(pattern: &Value) -> Result<Option<Self>, String> {
+        let Value::Object(map) = pattern else {
+            return Ok(None);
+        };
+        let Some(reference) = map.get("$reference") else {
+            return Ok(None);
+        };
+        if let Some(key) = map.keys().find(|k| !REFERENCE_KEYS.contains(&k.as_str())) {
+            return Err(format!(
+                "a reference pattern takes only {}, not `{key}`",
+                REFERENCE_KEYS.join(", ")
+            ));
+        }
+        let requirement = match map.get("$requirement") {
+            Some(Value::String(id)) if crate::scenario::validation::is_requirement_id(id) => {
+                id.clone()
+            }
+            _ => return Err("a reference pattern needs `$requirement: <requirement ID>`".into()),
+        };
+        Ok(Some(Self {
+            reference: reference.clone(),
+            requirement,
+            otherwise: map
+                .get("$otherwise")
+                .cloned()
+                .unwrap_or_else(|| Value::String("$_".into())),
+        }))
+    }
+}
+
 /// Why an emitted value does not match the scenario's pattern.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Mismatch {
@@ -312,6 +367,9 @@ pub struct Mismatch {
     pub actual: Option<Value>,
     /// What went wrong, for people.
     pub reason: String,
+    /// The `level: reference` requirement of the `{$reference: …}` pattern that did not
+    /// match (strict mode), if that is what failed.
+    pub reference: Option<String>,
 }
 
 /// Most characters of one value a [`Mismatch`] message shows (a 1 MiB payload must not
@@ -415,6 +473,7 @@ fn mismatch(
         expected: expected.clone(),
         actual: actual.cloned(),
         reason: reason.into(),
+        reference: None,
     }
 }
 
@@ -476,6 +535,11 @@ fn match_at(
             },
         },
         Value::Object(pattern) => {
+            match ReferencePattern::parse(expected) {
+                Ok(Some(r)) => return match_reference(path, expected, &r, actual, bindings),
+                Err(reason) => return Err(mismatch(path, expected, Some(actual), reason)),
+                Ok(None) => {}
+            }
             match ComparePattern::parse(expected) {
                 Ok(Some(compare)) => {
                     compare
@@ -550,10 +614,90 @@ fn match_at(
     }
 }
 
+/// Matches a reference pattern (see [`ReferencePattern`]) in the run's mode.
+#[expect(
+    clippy::result_large_err,
+    reason = "a mismatch is the rare failure path; its fields are the documented interface"
+)]
+fn match_reference(
+    path: &str,
+    expected: &Value,
+    r: &ReferencePattern,
+    actual: &Value,
+    bindings: &mut Bindings,
+) -> Result<(), Mismatch> {
+    let mut trial = bindings.clone();
+    let strict = match_at(path, &r.reference, actual, &mut trial);
+    match strict {
+        Ok(()) => {
+            *bindings = trial;
+            Ok(())
+        }
+        Err(mut m) if !bindings.vendor => {
+            m.reason = format!("{} (our reference behaviour, {})", m.reason, r.requirement);
+            m.reference = Some(r.requirement.clone());
+            Err(m)
+        }
+        Err(_) => {
+            match_at(path, &r.otherwise, actual, bindings).map_err(|mut m| {
+                m.expected = expected.clone();
+                m
+            })?;
+            bindings.differences.push(crate::bind::Difference {
+                requirement: r.requirement.clone(),
+                path: path.to_string(),
+                reference: r.reference.clone(),
+                actual: actual.clone(),
+            });
+            Ok(())
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn reference_values_are_strict_for_us_and_differences_for_vendors() {
+        let pattern = json!({"id": {"$reference": "hb-1", "$requirement": "CR-CONN-021"}, "type": "heartbeat"});
+        let theirs = json!({"id": "beat-7", "type": "heartbeat"});
+        let mut strict = Bindings::new();
+        let m = match_frame(&pattern, &theirs, &mut strict).unwrap_err();
+        assert_eq!(m.reference.as_deref(), Some("CR-CONN-021"));
+        assert!(m.reason.contains("our reference behaviour"), "{m:?}");
+        match_frame(
+            &pattern,
+            &json!({"id": "hb-1", "type": "heartbeat"}),
+            &mut strict,
+        )
+        .unwrap();
+        assert!(strict.differences.is_empty());
+        let mut vendor = Bindings::new();
+        vendor.vendor = true;
+        match_frame(&pattern, &theirs, &mut vendor).unwrap();
+        assert_eq!(vendor.differences.len(), 1);
+        assert_eq!(vendor.differences[0].path, "$.id");
+        assert_eq!(vendor.differences[0].actual, json!("beat-7"));
+        // A frame that fails elsewhere commits no difference.
+        let mut vendor = Bindings::new();
+        vendor.vendor = true;
+        assert!(match_frame(&pattern, &json!({"id": "x", "type": "other"}), &mut vendor).is_err());
+        assert!(vendor.differences.is_empty());
+        // `$otherwise` is still required in vendor mode.
+        let bounded =
+            json!({"$reference": 1, "$requirement": "CR-PREP-013", "$otherwise": {"$gt": 0}});
+        let mut vendor = Bindings::new();
+        vendor.vendor = true;
+        assert!(match_frame(&bounded, &json!(0), &mut vendor).is_err());
+        match_frame(&bounded, &json!(100), &mut vendor).unwrap();
+        assert!(ReferencePattern::parse(&json!({"$reference": 1})).is_err());
+        assert!(
+            ReferencePattern::parse(&json!({"$reference": 1, "$requirement": "CR-A-001", "x": 1}))
+                .is_err()
+        );
+    }
 
     #[test]
     fn generated_pattern_matches_exact_content() {

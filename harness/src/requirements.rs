@@ -339,15 +339,44 @@ pub fn coverage(catalog: &[Requirement], scenarios: &[Scenario]) -> Coverage {
         }
     }
     for s in scenarios {
-        for step in &s.steps {
-            if let crate::scenario::Step::Reference { requirement, .. } = step
-                && cov.levels.get(requirement) != Some(&Level::Reference)
-            {
-                cov.misused_references.push((s.id(), requirement.clone()));
+        let mut named = Vec::new();
+        let mut steps: Vec<&crate::scenario::Step> = s.steps.iter().collect();
+        while let Some(step) = steps.pop() {
+            use crate::scenario::Step;
+            match step {
+                Step::Reference {
+                    requirement,
+                    steps: inner,
+                } => {
+                    named.push(requirement.clone());
+                    steps.extend(inner);
+                }
+                Step::AnyOrder(inner) => steps.extend(inner),
+                Step::Optional(inner) => steps.push(inner),
+                Step::Frame { frame, .. } => reference_patterns(frame, &mut named),
+                _ => {}
+            }
+        }
+        for requirement in named {
+            if cov.levels.get(&requirement) != Some(&Level::Reference) {
+                cov.misused_references.push((s.id(), requirement));
             }
         }
     }
     cov
+}
+
+/// The requirements named by `{$reference: …, $requirement: …}` patterns in `value`.
+fn reference_patterns(value: &serde_json::Value, out: &mut Vec<String>) {
+    if let Ok(Some(r)) = crate::matcher::ReferencePattern::parse(value) {
+        out.push(r.requirement);
+        return;
+    }
+    match value {
+        serde_json::Value::Array(items) => items.iter().for_each(|v| reference_patterns(v, out)),
+        serde_json::Value::Object(map) => map.values().for_each(|v| reference_patterns(v, out)),
+        _ => {}
+    }
 }
 
 #[cfg(test)]

@@ -87,6 +87,7 @@ async fn run_scenario_reporting_launch(
         target_cmd: opts.target_cmd.clone(),
         step_timeout: opts.step_timeout,
         startup_timeout: opts.startup_timeout,
+        vendor: opts.mode == Mode::Vendor,
     };
     let outcome = family::drive(scenario, side, &drive_opts).await;
     let generated_keys = family::generated_keys(&scenario.family, side);
@@ -136,6 +137,34 @@ async fn run_scenario_reporting_launch(
         .with_code(FailureCode::HarnessError, Phase::Golden),
     };
     result.golden = Some(path.display().to_string());
+    if result.passed
+        && let Some(first) = outcome.bindings.differences.first()
+    {
+        let lines: Vec<String> = outcome
+            .bindings
+            .differences
+            .iter()
+            .map(|d| {
+                format!(
+                    "{} at {}: the reference sends {}, the target sent {}",
+                    d.requirement, d.path, d.reference, d.actual
+                )
+            })
+            .collect();
+        let golden = result.golden.take();
+        result = ScenarioResult::differs(
+            result.scenario.clone(),
+            side,
+            result.duration,
+            &first.requirement,
+            format!(
+                "scenario {} [{side}] differs from the reference behaviour:\n{}",
+                result.scenario,
+                lines.join("\n")
+            ),
+        );
+        result.golden = golden;
+    }
     (result, None)
 }
 

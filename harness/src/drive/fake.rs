@@ -852,6 +852,7 @@ fn opts() -> DriveOptions {
         target_cmd: String::new(),
         step_timeout: STEP,
         startup_timeout: STEP,
+        vendor: false,
     }
 }
 

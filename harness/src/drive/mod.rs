@@ -44,6 +44,9 @@ pub struct DriveOptions {
     pub step_timeout: Duration,
     /// Deadline for the target's readiness.
     pub startup_timeout: Duration,
+    /// Vendor mode: `{$reference: …}` values the target does not match are recorded as
+    /// differences ([`crate::bind::Difference`]) instead of failing the step.
+    pub vendor: bool,
 }
 
 /// The outcome of driving one scenario against one side.
@@ -125,6 +128,7 @@ where
         normalize,
     } = started;
     let mut run = Run::new(process, secret, opts.step_timeout, opts.startup_timeout);
+    run.bindings.vendor = opts.vendor;
     run.set_normalize(normalize);
     run.ready_instead_of_exit = ready && expects_exit_first(scenario);
     let failure = drive_steps(&mut run, &mut peer, scenario).await;

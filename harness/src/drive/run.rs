@@ -359,10 +359,13 @@ impl Run {
             .expect_frame_of(peer, &show(pattern), &[pattern])
             .await?;
         match_frame(pattern, &value, &mut self.bindings).map_err(|m| {
-            fail::mismatch(format!(
+            let reference = m.reference.clone();
+            let mut e = fail::mismatch(format!(
                 "emitted frame does not match: {m}\n  emitted: {}",
                 show(&value)
-            ))
+            ));
+            e.reference = reference;
+            e
         })?;
         // A later frame arrived: the typical ones before it can no longer come.
         self.optional.clear();

@@ -125,7 +125,10 @@ impl ScenarioResult {
             _ => String::new(),
         };
         if let Some(requirement) = &self.reference {
-            line.push_str(&format!(", reference {requirement}"));
+            if !line.is_empty() {
+                line.push_str(", ");
+            }
+            line.push_str(&format!("reference {requirement}"));
         }
         line
     }

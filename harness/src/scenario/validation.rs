@@ -207,16 +207,23 @@ impl Checker<'_> {
         }
     }
 
-    /// Checks every comparison pattern (`{$gt: …, $as: …}`) in `value` is well-formed.
+    /// Checks every comparison (`{$gt: …, $as: …}`) and reference pattern
+    /// (`{$reference: …, $requirement: …}`) in `value` is well-formed.
     fn comparisons(&mut self, location: Location, what: &str, value: &Value) {
         let mut found = Vec::new();
-        walk(value, "$", &mut |v, path| match ComparePattern::parse(v) {
-            Ok(Some(_)) => true,
-            Err(reason) => {
+        walk(value, "$", &mut |v, path| {
+            if let Err(reason) = crate::matcher::ReferencePattern::parse(v) {
                 found.push(format!("{what}: at {path}: {reason}"));
-                true
+                return true;
             }
-            Ok(None) => false,
+            match ComparePattern::parse(v) {
+                Ok(Some(_)) => true,
+                Err(reason) => {
+                    found.push(format!("{what}: at {path}: {reason}"));
+                    true
+                }
+                Ok(None) => false,
+            }
         });
         self.issues_at(location, found);
     }
@@ -241,6 +248,7 @@ impl Checker<'_> {
         }
         match frame.get("id") {
             Some(Value::String(_)) => {}
+            Some(id) if matches!(crate::matcher::ReferencePattern::parse(id), Ok(Some(_))) => {}
             _ => self.issue(
                 Some(location),
                 format!("{what} `{kind}`: `id` must be a string"),
