@@ -288,11 +288,26 @@ impl Bindings {
                 {
                     return self.substitute_comparison(&compare);
                 }
-                // The harness sends our reference's value.
+                // The harness sends our reference's value, and binds what `$otherwise`
+                // names to it (`$r1`, or a comparison's `$as`).
                 if let Some(r) = crate::matcher::ReferencePattern::parse(template)
                     .map_err(BindError::Comparison)?
                 {
-                    return self.substitute_at(&r.reference, mint, key);
+                    let value = self.substitute_at(&r.reference, mint, key)?;
+                    let name = match &r.otherwise {
+                        Value::String(text) => match parse_token(text)? {
+                            Token::Placeholder(Placeholder::Named(name)) => Some(name),
+                            _ => None,
+                        },
+                        other => crate::matcher::ComparePattern::parse(other)
+                            .ok()
+                            .flatten()
+                            .and_then(|c| c.name),
+                    };
+                    if let Some(name) = name {
+                        self.bind(&name, value.clone())?;
+                    }
+                    return Ok(value);
                 }
                 let mut out = Map::new();
                 for (k, v) in map {

@@ -626,32 +626,35 @@ fn match_reference(
     actual: &Value,
     bindings: &mut Bindings,
 ) -> Result<(), Mismatch> {
-    let mut trial = bindings.clone();
-    let strict = match_at(path, &r.reference, actual, &mut trial);
-    match strict {
-        Ok(()) => {
-            *bindings = trial;
-            Ok(())
-        }
-        Err(mut m) if !bindings.vendor => {
+    if !bindings.vendor {
+        // Strict: our reference value; `$otherwise` still binds what it names, so that
+        // later patterns (`{$gt: $r1}`) can refer to it.
+        match_at(path, &r.reference, actual, bindings).map_err(|mut m| {
             m.reason = format!("{} (our reference behaviour, {})", m.reason, r.requirement);
             m.reference = Some(r.requirement.clone());
-            Err(m)
+            m
+        })?;
+        let mut trial = bindings.clone();
+        if match_at(path, &r.otherwise, actual, &mut trial).is_ok() {
+            *bindings = trial;
         }
-        Err(_) => {
-            match_at(path, &r.otherwise, actual, bindings).map_err(|mut m| {
-                m.expected = expected.clone();
-                m
-            })?;
-            bindings.differences.push(crate::bind::Difference {
-                requirement: r.requirement.clone(),
-                path: path.to_string(),
-                reference: r.reference.clone(),
-                actual: actual.clone(),
-            });
-            Ok(())
-        }
+        return Ok(());
     }
+    // Vendor: what the spec requires; a value that differs from ours is recorded.
+    match_at(path, &r.otherwise, actual, bindings).map_err(|mut m| {
+        m.expected = expected.clone();
+        m
+    })?;
+    let mut trial = bindings.clone();
+    if match_at(path, &r.reference, actual, &mut trial).is_err() {
+        bindings.differences.push(crate::bind::Difference {
+            requirement: r.requirement.clone(),
+            path: path.to_string(),
+            reference: r.reference.clone(),
+            actual: actual.clone(),
+        });
+    }
+    Ok(())
 }
 
 #[cfg(test)]
