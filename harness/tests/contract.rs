@@ -184,6 +184,57 @@ fn main() {
         }
     }
 
+    // A Runtime that makes the spec's free choices differently (revisions from 100 in
+    // steps of 7, heartbeat IDs `beat-<n>`) must pass every scenario in vendor mode, its
+    // differences reported against the reference requirements, never as failures.
+    let vendor_scenarios = load_family(&scenarios_dir, "core_runtime").unwrap_or_default();
+    trials.push(Trial::test(
+        "core_runtime::vendor_mode_passes_a_different_but_correct_runtime",
+        move || {
+            let bin = impl_binary()?;
+            let goldens = tempfile::tempdir().map_err(|e| e.to_string())?;
+            let opts = RunOptions {
+                target_cmd: format!(
+                    "{} runtime --wire-profile different",
+                    shell_words::quote(&bin.display().to_string())
+                ),
+                golden_dir: goldens.path().to_path_buf(),
+                golden_mode: GoldenMode::Accept,
+                step_timeout: runner::DEFAULT_STEP_TIMEOUT,
+                startup_timeout: runner::DEFAULT_STARTUP_TIMEOUT,
+                mode: runner::Mode::Vendor,
+            };
+            let runs: Vec<(contract_harness::scenario::Scenario, Side)> = vendor_scenarios
+                .iter()
+                .filter(|s| s.runs_on(Side::Runtime) && s.pending_reason(Side::Runtime).is_none())
+                .map(|s| (s.clone(), Side::Runtime))
+                .collect();
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()
+                .map_err(|e| e.to_string())?;
+            let many = rt.block_on(runner::run_many(runs, &opts, 2, |_| {}));
+            let failed: Vec<String> = many
+                .results
+                .iter()
+                .filter(|r| !r.passed)
+                .map(console::result_line)
+                .collect();
+            let differ = many.results.iter().filter(|r| r.differs).count();
+            if !failed.is_empty() || many.aborted.is_some() || differ == 0 {
+                return Err(format!(
+                    "{} failed, {differ} differ; {:?}\n{}",
+                    failed.len(),
+                    many.aborted,
+                    failed.join("\n")
+                )
+                .into());
+            }
+            Ok(())
+        },
+    ));
+
     if !args.list {
         for line in &pending_reasons {
             eprintln!("{line}");

@@ -164,6 +164,20 @@ struct RuntimeArgs {
     /// protocol, `open` with jsonl, which refuses `close`).
     #[arg(long, value_enum)]
     command_stdin: Option<CommandStdin>,
+    /// How to make the choices the spec leaves free: `reference` (ours: revisions from
+    /// 1 in steps of 1, heartbeat IDs `hb-<n>`) or `different` (another conformant
+    /// Runtime: revisions from 100 in steps of 7, heartbeat IDs `beat-<n>`).
+    #[arg(long, value_enum, default_value = "reference")]
+    wire_profile: WireProfileArg,
+}
+
+/// `--wire-profile`.
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+enum WireProfileArg {
+    /// Our reference choices.
+    Reference,
+    /// Another conformant set of choices.
+    Different,
 }
 
 fn main() -> ExitCode {
@@ -215,6 +229,9 @@ fn runtime(args: RuntimeArgs) -> ExitCode {
             return ExitCode::from(EXIT_CONFIG);
         }
     };
+    if let WireProfileArg::Different = args.wire_profile {
+        config.profile = contract_impl::core_runtime::daemon::config::WireProfile::different();
+    }
     let workspace = match Workspace::new(&args.workspace) {
         Ok(workspace) => workspace,
         Err(err) => {

@@ -232,6 +232,8 @@ pub struct Admission {
     close_seq: u64,
     suspension: Option<String>,
     shutting_down: bool,
+    /// First revision of a handle and the step between two (the Runtime's free choice).
+    revisions: (u64, u64),
 }
 
 /// Canonical fingerprint of a serializable value (object keys sorted at every level).
@@ -318,7 +320,15 @@ impl Admission {
             close_seq: 0,
             suspension: None,
             shutting_down: false,
+            revisions: (1, 1),
         }
+    }
+
+    /// Numbers every handle's revisions from `start` in steps of `step` (at least 1);
+    /// the default is from 1 in steps of 1.
+    pub fn with_revisions(mut self, start: u64, step: u64) -> Self {
+        self.revisions = (start.max(1), step.max(1));
+        self
     }
 
     // ----------------------------------------------------------------- queries
@@ -398,8 +408,14 @@ impl Admission {
     // ----------------------------------------------------------------- helpers
 
     fn publish(&mut self, handle: &AdmissionHandle, phase: Phase, now: Instant) -> Option<Effect> {
+        let (start, step) = self.revisions;
         let record = self.records.get_mut(handle)?;
-        record.revision += 1;
+        let previous = record.revision;
+        record.revision = if previous == 0 {
+            start
+        } else {
+            previous.saturating_add(step)
+        };
         let revision = record.revision;
         let admission_handle = handle.clone();
         let status = match &phase {
@@ -443,7 +459,7 @@ impl Admission {
             },
             Phase::Releasing => {
                 // Not a published status: undo the revision bump.
-                record.revision -= 1;
+                record.revision = previous;
                 record.phase = phase;
                 return None;
             }

@@ -206,6 +206,46 @@ pub struct RuntimeConfig {
     pub timers: Timers,
     /// Limits.
     pub limits: Limits,
+    /// The choices the spec leaves free, as this Runtime makes them.
+    pub profile: WireProfile,
+}
+
+/// Values the spec leaves to the Runtime ("Preparation and execution order": revision
+/// decides the order of status observations, nothing fixes its start or step; heartbeats
+/// have no identity rule). [`WireProfile::default`] is our reference implementation's
+/// choice; [`WireProfile::different`] is another conformant one, for checking that the
+/// conformance suite demands no more than the spec (`contract-impl runtime --wire-profile
+/// different`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WireProfile {
+    /// The first revision of every admission handle.
+    pub revision_start: u64,
+    /// The step between two revisions of a handle (at least 1).
+    pub revision_step: u64,
+    /// Prefix of the heartbeat `Envelope.id`, followed by the count on the connection.
+    pub heartbeat_id_prefix: &'static str,
+}
+
+impl Default for WireProfile {
+    fn default() -> Self {
+        Self {
+            revision_start: 1,
+            revision_step: 1,
+            heartbeat_id_prefix: "hb-",
+        }
+    }
+}
+
+impl WireProfile {
+    /// A conformant profile unlike the reference: revisions from 100 in steps of 7,
+    /// heartbeat IDs `beat-<n>`.
+    pub fn different() -> Self {
+        Self {
+            revision_start: 100,
+            revision_step: 7,
+            heartbeat_id_prefix: "beat-",
+        }
+    }
 }
 
 impl Default for RuntimeConfig {
@@ -215,6 +255,7 @@ impl Default for RuntimeConfig {
             agent_kinds: default_agent_kinds(),
             timers: Timers::default(),
             limits: Limits::default(),
+            profile: WireProfile::default(),
         }
     }
 }
@@ -418,6 +459,7 @@ impl RuntimeConfig {
             agent_kinds,
             timers,
             limits,
+            profile: WireProfile::default(),
         })
     }
 

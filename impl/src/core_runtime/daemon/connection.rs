@@ -586,7 +586,8 @@ async fn receive_loop(
                 beats += 1;
                 match heartbeat(rt) {
                     Some(message) => {
-                        out.send(format!("hb-{beats}"), message).await;
+                        let id = format!("{}{beats}", rt.config.profile.heartbeat_id_prefix);
+                        out.send(id, message).await;
                     }
                     None => tracing::error!("heartbeat does not fit its wire bounds"),
                 }

@@ -152,7 +152,8 @@ impl Runtime {
             config.timers.cleanup_retry,
             config.environment.clone(),
             config.agent_kinds.clone(),
-        );
+        )
+        .with_revisions(config.profile.revision_start, config.profile.revision_step);
         let (shutdown, _) = watch::channel(ShutdownPhase::Running);
         let rt = Arc::new(Self {
             config: Arc::new(config),
