@@ -29,6 +29,24 @@ use contract_harness::runner::{self, Mode, RunOptions};
 use contract_harness::scenario::loader::parse_duration;
 use contract_harness::scenario::{LoadError, Scenario, Side, load_family};
 
+/// Set once stdout is gone (`… | head`): later output is dropped.
+static STDOUT_GONE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// `println!` that, when stdout is gone, drops the output instead of panicking: the run
+/// goes on, so every target is still stopped and reaped, and the exit status still
+/// reports the results.
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        use std::sync::atomic::Ordering;
+        if !STDOUT_GONE.load(Ordering::Relaxed)
+            && writeln!(std::io::stdout(), $($arg)*).is_err()
+        {
+            STDOUT_GONE.store(true, Ordering::Relaxed);
+        }
+    }};
+}
+
 /// Scripted-peer conformance harness for the runtime-contract protocols.
 #[derive(Debug, Parser)]
 #[command(name = "contract-harness", version)]
@@ -315,7 +333,7 @@ fn run(args: RunArgs) -> ExitCode {
         .partition(|s| s.pending_reason(side).is_some());
     let runs: Vec<(Scenario, Side)> = runs.into_iter().map(|s| (s, side)).collect();
     for s in &pending {
-        println!(
+        say!(
             "PENDING {} [{}]: {}",
             s.id(),
             side,
@@ -359,13 +377,13 @@ fn run(args: RunArgs) -> ExitCode {
         }
     };
     let many = runtime.block_on(runner::run_many(runs, &opts, jobs, |result| {
-        println!("{}", report::console::result_line(result));
+        say!("{}", report::console::result_line(result));
     }));
     let results = many.results;
     if let Some(reason) = &many.aborted {
-        println!("ABORTED: {reason}");
+        say!("ABORTED: {reason}");
     }
-    println!(
+    say!(
         "{}{}",
         report::console::summary_line(&results),
         if pending.is_empty() {
@@ -442,18 +460,21 @@ fn list(args: &FamilyArgs) -> ExitCode {
         Err(code) => return code,
     };
     if let Some(info) = family::family(&args.family) {
+        say!("family {} ({})", info.name, info.spec);
         for side in info.sides {
-            println!(
+            say!(
                 "side {}: the harness plays {}; ours: contract-impl {}",
-                side.side, side.harness_plays, side.impl_args
+                side.side,
+                side.harness_plays,
+                side.impl_args
             );
         }
     }
     for s in &scenarios {
         let sides: Vec<&str> = s.target_sides().iter().map(|side| side.as_str()).collect();
-        println!("{} [{}] {}", s.id(), sides.join(","), s.summary);
+        say!("{} [{}] {}", s.id(), sides.join(","), s.summary);
     }
-    println!("{} scenario(s)", scenarios.len());
+    say!("{} scenario(s)", scenarios.len());
     ExitCode::SUCCESS
 }
 
@@ -463,9 +484,9 @@ fn golden_action(action: GoldenAction) -> ExitCode {
         GoldenAction::Accept { golden_dir } => match golden::accept_pending(&golden_dir) {
             Ok(written) => {
                 for path in &written {
-                    println!("accepted {}", path.display());
+                    say!("accepted {}", path.display());
                 }
-                println!("{} golden file(s) accepted", written.len());
+                say!("{} golden file(s) accepted", written.len());
                 ExitCode::SUCCESS
             }
             Err(e) => {
@@ -486,16 +507,16 @@ fn review(golden_dir: &Path) -> ExitCode {
         let new_text = std::fs::read_to_string(path).unwrap_or_default();
         match std::fs::read_to_string(&golden_file) {
             Ok(old_text) => {
-                println!(
+                say!(
                     "pending {} (changes {})",
                     path.display(),
                     golden_file.display()
                 );
                 print!("{}", golden::unified_diff(&old_text, &new_text));
             }
-            Err(_) => println!("pending {} (new golden)", path.display()),
+            Err(_) => say!("pending {} (new golden)", path.display()),
         }
     }
-    println!("{} pending golden file(s)", pending.len());
+    say!("{} pending golden file(s)", pending.len());
     ExitCode::SUCCESS
 }

@@ -172,21 +172,25 @@ impl Peer for ScriptedCorePeer {
     async fn recv(&mut self, timeout: Duration) -> StepResult<Option<Event<IncomingRequest>>> {
         let deadline = Instant::now() + timeout;
         loop {
-            // Biased towards the WebSocket: what a connection delivered before the target
-            // opened a new HTTP exchange (typically: close, then reconnect) comes first.
-            return Ok(tokio::select! {
+            // The deadline first (a target that keeps sending cannot outlast it), then the
+            // WebSocket: what a connection delivered before the target opened a new HTTP
+            // exchange (typically: close, then reconnect) comes first.
+            let seen = tokio::select! {
                 biased;
-                () = tokio::time::sleep_until(deadline) => None,
-                seen = self.ws.next() => match seen {
-                    Seen::Event(event) => Some(event),
-                    // The connection ended and every event was consumed.
-                    Seen::Ended => continue,
-                },
-                request = self.core.next_request() => match request {
-                    Some(request) => Some(Event::Other(request)),
-                    None => return Err(fail::harness("the scripted Core stopped unexpectedly")),
-                },
-            });
+                () = tokio::time::sleep_until(deadline) => return Ok(None),
+                seen = self.ws.next() => seen,
+                request = self.core.next_request() => {
+                    return match request {
+                        Some(request) => Ok(Some(Event::Other(request))),
+                        None => Err(fail::harness("the scripted Core stopped unexpectedly")),
+                    };
+                }
+            };
+            match seen {
+                Seen::Event(event) => return Ok(Some(event)),
+                // The connection ended and every event was consumed: wait for the rest.
+                Seen::Ended => {}
+            }
         }
     }
 
