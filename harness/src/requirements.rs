@@ -368,15 +368,15 @@ pub fn coverage(catalog: &[Requirement], scenarios: &[Scenario]) -> Coverage {
 
 /// The requirements named by `{$reference: …, $requirement: …}` patterns in `value`.
 fn reference_patterns(value: &serde_json::Value, out: &mut Vec<String>) {
-    if let Ok(Some(r)) = crate::matcher::ReferencePattern::parse(value) {
-        out.push(r.requirement);
-        return;
-    }
-    match value {
-        serde_json::Value::Array(items) => items.iter().for_each(|v| reference_patterns(v, out)),
-        serde_json::Value::Object(map) => map.values().for_each(|v| reference_patterns(v, out)),
-        _ => {}
-    }
+    crate::scenario::validation::walk(value, "$", &mut |v, _| {
+        match crate::matcher::ReferencePattern::parse(v) {
+            Ok(Some(r)) => {
+                out.push(r.requirement);
+                true
+            }
+            _ => false,
+        }
+    });
 }
 
 #[cfg(test)]

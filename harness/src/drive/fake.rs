@@ -802,6 +802,24 @@ fn cases() -> Vec<Case> {
         )
         .records(vec!["runtime frame"]),
         Case::new(
+            "an optional frame may come before the target's Close",
+            vec![
+                now(text(json!({"type": "preparing", "id": "p-1"}))),
+                now(Event::Close {
+                    code: Some(1000),
+                    reason: String::new(),
+                }),
+            ],
+            vec![
+                maybe(expect(json!({"type": "preparing", "id": "$p"}))),
+                Step::ExpectClose {
+                    code: Some(1000),
+                    reason: None,
+                },
+            ],
+        )
+        .records(vec!["runtime frame", "close"]),
+        Case::new(
             "an optional frame of a party the harness plays is sent",
             vec![],
             vec![maybe(send(json!({"type": "typical"})))],

@@ -17,7 +17,7 @@ use super::failure::StepResult;
 use super::run::Run;
 use crate::scenario::model::{Party, Step};
 use crate::target::Target;
-use crate::transport::ws::{WsEvent, truncate};
+use crate::transport::ws::truncate;
 
 /// Something that can describe itself in one line of a failure message.
 pub trait Describe {
@@ -65,18 +65,6 @@ impl<O: Describe> Describe for Event<O> {
             Event::Eof => "connection dropped without a close frame".to_string(),
             Event::Error { code, detail } => format!("transport error {code}: {detail}"),
             Event::Other(other) => other.describe(),
-        }
-    }
-}
-
-impl<O> From<WsEvent> for Event<O> {
-    fn from(event: WsEvent) -> Self {
-        match event {
-            WsEvent::Text(text) => Event::Text(text),
-            WsEvent::Binary(bytes) => Event::Binary(bytes),
-            WsEvent::Close { code, reason } => Event::Close { code, reason },
-            WsEvent::Eof => Event::Eof,
-            WsEvent::Error { code, detail } => Event::Error { code, detail },
         }
     }
 }

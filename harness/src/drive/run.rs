@@ -498,31 +498,21 @@ impl Run {
 
     /// `silence: d`: nothing may arrive for `d`.
     async fn silence<P: Peer>(&mut self, peer: &mut P, duration: Duration) -> StepResult {
-        let deadline = Instant::now() + duration;
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return Ok(());
-            }
-            let Some(event) = self.next_event(peer, left).await? else {
-                return Ok(());
-            };
-            if let Event::Text(text) = &event
-                && let Ok(value) = peer.role().codec.decode(text)
-            {
-                self.check_decoded(&value, "a text frame")?;
-                self.record(peer.role().emitted_label, EntryKind::Frame, value.clone());
-                // A typical frame an `optional:` step allows is not a breach of silence.
-                if peer.role().codec.check_emitted(&value).is_ok() && self.take_optional(&value) {
-                    continue;
-                }
-            }
-            return Err(fail::unexpected(format!(
-                "expected silence for {}, got {}",
-                show_duration(duration),
-                event.describe()
-            )));
+        // A typical frame an `optional:` step allows is not a breach of silence.
+        let Some(event) = self.next_unoptional(peer, duration).await? else {
+            return Ok(());
+        };
+        if let Event::Text(text) = &event
+            && let Ok(value) = peer.role().codec.decode(text)
+        {
+            self.check_decoded(&value, "a text frame")?;
+            self.record(peer.role().emitted_label, EntryKind::Frame, value);
         }
+        Err(fail::unexpected(format!(
+            "expected silence for {}, got {}",
+            show_duration(duration),
+            event.describe()
+        )))
     }
 
     /// `any_order`: frames are received until each expectation matched exactly one
@@ -590,6 +580,44 @@ impl Run {
         );
     }
 
+    /// The next event within `timeout` that is not a frame a pending `optional:` step
+    /// allows (such frames are taken: recorded and bound), so a typical frame may still
+    /// arrive before a Close.
+    async fn next_unoptional<P: Peer>(
+        &mut self,
+        peer: &mut P,
+        timeout: Duration,
+    ) -> StepResult<Option<Event<P::Other>>> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Ok(None);
+            }
+            let event = self.next_event(peer, left).await?;
+            if !self.optional.is_empty()
+                && let Some(Event::Text(text)) = &event
+                && let Ok(value) = peer.role().codec.decode(text)
+                && peer.role().codec.check_emitted(&value).is_ok()
+                && self.optional_allows(&value)
+            {
+                self.check_decoded(&value, "a text frame")?;
+                self.record(peer.role().emitted_label, EntryKind::Frame, value.clone());
+                self.take_optional(&value);
+                continue;
+            }
+            return Ok(event);
+        }
+    }
+
+    /// Whether a pending `optional:` pattern matches `value` (nothing is bound).
+    fn optional_allows(&self, value: &Value) -> bool {
+        self.optional.iter().any(|pattern| {
+            let mut trial = self.bindings.clone();
+            match_frame(pattern, value, &mut trial).is_ok()
+        })
+    }
+
     /// `half_close`: sends Close; the next event must be the target's Close reply.
     async fn half_close<P: Peer>(&mut self, peer: &mut P, code: u16, reason: &str) -> StepResult {
         peer.connection()
@@ -597,7 +625,7 @@ impl Run {
             .await
             .map_err(|e| StepError::new(e.code, format!("sending Close failed: {}", e.message)))?;
         let name = peer.role().target_name;
-        match self.next_event(peer, self.step_timeout).await? {
+        match self.next_unoptional(peer, self.step_timeout).await? {
             Some(Event::Close { code, reason }) => {
                 self.record_close(code, &reason);
                 peer.connection().end(self.step_timeout).await;
@@ -629,7 +657,7 @@ impl Run {
                     .unwrap_or_default()
             ),
         };
-        match self.next_event(peer, self.step_timeout).await? {
+        match self.next_unoptional(peer, self.step_timeout).await? {
             Some(Event::Close {
                 code: got_code,
                 reason: got_reason,

@@ -107,7 +107,7 @@ pub fn is_requirement_id(id: &str) -> bool {
 
 /// Visits `value` and, unless `visit` returns `true` (handled), its elements and members
 /// with their JSON paths.
-fn walk(value: &Value, path: &str, visit: &mut dyn FnMut(&Value, &str) -> bool) {
+pub(crate) fn walk(value: &Value, path: &str, visit: &mut dyn FnMut(&Value, &str) -> bool) {
     if visit(value, path) {
         return;
     }

@@ -25,6 +25,17 @@ pub enum Seen<O> {
     Ended,
 }
 
+/// A WebSocket event as the engine's event.
+fn engine_event<O>(event: WsEvent) -> Event<O> {
+    match event {
+        WsEvent::Text(text) => Event::Text(text),
+        WsEvent::Binary(bytes) => Event::Binary(bytes),
+        WsEvent::Close { code, reason } => Event::Close { code, reason },
+        WsEvent::Eof => Event::Eof,
+        WsEvent::Error { code, detail } => Event::Error { code, detail },
+    }
+}
+
 impl Link {
     /// Makes `conn` the connection the steps use; the previous one, if any.
     pub fn replace(&mut self, conn: WsConnection) -> Option<WsConnection> {
@@ -41,7 +52,7 @@ impl Link {
                 self.ws = None;
                 Seen::Event(Event::Eof)
             }
-            Some(event) => Seen::Event(Event::from(event)),
+            Some(event) => Seen::Event(engine_event(event)),
             None => {
                 self.ws = None;
                 Seen::Ended
