@@ -60,6 +60,18 @@ pub enum BindError {
     /// A placeholder in a frame to send is unbound and minting is not allowed.
     #[error("placeholder `${0}` is not bound yet (the target has not sent it)")]
     Unbound(String),
+    /// A placeholder in a frame to send is only carried by a typical (`optional:`) frame
+    /// the target did not send: the step needs that frame.
+    #[error(
+        "placeholder `${name}` is carried only by a typical frame the target did not send{}",
+        requirement.as_ref().map(|r| format!(" (our reference sends it, {r})")).unwrap_or_default()
+    )]
+    Skipped {
+        /// The placeholder name.
+        name: String,
+        /// The `level: reference` requirement of the skipped frame's `reference:` group.
+        requirement: Option<String>,
+    },
     /// `$_` appeared in a frame the harness must send.
     #[error("`$_` cannot be sent; it only matches emitted values")]
     AnyInSent,
@@ -137,6 +149,21 @@ pub fn malformed_placeholders(value: &Value) -> Vec<(String, String)> {
     out
 }
 
+/// Collects every named placeholder (`$_` and `$absent` excluded) in `value`, keys of
+/// comparison and reference patterns included.
+pub fn placeholder_names(value: &Value, out: &mut Vec<String>) {
+    match value {
+        Value::String(s) => {
+            if let Some(Placeholder::Named(name)) = placeholder(s) {
+                out.push(name);
+            }
+        }
+        Value::Array(items) => items.iter().for_each(|v| placeholder_names(v, out)),
+        Value::Object(map) => map.values().for_each(|v| placeholder_names(v, out)),
+        _ => {}
+    }
+}
+
 /// A value where the target differs from our reference behaviour, found in vendor mode
 /// by a `{$reference: …}` pattern ([`crate::matcher::ReferencePattern`]).
 #[derive(Debug, Clone, PartialEq)]
@@ -147,8 +174,9 @@ pub struct Difference {
     pub path: String,
     /// Our reference's pattern.
     pub reference: Value,
-    /// What the target sent.
-    pub actual: Value,
+    /// What the target sent; `None` for a typical frame (an `optional:` step inside a
+    /// `reference:` group) it did not send at all.
+    pub actual: Option<Value>,
 }
 
 /// The placeholder table of one scenario run (one target side). It also carries the
@@ -168,6 +196,10 @@ pub struct Bindings {
     pub vendor: bool,
     /// The differences found (vendor mode), in order.
     pub differences: Vec<Difference>,
+    /// Placeholders of typical frames the target did not send (never bound by them), with
+    /// the reference requirement of the frame if any: a comparison bound naming one is no
+    /// bound ([`crate::matcher::skip_pattern`]); a frame to send cannot use one.
+    skipped: BTreeMap<String, Option<String>>,
 }
 
 impl Bindings {
@@ -179,6 +211,18 @@ impl Bindings {
     /// The value bound to `name` (without the `$`).
     pub fn get(&self, name: &str) -> Option<&Value> {
         self.values.get(name)
+    }
+
+    /// Marks `name` as a placeholder of a frame the target did not send (inside the
+    /// `reference:` group of `requirement`, if any).
+    pub fn skip(&mut self, name: &str, requirement: Option<&str>) {
+        self.skipped
+            .insert(name.to_string(), requirement.map(str::to_string));
+    }
+
+    /// Whether `name` is unbound because the typical frame that would bind it was not sent.
+    pub fn is_skipped(&self, name: &str) -> bool {
+        !self.values.contains_key(name) && self.skipped.contains_key(name)
     }
 
     /// Whether nothing is bound.
@@ -272,6 +316,10 @@ impl Bindings {
                 Token::Placeholder(Placeholder::Absent) => return Err(BindError::AbsentInSent),
                 Token::Placeholder(Placeholder::Named(name)) => match self.values.get(&name) {
                     Some(v) => v.clone(),
+                    None if self.skipped.contains_key(&name) => {
+                        let requirement = self.skipped[&name].clone();
+                        return Err(BindError::Skipped { name, requirement });
+                    }
                     None if mint => self.mint_for(&name, key),
                     None => return Err(BindError::Unbound(name)),
                 },

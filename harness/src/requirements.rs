@@ -354,6 +354,11 @@ pub fn coverage(catalog: &[Requirement], scenarios: &[Scenario]) -> Coverage {
                 Step::AnyOrder(inner) => steps.extend(inner),
                 Step::Optional(inner) => steps.push(inner),
                 Step::Frame { frame, .. } => reference_patterns(frame, &mut named),
+                Step::ExpectClose { code, reason } => {
+                    for value in code.iter().chain(reason) {
+                        reference_patterns(value, &mut named);
+                    }
+                }
                 _ => {}
             }
         }

@@ -144,11 +144,15 @@ async fn run_scenario_reporting_launch(
             .bindings
             .differences
             .iter()
-            .map(|d| {
-                format!(
-                    "{} at {}: the reference sends {}, the target sent {}",
-                    d.requirement, d.path, d.reference, d.actual
-                )
+            .map(|d| match &d.actual {
+                Some(actual) => format!(
+                    "{} at {}: the reference sends {}, the target sent {actual}",
+                    d.requirement, d.path, d.reference
+                ),
+                None => format!(
+                    "{} at {}: the reference sends the typical frame {}, the target did not",
+                    d.requirement, d.path, d.reference
+                ),
             })
             .collect();
         let golden = result.golden.take();

@@ -214,7 +214,7 @@ fn main() {
                 .enable_all()
                 .build()
                 .map_err(|e| e.to_string())?;
-            let many = rt.block_on(runner::run_many(runs, &opts, 2, |_| {}));
+            let many = rt.block_on(runner::run_many(runs.clone(), &opts, 2, |_| {}));
             let failed: Vec<String> = many
                 .results
                 .iter()
@@ -228,6 +228,30 @@ fn main() {
                     failed.len(),
                     many.aborted,
                     failed.join("\n")
+                )
+                .into());
+            }
+            // Strict mode (our reference asserted): the same runs fail exactly where the
+            // profile differs, each failure naming the reference requirement.
+            let strict = RunOptions {
+                mode: runner::Mode::Strict,
+                golden_mode: GoldenMode::Check,
+                ..opts
+            };
+            let many = rt.block_on(runner::run_many(runs, &strict, 2, |_| {}));
+            let unnamed: Vec<String> = many
+                .results
+                .iter()
+                .filter(|r| !r.passed && r.reference.is_none())
+                .map(console::result_line)
+                .collect();
+            let strict_failed = many.results.iter().filter(|r| !r.passed).count();
+            if !unnamed.is_empty() || strict_failed != differ {
+                return Err(format!(
+                    "strict mode: {strict_failed} failed ({differ} differ in vendor mode), {} \
+                     without a reference requirement:\n{}",
+                    unnamed.len(),
+                    unnamed.join("\n")
                 )
                 .into());
             }

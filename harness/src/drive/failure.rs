@@ -220,6 +220,24 @@ pub mod fail {
     pub fn scenario(message: impl Into<String>) -> StepError {
         StepError::new(FailureCode::ScenarioInvalid, message)
     }
+    /// A value the harness must build (`what`) cannot be: [`FailureCode::ScenarioInvalid`],
+    /// except that a placeholder only a typical frame the target did not send carries is a
+    /// [`FailureCode::Mismatch`] (inside that frame's reference requirement, if any): the
+    /// step needs the frame.
+    pub fn bind(error: crate::bind::BindError, what: &str) -> StepError {
+        match error {
+            crate::bind::BindError::Skipped {
+                ref requirement, ..
+            } => {
+                let e = mismatch(format!("cannot build {what}: {error}"));
+                match requirement.clone() {
+                    Some(r) => e.in_reference(&r),
+                    None => e,
+                }
+            }
+            other => scenario(format!("cannot build {what}: {other}")),
+        }
+    }
     /// [`FailureCode::UnsupportedStep`].
     pub fn unsupported(message: impl Into<String>) -> StepError {
         StepError::new(FailureCode::UnsupportedStep, message)

@@ -528,8 +528,8 @@ fn cases() -> Vec<Case> {
                 reason: "policy".into(),
             })],
             vec![Step::ExpectClose {
-                code: Some(1008),
-                reason: Some("policy".into()),
+                code: Some(json!(1008)),
+                reason: Some(json!("policy")),
             }],
         )
         .records(vec!["close"]),
@@ -540,11 +540,11 @@ fn cases() -> Vec<Case> {
                 reason: String::new(),
             })],
             vec![Step::ExpectClose {
-                code: Some(1008),
+                code: Some(json!(1008)),
                 reason: None,
             }],
         )
-        .fails(C::Mismatch, Phase::Step(1), "with code 1008"),
+        .fails(C::Mismatch, Phase::Step(1), r#"{"code":1008}"#),
         Case::new(
             "expect_close without code accepts a dropped connection",
             vec![now(Event::Eof)],
@@ -558,11 +558,11 @@ fn cases() -> Vec<Case> {
             "expect_close with a code refuses a dropped connection",
             vec![now(Event::Eof)],
             vec![Step::ExpectClose {
-                code: Some(1000),
+                code: Some(json!(1000)),
                 reason: None,
             }],
         )
-        .fails(C::UnexpectedEvent, Phase::Step(1), "connection dropped"),
+        .fails(C::Mismatch, Phase::Step(1), "got a dropped connection"),
         Case::new(
             "expect_exit records the exit and checks code and stderr",
             vec![later(10, Event::Eof)],
@@ -580,6 +580,27 @@ fn cases() -> Vec<Case> {
             leak: None,
         })
         .records(vec!["target exit"]),
+        Case::new(
+            "a typical frame may still arrive before the exit",
+            vec![
+                later(5, text(json!({"type": "status"}))),
+                later(5, Event::Eof),
+            ],
+            vec![
+                pause(),
+                maybe(expect(json!({"type": "status"}))),
+                Step::ExpectExit {
+                    code: Some(ExitCodeSpec::Exact(0)),
+                    stderr: vec![],
+                },
+            ],
+        )
+        .process(FakeProcess {
+            exit: Some((Duration::from_millis(20), 0)),
+            stderr: String::new(),
+            leak: None,
+        })
+        .records(vec!["runtime frame", "target exit"]),
         Case::new(
             "expect_exit with another code is target_exit",
             vec![],
@@ -813,7 +834,7 @@ fn cases() -> Vec<Case> {
             vec![
                 maybe(expect(json!({"type": "preparing", "id": "$p"}))),
                 Step::ExpectClose {
-                    code: Some(1000),
+                    code: Some(json!(1000)),
                     reason: None,
                 },
             ],
@@ -991,6 +1012,170 @@ async fn a_failure_inside_a_reference_step_names_its_requirement() {
     let case = Case::new("required", vec![], vec![expect(json!({"type": "s"}))]);
     let (outcome, _) = run_case(case).await;
     assert_eq!(outcome.failure.unwrap().reference, None);
+}
+
+/// A run of `steps` against `script` in vendor mode (`vendor`) or strict mode.
+async fn run_in_mode(script: Vec<Scripted>, steps: Vec<Step>, vendor: bool) -> DriveOutcome {
+    let peer = FakePeer {
+        link: FakeLink {
+            script: script.into(),
+            connected: true,
+            echo_close: true,
+            sent: Arc::default(),
+        },
+    };
+    let started = Started {
+        peer,
+        process: Box::new(FakeProcess::default()),
+        secret: String::new(),
+        ready: true,
+        normalize: Value::clone,
+    };
+    let opts = DriveOptions { vendor, ..opts() };
+    drive(&scenario(steps), &opts, async { Ok(started) }).await
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_typical_frame_of_the_reference_is_required_for_us_and_optional_for_vendors() {
+    // preparing (typical, our reference sends it) → ready → started, ordered by revision.
+    let steps = || {
+        vec![
+            Step::Reference {
+                requirement: "CR-PREP-014".into(),
+                steps: vec![maybe(expect(
+                    json!({"type": "preparing", "revision": "$r1"}),
+                ))],
+            },
+            expect(json!({"type": "ready", "revision": {"$gt": "$r1", "$as": "$r2"}})),
+            Step::Reference {
+                requirement: "CR-PREP-014".into(),
+                steps: vec![maybe(expect(
+                    json!({"type": "starting", "revision": {"$gt": "$r2", "$as": "$r3"}}),
+                ))],
+            },
+            expect(json!({"type": "started", "revision": {"$gt": "$r3"}})),
+        ]
+    };
+    let frame = |t: &str, r: u64| now(text(json!({"type": t, "revision": r})));
+    let full = || {
+        vec![
+            frame("preparing", 1),
+            frame("ready", 2),
+            frame("starting", 3),
+            frame("started", 4),
+        ]
+    };
+    let lean = |started: u64| vec![frame("ready", 100), frame("started", started)];
+    // Ours sends every typical frame: both modes pass, nothing differs.
+    for vendor in [false, true] {
+        let outcome = run_in_mode(full(), steps(), vendor).await;
+        assert!(outcome.failure.is_none(), "{:?}", outcome.failure);
+        assert!(outcome.bindings.differences.is_empty());
+    }
+    // Strict: a missing typical frame fails, naming the reference requirement.
+    let outcome = run_in_mode(lean(107), steps(), false).await;
+    let failure = outcome.failure.unwrap();
+    assert_eq!(failure.reference.as_deref(), Some("CR-PREP-014"));
+    assert_eq!(failure.phase, Phase::Step(1));
+    // Vendor: the run passes; each missing frame is a difference; the order chain passes
+    // through the skipped frames (no `$r1`: no lower bound; `$r3` takes `$r2`).
+    let outcome = run_in_mode(lean(107), steps(), true).await;
+    assert!(outcome.failure.is_none(), "{:?}", outcome.failure);
+    let missing: Vec<_> = outcome
+        .bindings
+        .differences
+        .iter()
+        .map(|d| (d.requirement.as_str(), d.path.as_str(), d.actual.is_none()))
+        .collect();
+    assert_eq!(
+        missing,
+        [
+            ("CR-PREP-014", "step 1 (typical frame, not sent)", true),
+            ("CR-PREP-014", "step 3 (typical frame, not sent)", true)
+        ]
+    );
+    assert_eq!(outcome.bindings.get("r3"), Some(&json!(100)));
+    // ... so a started revision that does not follow ready still fails.
+    let outcome = run_in_mode(lean(100), steps(), true).await;
+    let failure = outcome.failure.unwrap();
+    assert_eq!(failure.code, FailureCode::Mismatch);
+    assert!(failure.message.contains("> 100"), "{failure}");
+    // A typical frame still pending when the steps end is a difference too.
+    let outcome = run_in_mode(vec![], steps()[..1].to_vec(), true).await;
+    assert!(outcome.failure.is_none(), "{:?}", outcome.failure);
+    assert_eq!(outcome.bindings.differences.len(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_frame_to_send_awaits_the_typical_frame_that_carries_its_value() {
+    let steps = || {
+        vec![
+            Step::Reference {
+                requirement: "CR-PREP-014".into(),
+                steps: vec![maybe(expect(json!({"type": "preparing", "handle": "$h1"})))],
+            },
+            send(json!({"type": "release", "handle": "$h1"})),
+            expect(json!({"type": "released", "handle": "$h1"})),
+        ]
+    };
+    // It comes late: the harness waits for it and sends the handle it carries.
+    let script = vec![
+        later(300, text(json!({"type": "preparing", "handle": "h-9"}))),
+        later(1, text(json!({"type": "released", "handle": "h-9"}))),
+    ];
+    let outcome = run_in_mode(script, steps(), true).await;
+    assert!(outcome.failure.is_none(), "{:?}", outcome.failure);
+    assert!(outcome.bindings.differences.is_empty());
+    // Another frame comes first: it is kept for the next step, and the send cannot be
+    // built; in vendor mode that is a difference from the reference, naming it.
+    let script = vec![now(text(json!({"type": "released", "handle": "h-9"})))];
+    let outcome = run_in_mode(script, steps(), true).await;
+    let failure = outcome.failure.unwrap();
+    assert_eq!(failure.phase, Phase::Step(2));
+    assert_eq!(failure.reference.as_deref(), Some("CR-PREP-014"));
+    assert!(failure.message.contains("`$h1`"), "{failure}");
+    // Nothing comes: the wait ends at the step deadline, with the same outcome.
+    let outcome = run_in_mode(vec![], steps(), true).await;
+    assert_eq!(
+        outcome.failure.unwrap().reference.as_deref(),
+        Some("CR-PREP-014")
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_close_code_of_the_reference_differs_in_vendor_mode() {
+    let close = |code: u16, reason: &str| {
+        vec![now(Event::Close {
+            code: Some(code),
+            reason: reason.into(),
+        })]
+    };
+    let step = || {
+        vec![Step::ExpectClose {
+            code: Some(json!({"$reference": 1007, "$requirement": "CR-FAM-006"})),
+            reason: Some(json!({"$reference": "missing_field", "$requirement": "CR-FAM-006"})),
+        }]
+    };
+    let outcome = run_in_mode(close(1007, "missing_field"), step(), false).await;
+    assert!(outcome.failure.is_none(), "{:?}", outcome.failure);
+    let outcome = run_in_mode(close(1002, "bad frame"), step(), false).await;
+    assert_eq!(
+        outcome.failure.unwrap().reference.as_deref(),
+        Some("CR-FAM-006")
+    );
+    let outcome = run_in_mode(close(1002, "bad frame"), step(), true).await;
+    assert!(outcome.failure.is_none(), "{:?}", outcome.failure);
+    let paths: Vec<_> = outcome
+        .bindings
+        .differences
+        .iter()
+        .map(|d| d.path.as_str())
+        .collect();
+    assert_eq!(paths, ["$.code", "$.reason"]);
+    // A dropped connection also closes the transport: a difference, not a failure.
+    let outcome = run_in_mode(vec![now(Event::Eof)], step(), true).await;
+    assert!(outcome.failure.is_none(), "{:?}", outcome.failure);
+    assert_eq!(outcome.bindings.differences.len(), 2);
 }
 
 #[tokio::test(start_paused = true)]

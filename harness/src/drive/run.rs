@@ -10,9 +10,9 @@ use tokio::time::Instant;
 
 use super::failure::{FailureCode, StepError, StepResult, fail};
 use super::peer::{Describe, Event, Outgoing, Peer, Process};
-use crate::bind::Bindings;
+use crate::bind::{Bindings, Difference};
 use crate::golden::{EntryKind, GoldenEntry, Recording};
-use crate::matcher::match_frame;
+use crate::matcher::{match_frame, skip_pattern};
 use crate::scenario::model::{ExitCodeSpec, RawMessage, Step};
 use crate::transport::ws::truncate;
 
@@ -79,10 +79,26 @@ pub struct Run {
     /// The output channel on which a killed process had leaked the secret.
     pub earlier_leak: Option<&'static str>,
     /// Frames of the target that `optional:` steps allow before the next expected frame.
-    optional: Vec<Value>,
+    optional: Vec<PendingOptional>,
+    /// Text frames of the target received while awaiting a typical frame before a send,
+    /// handed to the next receive (in order).
+    held: std::collections::VecDeque<String>,
     /// The label of the first recorded body that carried the secret (redacted).
     pub recorded_leak: Option<String>,
     normalize: fn(&Value) -> Value,
+}
+
+/// A typical frame an `optional:` step allows, not yet seen.
+#[derive(Debug, Clone)]
+struct PendingOptional {
+    /// The frame's pattern.
+    pattern: Value,
+    /// Set when the step is inside a `reference:` group in vendor mode: our reference
+    /// sends the frame, so its absence is a [`crate::bind::Difference`] naming this
+    /// requirement.
+    requirement: Option<String>,
+    /// The 1-based index of its step.
+    step: usize,
 }
 
 fn identity(value: &Value) -> Value {
@@ -153,6 +169,7 @@ impl Run {
             earlier_stderr: String::new(),
             earlier_leak: None,
             optional: Vec::new(),
+            held: Default::default(),
             recorded_leak: None,
             normalize: identity,
         }
@@ -223,6 +240,9 @@ impl Run {
         peer: &mut P,
         timeout: Duration,
     ) -> StepResult<Option<Event<P::Other>>> {
+        if let Some(text) = self.held.pop_front() {
+            return Ok(Some(Event::Text(text)));
+        }
         let event = peer.recv(timeout).await?;
         if let Some(event) = &event {
             self.check_event(peer, event)?;
@@ -328,8 +348,13 @@ impl Run {
             };
             let value = self.decode_emitted(peer, &text, expected)?;
             self.record(peer.role().emitted_label, EntryKind::Frame, value.clone());
+            // Awaited frames are tried as if the pending typical frames never came.
+            let mut view = self.bindings.clone();
+            for pending in &self.optional {
+                skip_pattern(&pending.pattern, &mut view, None);
+            }
             let awaited_match = awaited.iter().any(|pattern| {
-                let mut trial = self.bindings.clone();
+                let mut trial = view.clone();
                 match_frame(pattern, &value, &mut trial).is_ok()
             });
             if awaited_match || !self.take_optional(&value) {
@@ -342,12 +367,90 @@ impl Run {
     /// the pattern is dropped and its placeholders bound).
     fn take_optional(&mut self, value: &Value) -> bool {
         for i in 0..self.optional.len() {
-            if match_frame(&self.optional[i], value, &mut self.bindings).is_ok() {
+            if match_frame(&self.optional[i].pattern, value, &mut self.bindings).is_ok() {
                 self.optional.remove(i);
                 return true;
             }
         }
         false
+    }
+
+    /// Before the harness sends `template`: when it uses a placeholder that only a pending
+    /// typical frame carries (the admission handle of a `preparing` the harness must
+    /// release), that frame is awaited within the step deadline, as a real peer would wait
+    /// for the value. Another frame arriving first is held for the next step, and the
+    /// typical frames are then over, as is the wait when the deadline passes: the send
+    /// then fails on the placeholder ([`crate::bind::BindError::Skipped`]).
+    ///
+    /// # Errors
+    /// Something other than a frame arrived first.
+    async fn await_carried<P: Peer>(&mut self, peer: &mut P, template: &Value) -> StepResult {
+        let carried = |run: &Self| {
+            let mut view = run.bindings.clone();
+            for pending in &run.optional {
+                skip_pattern(&pending.pattern, &mut view, None);
+            }
+            let mut names = Vec::new();
+            crate::bind::placeholder_names(template, &mut names);
+            names.into_iter().any(|n| view.is_skipped(&n))
+        };
+        if self.optional.is_empty() || !carried(self) {
+            return Ok(());
+        }
+        let deadline = Instant::now() + self.step_timeout;
+        while carried(self) {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let event = if left.is_zero() {
+                None
+            } else {
+                self.next_event(peer, left).await?
+            };
+            match event {
+                None => break,
+                Some(Event::Text(text)) => {
+                    let value = self.decode_emitted(peer, &text, "a typical frame")?;
+                    if self.optional_allows(&value) {
+                        self.record(peer.role().emitted_label, EntryKind::Frame, value.clone());
+                        self.take_optional(&value);
+                    } else {
+                        self.held.push_back(text);
+                        break;
+                    }
+                }
+                Some(other) => {
+                    return Err(fail::unexpected(format!(
+                        "expected the typical frame that carries a value of the frame to send, \
+                         got {}",
+                        other.describe()
+                    )));
+                }
+            }
+        }
+        if carried(self) {
+            self.drop_optionals();
+        }
+        Ok(())
+    }
+
+    /// A later frame arrived (or the steps ended): the typical frames still pending can
+    /// no longer come. Their placeholders are skipped ([`skip_pattern`]); one inside a
+    /// `reference:` group (vendor mode) is recorded as a difference from the reference.
+    fn drop_optionals(&mut self) {
+        for pending in std::mem::take(&mut self.optional) {
+            skip_pattern(
+                &pending.pattern,
+                &mut self.bindings,
+                pending.requirement.as_deref(),
+            );
+            if let Some(requirement) = pending.requirement {
+                self.bindings.differences.push(Difference {
+                    requirement,
+                    path: format!("step {} (typical frame, not sent)", pending.step),
+                    reference: pending.pattern,
+                    actual: None,
+                });
+            }
+        }
     }
 
     /// Expects one frame matching `pattern` (binds on success).
@@ -358,6 +461,8 @@ impl Run {
         let value = self
             .expect_frame_of(peer, &show(pattern), &[pattern])
             .await?;
+        // A later frame arrived: the typical ones before it can no longer come.
+        self.drop_optionals();
         match_frame(pattern, &value, &mut self.bindings).map_err(|m| {
             let reference = m.reference.clone();
             let mut e = fail::mismatch(format!(
@@ -367,8 +472,6 @@ impl Run {
             e.reference = reference;
             e
         })?;
-        // A later frame arrived: the typical ones before it can no longer come.
-        self.optional.clear();
         Ok(())
     }
 
@@ -382,10 +485,11 @@ impl Run {
         peer: &mut P,
         template: &Value,
     ) -> StepResult<Value> {
+        self.await_carried(peer, template).await?;
         let frame = self
             .bindings
             .substitute(template, true)
-            .map_err(|e| fail::scenario(format!("cannot build the frame to send: {e}")))?;
+            .map_err(|e| fail::bind(e, "the frame to send"))?;
         let codec = peer.role().codec;
         codec.check_outgoing(&frame).map_err(|e| {
             fail::scenario(format!(
@@ -415,6 +519,27 @@ impl Run {
                 for inner in steps {
                     if matches!(inner, Step::Reference { .. }) {
                         return Err(fail::scenario("a `reference` step cannot hold another"));
+                    }
+                    // A typical frame of the target that our reference sends: expected in
+                    // strict mode; in vendor mode optional, its absence a difference.
+                    if let Step::Optional(frame) = inner
+                        && let Step::Frame { party, frame } = &**frame
+                        && *party == peer.role().target
+                    {
+                        if self.bindings.vendor {
+                            self.optional.push(PendingOptional {
+                                pattern: frame.clone(),
+                                requirement: Some(requirement.clone()),
+                                step: self.step,
+                            });
+                            continue;
+                        }
+                        self.expect_matching(peer, frame).await.map_err(|e| {
+                            let mut e = e.in_reference(requirement);
+                            e.message = format!("{} ({})", e.message, inner.describe());
+                            e
+                        })?;
+                        continue;
                     }
                     self.exec_plain(peer, inner).await.map_err(|e| {
                         let mut e = e.in_reference(requirement);
@@ -448,7 +573,11 @@ impl Run {
             Step::AnyOrder(steps) => self.any_order(peer, steps).await,
             Step::Optional(inner) => match &**inner {
                 Step::Frame { party, frame } if *party == peer.role().target => {
-                    self.optional.push(frame.clone());
+                    self.optional.push(PendingOptional {
+                        pattern: frame.clone(),
+                        requirement: None,
+                        step: self.step,
+                    });
                     Ok(())
                 }
                 Step::Frame { party, frame } if peer.role().plays.contains(party) => {
@@ -488,7 +617,8 @@ impl Run {
                     })
             }
             Step::ExpectClose { code, reason } => {
-                self.expect_close(peer, *code, reason.as_deref()).await
+                self.expect_close(peer, code.as_ref(), reason.as_ref())
+                    .await
             }
             Step::ExpectExit { code, stderr } => self.expect_exit(peer, *code, stderr).await,
             Step::Crash => self.crash(peer).await,
@@ -542,6 +672,7 @@ impl Run {
                     .join(" | ")
             );
             let value = self.expect_frame_of(peer, &expected, &remaining).await?;
+            self.drop_optionals();
             let mut reasons = Vec::new();
             let mut matched = None;
             for (i, pattern) in remaining.iter().enumerate() {
@@ -568,7 +699,6 @@ impl Run {
                 }
             }
         }
-        self.optional.clear();
         Ok(())
     }
 
@@ -612,9 +742,9 @@ impl Run {
 
     /// Whether a pending `optional:` pattern matches `value` (nothing is bound).
     fn optional_allows(&self, value: &Value) -> bool {
-        self.optional.iter().any(|pattern| {
+        self.optional.iter().any(|pending| {
             let mut trial = self.bindings.clone();
-            match_frame(pattern, value, &mut trial).is_ok()
+            match_frame(&pending.pattern, value, &mut trial).is_ok()
         })
     }
 
@@ -639,25 +769,30 @@ impl Run {
         }
     }
 
-    /// `expect_close`: a Close (code and reason checked when given) or, when neither is
-    /// given, a dropped connection.
+    /// `expect_close`: a Close, its code and reason matched when given (patterns, like a
+    /// frame's values: a `{$reference: …}` code is our reference's choice), or, when
+    /// neither is given, a dropped connection. A dropped connection has code and reason
+    /// `null`, so it also satisfies patterns that allow any value (`$_`).
     async fn expect_close<P: Peer>(
         &mut self,
         peer: &mut P,
-        code: Option<u16>,
-        reason: Option<&str>,
+        code: Option<&Value>,
+        reason: Option<&Value>,
     ) -> StepResult {
-        let expected = match (code, reason) {
-            (None, None) => "a Close frame or a dropped connection".to_string(),
-            _ => format!(
-                "a Close frame{}{}",
-                code.map(|c| format!(" with code {c}")).unwrap_or_default(),
-                reason
-                    .map(|r| format!(" with reason {r:?}"))
-                    .unwrap_or_default()
-            ),
+        let mut pattern = serde_json::Map::new();
+        if let Some(code) = code {
+            pattern.insert("code".into(), code.clone());
+        }
+        if let Some(reason) = reason {
+            pattern.insert("reason".into(), reason.clone());
+        }
+        let pattern = Value::Object(pattern);
+        let expected = if code.is_none() && reason.is_none() {
+            "a Close frame or a dropped connection".to_string()
+        } else {
+            format!("a Close frame {}", show(&pattern))
         };
-        match self.next_unoptional(peer, self.step_timeout).await? {
+        let actual = match self.next_unoptional(peer, self.step_timeout).await? {
             Some(Event::Close {
                 code: got_code,
                 reason: got_reason,
@@ -665,24 +800,32 @@ impl Run {
                 self.record_close(got_code, &got_reason);
                 // Flush the automatic Close reply, then end the connection.
                 peer.connection().end(self.step_timeout).await;
-                if (code.is_some() && code != got_code) || reason.is_some_and(|r| r != got_reason) {
-                    return Err(fail::mismatch(format!(
-                        "expected {expected}, got close {got_code:?} {got_reason:?}"
-                    )));
-                }
-                Ok(())
+                json!({"code": got_code, "reason": got_reason})
             }
-            Some(Event::Eof) if code.is_none() && reason.is_none() => {
+            Some(Event::Eof) => {
                 self.record("close", EntryKind::Close, json!({"event": "dropped"}));
                 peer.connection().abort();
-                Ok(())
+                json!({"code": null, "reason": null})
             }
-            Some(other) => Err(fail::unexpected(format!(
-                "expected {expected}, got {}",
-                other.describe()
-            ))),
-            None => Err(self.nothing(peer, &expected)),
-        }
+            Some(other) => {
+                return Err(fail::unexpected(format!(
+                    "expected {expected}, got {}",
+                    other.describe()
+                )));
+            }
+            None => return Err(self.nothing(peer, &expected)),
+        };
+        self.drop_optionals();
+        match_frame(&pattern, &actual, &mut self.bindings).map_err(|m| {
+            let got = if actual["code"].is_null() && actual["reason"].is_null() {
+                "a dropped connection".to_string()
+            } else {
+                format!("close {}", show(&actual))
+            };
+            let mut e = fail::mismatch(format!("expected {expected}, got {got}: {m}"));
+            e.reference = m.reference.clone();
+            e
+        })
     }
 
     /// `expect_exit`: the target process exits within the step deadline (a dropped
@@ -740,7 +883,14 @@ impl Run {
             if let Event::Text(text) = &event
                 && let Ok(value) = peer.role().codec.decode(text)
             {
-                self.record(peer.role().emitted_label, EntryKind::Frame, value);
+                // A typical frame an `optional:` step allows may still come first.
+                let allowed =
+                    peer.role().codec.check_emitted(&value).is_ok() && self.optional_allows(&value);
+                self.record(peer.role().emitted_label, EntryKind::Frame, value.clone());
+                if allowed {
+                    self.take_optional(&value);
+                    continue;
+                }
             }
             let hint = match &event {
                 Event::Close { .. } => " (expect it with `expect_close` first)",
@@ -900,6 +1050,7 @@ impl Run {
         for other in peer.queued_others() {
             self.check_event(peer, &Event::Other(other))?;
         }
+        self.drop_optionals();
         Ok(())
     }
 }

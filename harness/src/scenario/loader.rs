@@ -221,7 +221,7 @@ enum RawStep {
     Disconnect(Empty),
     HalfClose(RawClose),
     SendBytes(RawBytes),
-    ExpectClose(RawClose),
+    ExpectClose(RawExpectClose),
     Api(ApiStep),
     ApiResult(ApiResultStep),
     Crash(Empty),
@@ -279,6 +279,16 @@ struct RawClose {
     code: Option<u16>,
     #[serde(default)]
     reason: Option<String>,
+}
+
+/// `expect_close: {code?, reason?}`: values or patterns.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawExpectClose {
+    #[serde(default)]
+    code: Option<Value>,
+    #[serde(default)]
+    reason: Option<Value>,
 }
 
 #[derive(Deserialize)]
@@ -1060,7 +1070,7 @@ steps:
         assert_eq!(
             s.steps[14],
             Step::ExpectClose {
-                code: Some(1008),
+                code: Some(serde_json::json!(1008)),
                 reason: None
             }
         );

@@ -422,12 +422,13 @@ pub enum Step {
     },
     /// `send_bytes:` — one raw WebSocket message, bypassing schema checks.
     SendBytes(RawMessage),
-    /// `expect_close:` — the target closes (with this code / reason) or drops.
+    /// `expect_close:` — the target closes (code and reason matching these values or
+    /// patterns, e.g. `{$reference: 1007, $requirement: CR-FAM-006}`) or drops.
     ExpectClose {
-        /// Expected close code.
-        code: Option<u16>,
-        /// Expected close reason.
-        reason: Option<String>,
+        /// Expected close code: an integer or a pattern.
+        code: Option<Value>,
+        /// Expected close reason: a string or a pattern.
+        reason: Option<Value>,
     },
     /// `api:` — a call to Core's public API (performed only when Core is the target).
     Api(ApiStep),

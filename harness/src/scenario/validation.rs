@@ -405,10 +405,14 @@ impl Checker<'_> {
             ),
             Step::HalfClose {
                 reason: Some(r), ..
-            }
-            | Step::ExpectClose {
-                reason: Some(r), ..
             } if r.len() > 123 => self.issue(Some(location), "close reason longer than 123 bytes"),
+            Step::ExpectClose { code, reason } => {
+                if let Some(problem) = close_value_problem("code", code.as_ref())
+                    .or_else(|| close_value_problem("reason", reason.as_ref()))
+                {
+                    self.issue(Some(location), format!("expect_close: {problem}"));
+                }
+            }
             Step::Api(api) => self.api(location, api),
             Step::Crash if self.scenario.sides.as_deref() != Some(&[Side::Core][..]) => self.issue(
                 Some(location),
@@ -589,19 +593,7 @@ struct Sighting {
     expected_on: BTreeSet<Side>,
 }
 
-/// Collects every named placeholder (`$_` and `$absent` excluded) in `value`.
-fn placeholder_names(value: &Value, out: &mut Vec<String>) {
-    match value {
-        Value::String(s) => {
-            if let Some(crate::bind::Placeholder::Named(name)) = crate::bind::placeholder(s) {
-                out.push(name);
-            }
-        }
-        Value::Array(items) => items.iter().for_each(|v| placeholder_names(v, out)),
-        Value::Object(map) => map.values().for_each(|v| placeholder_names(v, out)),
-        _ => {}
-    }
-}
+use crate::bind::placeholder_names;
 
 /// Records the placeholders of `value` as sighted at `location`. `sent_when` is the
 /// target side on which the harness sends `value`, `expected_when` the one on which it
@@ -1006,4 +998,44 @@ pub fn validate(scenario: &Scenario, spans: &Spans) -> Vec<Issue> {
     single_use_placeholders(scenario, spans, &mut c.issues);
     async_api_calls(scenario, spans, &mut c.issues);
     c.issues
+}
+
+/// What is wrong with an `expect_close` `code` or `reason`: a code is an integer in
+/// 0..=65535, a reason a string of at most 123 bytes (RFC 6455 §5.5), each also a
+/// placeholder or a pattern (`{$reference: …}`, a comparison) whose literal parts obey
+/// the same rule.
+fn close_value_problem(key: &str, value: Option<&Value>) -> Option<String> {
+    let value = value?;
+    let literal_problem = |v: &Value| -> Option<String> {
+        match (key, v) {
+            ("code", Value::Number(n)) if n.as_u64().is_some_and(|c| c <= 65535) => None,
+            ("code", Value::Number(n)) => Some(format!("close code {n} is not in 0..=65535")),
+            ("reason", Value::String(r)) if r.starts_with('$') => None,
+            ("reason", Value::String(r)) if r.len() > 123 => {
+                Some("close reason longer than 123 bytes".into())
+            }
+            ("reason", Value::String(_)) => None,
+            (_, Value::String(s)) if s.starts_with('$') => None,
+            (_, other) => Some(format!(
+                "`{key}` takes {}, not {other}",
+                if key == "code" {
+                    "an integer close code or a pattern"
+                } else {
+                    "a string or a pattern"
+                }
+            )),
+        }
+    };
+    match crate::matcher::ReferencePattern::parse(value) {
+        Ok(Some(r)) => return literal_problem(&r.reference),
+        Err(e) => return Some(format!("`{key}`: {e}")),
+        Ok(None) => {}
+    }
+    match crate::matcher::ComparePattern::parse(value) {
+        Ok(Some(_)) if key == "code" => return None,
+        Ok(Some(_)) => return Some("a close reason cannot be a comparison".into()),
+        Err(e) => return Some(format!("`{key}`: {e}")),
+        Ok(None) => {}
+    }
+    literal_problem(value)
 }

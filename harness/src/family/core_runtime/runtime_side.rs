@@ -261,7 +261,7 @@ impl CoreRuntimePeer for ScriptedCorePeer {
         let args = run
             .bindings
             .substitute(args, true)
-            .map_err(|e| fail::scenario(format!("cannot build the control request: {e}")))?;
+            .map_err(|e| fail::bind(e, "the control request"))?;
         let adapter_wait = args
             .get("timeout_ms")
             .and_then(Value::as_u64)

@@ -39,7 +39,7 @@ use std::time::Duration;
 use sha2::{Digest, Sha256};
 use tokio::time::Instant;
 
-use super::config::Limits;
+use super::config::{Limits, WireProfile};
 use super::validate::{is_read_only, validate_prepare};
 use crate::core_runtime::adapter::{NativePrepare, NativeStart};
 use crate::core_runtime::wire::{
@@ -233,7 +233,8 @@ pub struct Admission {
     suspension: Option<String>,
     shutting_down: bool,
     /// First revision of a handle and the step between two (the Runtime's free choice).
-    revisions: (u64, u64),
+    /// The free choices of the wire (revision numbering, typical statuses, reuse, expiry).
+    profile: WireProfile,
 }
 
 /// Canonical fingerprint of a serializable value (object keys sorted at every level).
@@ -282,6 +283,17 @@ fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
+/// `expires_in_ms` of a reservation due at `deadline`: the time left at `now`, less
+/// `understated` (the profile's choice; then at least 1 ms, since the grant still holds).
+fn expiry_ms(deadline: Instant, now: Instant, understated: Duration) -> u64 {
+    let left = deadline.saturating_duration_since(now);
+    if understated.is_zero() {
+        millis(left)
+    } else {
+        millis(left.saturating_sub(understated)).max(1)
+    }
+}
+
 fn rejected(
     request_id: &str,
     operation: ControlOperation,
@@ -320,14 +332,14 @@ impl Admission {
             close_seq: 0,
             suspension: None,
             shutting_down: false,
-            revisions: (1, 1),
+            profile: WireProfile::default(),
         }
     }
 
-    /// Numbers every handle's revisions from `start` in steps of `step` (at least 1);
-    /// the default is from 1 in steps of 1.
-    pub fn with_revisions(mut self, start: u64, step: u64) -> Self {
-        self.revisions = (start.max(1), step.max(1));
+    /// Makes the free choices of `profile` (revision numbering, typical statuses,
+    /// Executor reuse, reported expiry); the default is [`WireProfile::default`].
+    pub fn with_profile(mut self, profile: WireProfile) -> Self {
+        self.profile = profile;
         self
     }
 
@@ -408,8 +420,23 @@ impl Admission {
     // ----------------------------------------------------------------- helpers
 
     fn publish(&mut self, handle: &AdmissionHandle, phase: Phase, now: Instant) -> Option<Effect> {
-        let (start, step) = self.revisions;
+        let (start, step) = (
+            self.profile.revision_start.max(1),
+            self.profile.revision_step.max(1),
+        );
+        let understated = Duration::from_millis(self.profile.expiry_understated_ms);
+        let silent = match &phase {
+            Phase::Preparing => !self.profile.publish_preparing,
+            Phase::Starting(_) => !self.profile.publish_starting,
+            _ => false,
+        };
         let record = self.records.get_mut(handle)?;
+        if silent {
+            // A typical status this profile does not publish: the phase changes, the
+            // revision and the last published status do not.
+            record.phase = phase;
+            return None;
+        }
         let previous = record.revision;
         record.revision = if previous == 0 {
             start
@@ -427,7 +454,7 @@ impl Admission {
                 admission_handle,
                 revision,
                 executor_id: record.executor_id.clone(),
-                expires_in_ms: millis(deadline.saturating_duration_since(now)),
+                expires_in_ms: expiry_ms(*deadline, now, understated),
             },
             Phase::Starting(run_id) => PreparationStatus::Starting {
                 admission_handle,
@@ -575,11 +602,20 @@ impl Admission {
                     None,
                 )];
             }
+            if record.revision == 0 {
+                // Nothing published yet (the profile does not publish `preparing`): the
+                // first status is still to come.
+                return Vec::new();
+            }
             let mut status = record.last.clone();
             if let (PreparationStatus::Ready { expires_in_ms, .. }, Phase::Ready { deadline }) =
                 (&mut status, &record.phase)
             {
-                *expires_in_ms = millis(deadline.saturating_duration_since(now));
+                *expires_in_ms = expiry_ms(
+                    *deadline,
+                    now,
+                    Duration::from_millis(self.profile.expiry_understated_ms),
+                );
             }
             return vec![Effect::Status {
                 request_id: request_id.to_string(),
@@ -618,7 +654,7 @@ impl Admission {
             agent_kind: request.agent_kind.clone(),
             configuration: fingerprint(&request.configuration),
         };
-        let reuse = if read_only {
+        let reuse = if read_only || !self.profile.reuse_executors {
             None
         } else {
             self.executors

@@ -210,12 +210,15 @@ pub struct RuntimeConfig {
     pub profile: WireProfile,
 }
 
-/// Values the spec leaves to the Runtime ("Preparation and execution order": revision
-/// decides the order of status observations, nothing fixes its start or step; heartbeats
-/// have no identity rule). [`WireProfile::default`] is our reference implementation's
-/// choice; [`WireProfile::different`] is another conformant one, for checking that the
-/// conformance suite demands no more than the spec (`contract-impl runtime --wire-profile
-/// different`).
+/// Values the spec leaves to the Runtime. "Preparation and execution order": revision
+/// decides the order of status observations, nothing fixes its start or step; the
+/// transitions preparing → ready → starting → started are only the typical ones; reusing
+/// a healthy Executor is allowed, not required; an admission expires five minutes after
+/// it is granted, and `expires_in_ms` reports what remains. Heartbeats have no identity
+/// rule, and the spec fixes no close code or reason. [`WireProfile::default`] is our
+/// reference implementation's choice; [`WireProfile::different`] is another conformant
+/// one, for checking that the conformance suite demands no more than the spec
+/// (`contract-impl runtime --wire-profile different`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WireProfile {
     /// The first revision of every admission handle.
@@ -224,6 +227,20 @@ pub struct WireProfile {
     pub revision_step: u64,
     /// Prefix of the heartbeat `Envelope.id`, followed by the count on the connection.
     pub heartbeat_id_prefix: &'static str,
+    /// Publish `preparing` when a native preparation begins (else the first status of
+    /// the handle is `ready`, or how the preparation ended).
+    pub publish_preparing: bool,
+    /// Publish `starting` when `execution_start` is accepted (else the next status is
+    /// `started`, or how the start ended).
+    pub publish_starting: bool,
+    /// Reuse a healthy idle Executor of the same Session and configuration.
+    pub reuse_executors: bool,
+    /// Milliseconds `expires_in_ms` understates the time left (a Runtime that measures
+    /// the five minutes from an earlier instant of the grant reports less), in ms.
+    pub expiry_understated_ms: u64,
+    /// Text put before the wire error code in the reason of a Close the Runtime sends
+    /// for a frame it rejects (the spec fixes no close reason).
+    pub close_reason_prefix: &'static str,
 }
 
 impl Default for WireProfile {
@@ -232,19 +249,36 @@ impl Default for WireProfile {
             revision_start: 1,
             revision_step: 1,
             heartbeat_id_prefix: "hb-",
+            publish_preparing: true,
+            publish_starting: true,
+            reuse_executors: true,
+            expiry_understated_ms: 0,
+            close_reason_prefix: "",
         }
     }
 }
 
 impl WireProfile {
-    /// A conformant profile unlike the reference: revisions from 100 in steps of 7,
-    /// heartbeat IDs `beat-<n>`.
+    /// A conformant profile unlike the reference in every free choice: revisions from
+    /// 100 in steps of 7, heartbeat IDs `beat-<n>`, no `preparing` or `starting`, no
+    /// Executor reuse, `expires_in_ms` 37 ms short of the full five minutes, close
+    /// reasons `rejected: <code>`.
     pub fn different() -> Self {
         Self {
             revision_start: 100,
             revision_step: 7,
             heartbeat_id_prefix: "beat-",
+            publish_preparing: false,
+            publish_starting: false,
+            reuse_executors: false,
+            expiry_understated_ms: 37,
+            close_reason_prefix: "rejected: ",
         }
+    }
+
+    /// The reason of a Close for a rejected frame whose wire error code is `code`.
+    pub fn close_reason(&self, code: &str) -> String {
+        format!("{}{code}", self.close_reason_prefix)
     }
 }
 

@@ -593,7 +593,7 @@ async fn receive_loop(
                 }
             }
             _ = shutdown.wait_for(|p| *p == ShutdownPhase::Done) => {
-                out.close(CLOSE_NORMAL, SHUTDOWN_REASON);
+                out.close(CLOSE_NORMAL, rt.config.profile.close_reason(SHUTDOWN_REASON));
                 drain_until_closed(&mut stream).await;
                 return Ok(());
             }
@@ -617,7 +617,7 @@ async fn receive_loop(
                 };
                 if let Some((code, reason, detail)) = violation {
                     tracing::warn!(close_code = code, %reason, "{detail}; closing");
-                    out.close(code, reason);
+                    out.close(code, rt.config.profile.close_reason(&reason));
                     drain_until_closed(&mut stream).await;
                     return Err(ConnectError::transient("protocol_violation", detail));
                 }

@@ -153,7 +153,7 @@ impl Runtime {
             config.environment.clone(),
             config.agent_kinds.clone(),
         )
-        .with_revisions(config.profile.revision_start, config.profile.revision_step);
+        .with_profile(config.profile.clone());
         let (shutdown, _) = watch::channel(ShutdownPhase::Running);
         let rt = Arc::new(Self {
             config: Arc::new(config),
