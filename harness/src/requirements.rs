@@ -233,6 +233,10 @@ pub struct Coverage {
     /// `(scenario ID, requirement ID)`: a rule the spec requires is never a mere
     /// difference from the reference.
     pub misused_references: Vec<(String, String)>,
+    /// `reference:` steps and `{$reference: …}` patterns naming a requirement the
+    /// scenario does not list in `covers:`, as `(scenario ID, requirement ID)`: what a
+    /// scenario asserts, it covers.
+    pub uncited_references: Vec<(String, String)>,
     /// Number of requirements in the catalog.
     pub total: usize,
     /// Level of every catalog requirement, by ID.
@@ -261,6 +265,12 @@ impl Coverage {
             out.push(format!(
                 "scenario {scenario} has a `reference:` step for {id}, which is not a \
                  `level: reference` requirement of the catalog"
+            ));
+        }
+        for (scenario, id) in &self.uncited_references {
+            out.push(format!(
+                "scenario {scenario} asserts our reference behaviour {id} (a `reference:` step \
+                 or a `$reference` pattern) but does not list it in `covers:`"
             ));
         }
         for id in &self.stale_reasons {
@@ -362,7 +372,12 @@ pub fn coverage(catalog: &[Requirement], scenarios: &[Scenario]) -> Coverage {
                 _ => {}
             }
         }
+        named.sort();
+        named.dedup();
         for requirement in named {
+            if !s.covers.contains(&requirement) {
+                cov.uncited_references.push((s.id(), requirement.clone()));
+            }
             if cov.levels.get(&requirement) != Some(&Level::Reference) {
                 cov.misused_references.push((s.id(), requirement));
             }
