@@ -492,6 +492,19 @@ mod tests {
             "{:?}",
             cov.errors()
         );
+        // A reference the steps assert (here in an `expect_close` pattern) must be covered.
+        let mut uncited = scen("four", &["CR-A-001"]);
+        uncited.steps = vec![Step::ExpectClose {
+            code: Some(serde_json::json!({"$reference": 1007, "$requirement": "CR-A-004"})),
+            reason: None,
+        }];
+        let cov = coverage(&catalog, &[uncited.clone()]);
+        assert_eq!(
+            cov.uncited_references,
+            [("core_runtime/four".to_string(), "CR-A-004".to_string())]
+        );
+        uncited.covers.push("CR-A-004".into());
+        assert!(coverage(&catalog, &[uncited]).uncited_references.is_empty());
     }
 
     #[test]
