@@ -99,6 +99,7 @@ impl Connection for FakeLink {
         let text = match message {
             Outgoing::Text(text) => text,
             Outgoing::Binary(bytes) => format!("binary:{}", bytes.len()),
+            Outgoing::TextBytes(bytes) => format!("text-bytes:{}", bytes.len()),
         };
         self.sent.lock().unwrap().push(text);
         Ok(())

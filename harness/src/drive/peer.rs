@@ -86,6 +86,9 @@ pub enum Outgoing {
     Text(String),
     /// Raw bytes (`send_bytes: {base64}`).
     Binary(Vec<u8>),
+    /// A text message of raw payload bytes, not necessarily UTF-8
+    /// (`send_bytes: {text_base64}`).
+    TextBytes(Vec<u8>),
 }
 
 /// Why the codec refused a frame: the family's stable wire code and a message.

@@ -608,6 +608,7 @@ impl Run {
                 let message = match raw {
                     RawMessage::Text(text) => Outgoing::Text(text.clone()),
                     RawMessage::Binary(bytes) => Outgoing::Binary(bytes.clone()),
+                    RawMessage::TextBytes(bytes) => Outgoing::TextBytes(bytes.clone()),
                 };
                 peer.connection()
                     .send(message, self.step_timeout)

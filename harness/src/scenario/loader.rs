@@ -364,11 +364,63 @@ impl<'de> Deserialize<'de> for OneOrMany {
     }
 }
 
+/// `send_bytes: {text, pad_to?}`, `{base64}` or `{text_base64}`.
 #[derive(Deserialize)]
-#[serde(rename_all = "snake_case", deny_unknown_fields)]
-enum RawBytes {
-    Text(String),
-    Base64(String),
+#[serde(deny_unknown_fields)]
+struct RawBytes {
+    #[serde(default)]
+    text: Option<String>,
+    #[serde(default)]
+    pad_to: Option<usize>,
+    #[serde(default)]
+    base64: Option<String>,
+    #[serde(default)]
+    text_base64: Option<String>,
+}
+
+/// The largest `send_bytes.pad_to` (16 MiB): room to test any frame bound one past it.
+pub const PAD_TO_MAX: usize = 16 * 1024 * 1024;
+
+impl RawBytes {
+    /// The message, or what is wrong with the step.
+    fn message(self) -> Result<RawMessage, String> {
+        let decode = |text: &str, key: &str| {
+            base64::engine::general_purpose::STANDARD
+                .decode(text.trim())
+                .map_err(|e| format!("`send_bytes.{key}` is not valid base64: {e}"))
+        };
+        match (self.text, self.base64, self.text_base64, self.pad_to) {
+            (Some(mut text), None, None, pad_to) => {
+                if let Some(size) = pad_to {
+                    if size > PAD_TO_MAX {
+                        return Err(format!(
+                            "`send_bytes.pad_to` {size} is above {PAD_TO_MAX} bytes"
+                        ));
+                    }
+                    if text.len() > size {
+                        return Err(format!(
+                            "`send_bytes.text` is {} bytes, longer than `pad_to` {size}",
+                            text.len()
+                        ));
+                    }
+                    // JSON allows trailing whitespace: the frame stays what it was.
+                    let pad = size - text.len();
+                    text.push_str(&" ".repeat(pad));
+                }
+                Ok(RawMessage::Text(text))
+            }
+            (None, Some(b64), None, None) => Ok(RawMessage::Binary(decode(&b64, "base64")?)),
+            (None, None, Some(b64), None) => {
+                Ok(RawMessage::TextBytes(decode(&b64, "text_base64")?))
+            }
+            (None, _, _, Some(_)) => Err("`send_bytes.pad_to` goes with `text`".into()),
+            _ => Err(
+                "`send_bytes` takes exactly one of `text` (with `pad_to`), `base64` and \
+                 `text_base64`"
+                    .into(),
+            ),
+        }
+    }
 }
 
 /// A duration written as `<n>ms` or `<n>s` (non-negative integer `n`).
@@ -501,19 +553,13 @@ impl Converter<'_> {
                 code: c.code,
                 reason: c.reason,
             },
-            RawStep::SendBytes(RawBytes::Text(text)) => Step::SendBytes(RawMessage::Text(text)),
-            RawStep::SendBytes(RawBytes::Base64(text)) => {
-                match base64::engine::general_purpose::STANDARD.decode(text.trim()) {
-                    Ok(bytes) => Step::SendBytes(RawMessage::Binary(bytes)),
-                    Err(e) => {
-                        self.error(
-                            location,
-                            format!("`send_bytes.base64` is not valid base64: {e}"),
-                        );
-                        return None;
-                    }
+            RawStep::SendBytes(raw) => match raw.message() {
+                Ok(message) => Step::SendBytes(message),
+                Err(e) => {
+                    self.error(location, e);
+                    return None;
                 }
-            }
+            },
             RawStep::ExpectClose(c) => Step::ExpectClose {
                 code: c.code,
                 reason: c.reason,
@@ -1074,6 +1120,37 @@ steps:
                 reason: None
             }
         );
+    }
+
+    #[test]
+    fn send_bytes_pads_to_an_exact_size_and_sends_raw_text_bytes() {
+        let raw = |text: Option<&str>, pad_to, b64: Option<&str>, text_b64: Option<&str>| {
+            RawBytes {
+                text: text.map(Into::into),
+                pad_to,
+                base64: b64.map(Into::into),
+                text_base64: text_b64.map(Into::into),
+            }
+            .message()
+        };
+        assert_eq!(
+            raw(Some("{}"), Some(5), None, None),
+            Ok(RawMessage::Text("{}   ".into()))
+        );
+        assert_eq!(
+            raw(None, None, None, Some("/w==")),
+            Ok(RawMessage::TextBytes(vec![0xff]))
+        );
+        for bad in [
+            raw(Some("{}"), Some(1), None, None),
+            raw(Some("{}"), Some(PAD_TO_MAX + 1), None, None),
+            raw(None, Some(4), Some("AA=="), None),
+            raw(Some("x"), None, Some("AA=="), None),
+            raw(None, None, None, None),
+            raw(None, None, None, Some("not base64!")),
+        ] {
+            assert!(bad.is_err(), "{bad:?}");
+        }
     }
 
     #[test]

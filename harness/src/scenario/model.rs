@@ -253,6 +253,9 @@ pub enum RawMessage {
     Text(String),
     /// A binary message (`{base64: ...}`, decoded).
     Binary(Vec<u8>),
+    /// A text message whose payload is these raw bytes (`{text_base64: ...}`, decoded),
+    /// valid UTF-8 or not: the form for testing a receiver's UTF-8 check.
+    TextBytes(Vec<u8>),
 }
 
 /// `bootstrap:` — the Runtime's bootstrap POST and Core's answer.

@@ -178,6 +178,26 @@ impl WsConnection {
         self.send(Message::binary(bytes), timeout).await
     }
 
+    /// Sends one text message whose payload is `bytes` as they are (not necessarily
+    /// UTF-8: a raw frame, for testing the peer's UTF-8 check) and flushes it.
+    ///
+    /// # Errors
+    /// As [`WsConnection::send_text`].
+    pub async fn send_text_bytes(
+        &mut self,
+        bytes: Vec<u8>,
+        timeout: Duration,
+    ) -> Result<(), TransportError> {
+        let frame = tungstenite::protocol::frame::Frame::message(
+            bytes,
+            tungstenite::protocol::frame::coding::OpCode::Data(
+                tungstenite::protocol::frame::coding::Data::Text,
+            ),
+            true,
+        );
+        self.send(Message::Frame(frame), timeout).await
+    }
+
     /// Sends a Close frame with `code` and `reason` (the closing handshake's first half).
     /// The peer's reply arrives later as [`WsEvent::Close`].
     ///

@@ -84,6 +84,7 @@ impl Connection for Link {
         let sent = match message {
             Outgoing::Text(text) => conn.send_text(text, timeout).await,
             Outgoing::Binary(bytes) => conn.send_binary(bytes, timeout).await,
+            Outgoing::TextBytes(bytes) => conn.send_text_bytes(bytes, timeout).await,
         };
         sent.map_err(|e| fail::transport(e.to_string()))
     }

@@ -360,10 +360,13 @@ async fn run_connection(core: Arc<Core>, device_id: String, epoch: u64, socket: 
     tracing::info!(device_id = %conn.device_id, epoch, "daemon connected");
     while let Some(message) = stream.next().await {
         let violation = match message {
-            Err(err) => {
-                tracing::warn!(device_id = %conn.device_id, "connection error: {err}");
-                break;
-            }
+            Err(err) => match read_violation(err) {
+                Ok(violation) => Some(violation),
+                Err(err) => {
+                    tracing::warn!(device_id = %conn.device_id, "connection error: {err}");
+                    break;
+                }
+            },
             Ok(WsMessage::Text(text)) => dispatch(&core, &conn, text.as_bytes()),
             Ok(WsMessage::Binary(_)) => Some((CLOSE_INVALID_PAYLOAD, "binary_message".to_string())),
             Ok(WsMessage::Close(_)) => break,
@@ -384,6 +387,30 @@ async fn run_connection(core: Arc<Core>, device_id: String, epoch: u64, socket: 
     let _ = writer.await;
     core.wake.notify_one();
     tracing::info!(device_id = %conn.device_id, epoch, "daemon connection ended");
+}
+
+/// A failed read the Runtime caused with what it sent, as the close it gets (the same as
+/// the Runtime's for the same input): a message over [`TRANSPORT_FRAME_MAX_BYTES`] closes
+/// with 1009 `frame_too_large`, a text message that is not UTF-8 with 1007
+/// `malformed_json`. `Err` is any other failure (the connection is gone).
+fn read_violation(err: axum::Error) -> Result<(u16, String), String> {
+    let inner = err.into_inner();
+    match inner.downcast_ref::<axum_tungstenite::Error>() {
+        Some(axum_tungstenite::Error::Capacity(_)) => Ok((
+            CLOSE_TOO_BIG,
+            WireError::FrameTooLarge {
+                size: TRANSPORT_FRAME_MAX_BYTES + 1,
+                limit: TRANSPORT_FRAME_MAX_BYTES,
+            }
+            .code()
+            .to_string(),
+        )),
+        Some(axum_tungstenite::Error::Utf8(_)) => Ok((
+            CLOSE_INVALID_PAYLOAD,
+            WireError::Malformed("not UTF-8".into()).code().to_string(),
+        )),
+        _ => Err(inner.to_string()),
+    }
 }
 
 /// Decodes and routes one Runtime frame; `Some((code, reason))` closes the transport.
