@@ -39,6 +39,11 @@ pub const DEFAULT_RECONNECT_INITIAL: Duration = Duration::from_millis(500);
 /// Default reconnect delay ceiling (daemon policy): 30 s.
 pub const DEFAULT_RECONNECT_MAX: Duration = Duration::from_secs(30);
 
+/// Default time a connection must stay up before its loss resets the reconnect delay to
+/// [`DEFAULT_RECONNECT_INITIAL`] (daemon policy): 10 s. A Core that accepts the upgrade
+/// and drops it at once (a flapping Core) gets growing delays instead of a storm.
+pub const DEFAULT_RECONNECT_HEALTHY: Duration = Duration::from_secs(10);
+
 /// Default serial cleanup retry period (daemon policy): 1 s ("Preparation and
 /// execution order": "allows a later serial retry").
 pub const DEFAULT_CLEANUP_RETRY: Duration = Duration::from_secs(1);
@@ -148,6 +153,8 @@ pub struct Timers {
     pub reconnect_initial: Duration,
     /// Reconnect delay ceiling.
     pub reconnect_max: Duration,
+    /// How long a connection must have stayed up for its loss to reset the delay.
+    pub reconnect_healthy: Duration,
     /// Period of the serial cleanup retry.
     pub cleanup_retry: Duration,
     /// Expiry of an open `workspace_write` transfer.
@@ -163,6 +170,7 @@ impl Default for Timers {
             cancel_settle: CANCEL_CONFIRM_TIMEOUT,
             reconnect_initial: DEFAULT_RECONNECT_INITIAL,
             reconnect_max: DEFAULT_RECONNECT_MAX,
+            reconnect_healthy: DEFAULT_RECONNECT_HEALTHY,
             cleanup_retry: DEFAULT_CLEANUP_RETRY,
             write_transfer_expiry: DEFAULT_WRITE_TRANSFER_EXPIRY,
         }
@@ -331,6 +339,7 @@ struct RawTimers {
     cancel_settle_ms: Option<u64>,
     reconnect_initial_ms: Option<u64>,
     reconnect_max_ms: Option<u64>,
+    reconnect_healthy_ms: Option<u64>,
     cleanup_retry_ms: Option<u64>,
     write_transfer_expiry_ms: Option<u64>,
 }
@@ -446,6 +455,11 @@ impl RuntimeConfig {
                 "reconnect_max_ms",
                 t.reconnect_max_ms,
                 defaults.reconnect_max,
+            )?,
+            reconnect_healthy: timer(
+                "reconnect_healthy_ms",
+                t.reconnect_healthy_ms,
+                defaults.reconnect_healthy,
             )?,
             cleanup_retry: timer(
                 "cleanup_retry_ms",

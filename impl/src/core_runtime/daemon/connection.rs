@@ -13,7 +13,8 @@
 //! permanent — the daemon stops reconnecting for good and idles until killed. Every
 //! other failure (refused connection, drop, close from Core, 5xx, other statuses, a
 //! malformed bootstrap answer) is transient: reconnect after `reconnect_initial`,
-//! doubling up to `reconnect_max` (reset after a successful upgrade), with a fresh
+//! doubling up to `reconnect_max` (reset once a connection stayed up for
+//! `reconnect_healthy`, so a flapping Core gets growing delays), with a fresh
 //! bootstrap and nothing replayed. A malformed frame from Core closes the WebSocket with
 //! 1007 (1009 when over-size) and the [`WireError`](crate::wire::WireError) code as
 //! reason, then reconnects.
@@ -319,13 +320,13 @@ pub fn http_client() -> Result<reqwest::Client, reqwest::Error> {
 pub enum SessionEnd {
     /// `device_shutdown` completed: exit 0.
     Shutdown,
-    /// The connection failed or was lost; `connected` tells whether the upgrade had
-    /// succeeded (resets the backoff).
+    /// The connection failed or was lost; `healthy` tells whether it had stayed up for
+    /// `timers.reconnect_healthy` (resets the backoff).
     Failed {
         /// The failure.
         error: ConnectError,
-        /// Whether the WebSocket had been established.
-        connected: bool,
+        /// Whether the WebSocket had been established and stayed up long enough.
+        healthy: bool,
     },
 }
 
@@ -360,8 +361,8 @@ pub async fn run(rt: Arc<Runtime>, options: ConnectOptions) {
                 );
                 return std::future::pending().await;
             }
-            SessionEnd::Failed { error, connected } => {
-                if connected {
+            SessionEnd::Failed { error, healthy } => {
+                if healthy {
                     backoff = timers.reconnect_initial;
                 }
                 tracing::warn!(
@@ -394,7 +395,7 @@ async fn session(
 ) -> SessionEnd {
     let failed = |error| SessionEnd::Failed {
         error,
-        connected: false,
+        healthy: false,
     };
     let boot = match bootstrap(client, options).await {
         Ok(boot) => boot,
@@ -446,6 +447,7 @@ async fn session(
         Ok(Ok((ws, _response))) => ws,
     };
     tracing::info!(url = %url, "connected");
+    let up = tokio::time::Instant::now();
     let (sink, stream) = ws.split();
     let (out, rx) = Outbound::channel();
     let generation = rt.connection_opened(out.clone()).await;
@@ -465,7 +467,7 @@ async fn session(
         Ok(()) => SessionEnd::Shutdown,
         Err(error) => SessionEnd::Failed {
             error,
-            connected: true,
+            healthy: up.elapsed() >= rt.config.timers.reconnect_healthy,
         },
     }
 }
