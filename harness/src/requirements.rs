@@ -237,6 +237,9 @@ pub struct Coverage {
     /// scenario does not list in `covers:`, as `(scenario ID, requirement ID)`: what a
     /// scenario asserts, it covers.
     pub uncited_references: Vec<(String, String)>,
+    /// Per side under test (`runtime`, `core`, …): the requirements covered by a
+    /// scenario that runs there (not pending there).
+    pub by_side: BTreeMap<String, BTreeSet<String>>,
     /// Number of requirements in the catalog.
     pub total: usize,
     /// Level of every catalog requirement, by ID.
@@ -297,6 +300,17 @@ impl Coverage {
         (covered, total)
     }
 
+    /// `(covered, total)` of the requirements of `level` on `side`.
+    pub fn count_on(&self, side: &str, level: Level) -> (usize, usize) {
+        let total = self.levels.values().filter(|l| **l == level).count();
+        let covered = self.by_side.get(side).map_or(0, |ids| {
+            ids.iter()
+                .filter(|id| self.levels.get(*id) == Some(&level))
+                .count()
+        });
+        (covered, total)
+    }
+
     /// Percentage of catalog requirements covered by at least one scenario.
     pub fn percent(&self) -> f64 {
         if self.total == 0 {
@@ -313,7 +327,24 @@ impl Coverage {
 /// Computes coverage of `catalog` by `scenarios`.
 pub fn coverage(catalog: &[Requirement], scenarios: &[Scenario]) -> Coverage {
     let mut citing: BTreeMap<&str, Vec<String>> = BTreeMap::new();
+    let mut by_side: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
     for s in scenarios {
+        // A scenario covers only through a side it runs on: one pending everywhere
+        // covers nothing yet.
+        let live: Vec<_> = s
+            .target_sides()
+            .into_iter()
+            .filter(|side| s.pending_reason(*side).is_none())
+            .collect();
+        for side in &live {
+            by_side
+                .entry(side.as_str().to_string())
+                .or_default()
+                .extend(s.covers.iter().cloned());
+        }
+        if live.is_empty() {
+            continue;
+        }
         for id in &s.covers {
             let list = citing.entry(id.as_str()).or_default();
             if !list.contains(&s.id()) {
@@ -323,6 +354,7 @@ pub fn coverage(catalog: &[Requirement], scenarios: &[Scenario]) -> Coverage {
     }
     let known: BTreeSet<&str> = catalog.iter().map(|r| r.id.as_str()).collect();
     let mut cov = Coverage {
+        by_side,
         total: catalog.len(),
         levels: catalog.iter().map(|r| (r.id.clone(), r.level)).collect(),
         ..Coverage::default()
@@ -505,6 +537,18 @@ mod tests {
         );
         uncited.covers.push("CR-A-004".into());
         assert!(coverage(&catalog, &[uncited]).uncited_references.is_empty());
+        // Coverage per side; a scenario pending on every side it has covers nothing.
+        let mut core_only = scen("five", &["CR-A-001"]);
+        core_only.sides = Some(vec![crate::scenario::Side::Core]);
+        let mut pending = scen("six", &["CR-A-003"]);
+        pending.sides = Some(vec![crate::scenario::Side::Runtime]);
+        pending
+            .pending
+            .insert(crate::scenario::Side::Runtime, "not yet".into());
+        let cov = coverage(&catalog, &[core_only, pending]);
+        assert_eq!(cov.count_on("core", Level::Required), (1, 3));
+        assert_eq!(cov.count_on("runtime", Level::Required), (0, 3));
+        assert!(cov.uncovered.iter().any(|u| u.id == "CR-A-003"));
     }
 
     #[test]

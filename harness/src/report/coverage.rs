@@ -3,11 +3,20 @@
 
 use crate::requirements::{Coverage, Level};
 
-/// `required 120/130 covered, reference 10/16 covered`.
+/// `required 120/130 covered, reference 10/16 covered; on side runtime: required 90/130,
+/// reference 9/16; on side core: …`.
 fn levels_line(coverage: &Coverage) -> String {
     let (rc, rt) = coverage.count(Level::Required);
     let (fc, ft) = coverage.count(Level::Reference);
-    format!("required {rc}/{rt} covered, reference {fc}/{ft} covered")
+    let mut line = format!("required {rc}/{rt} covered, reference {fc}/{ft} covered");
+    for side in coverage.by_side.keys() {
+        let (rc, rt) = coverage.count_on(side, Level::Required);
+        let (fc, ft) = coverage.count_on(side, Level::Reference);
+        line.push_str(&format!(
+            "; on side {side}: required {rc}/{rt}, reference {fc}/{ft}"
+        ));
+    }
+    line
 }
 
 /// Plain-text coverage report for `family`; ends with the error lines, if any.
