@@ -40,8 +40,8 @@
 //! # Exit codes
 //! | code | meaning |
 //! |---|---|
-//! | 0 | `device_shutdown` completed (every Executor closed, WebSocket closed 1000); or `schema` printed |
-//! | 1 | runtime failure: the workspace cannot be bound, the controlled adapter cannot connect, the command adapter's program or working directory is unusable |
+//! | 0 | `device_shutdown` completed (every Executor closed, WebSocket closed 1000); SIGTERM or SIGINT and every Executor closed; or `schema` printed |
+//! | 1 | runtime failure: Executors still owned `SIGNAL_SHUTDOWN_BOUND` after SIGTERM or SIGINT; the workspace cannot be bound, the controlled adapter cannot connect, the command adapter's program or working directory is unusable |
 //! | 2 | usage error (missing or invalid arguments, missing credential, `--control-socket` missing with `--adapter controlled`, `--command-program` missing with `--adapter command`, `--command-stdin close` with `--command-protocol jsonl`) |
 //! | 3 | invalid launch configuration, including `invalid_capability_declaration` (the message names the key or field) |
 //!
@@ -315,8 +315,16 @@ fn runtime(args: RuntimeArgs) -> ExitCode {
             device_id: args.device_id,
             credential,
         };
-        daemon::run_daemon(config, adapter, workspace, options).await;
-        tracing::info!("device_shutdown completed; exiting");
-        ExitCode::SUCCESS
+        match daemon::run_daemon(config, adapter, workspace, options).await {
+            daemon::DaemonEnd::DeviceShutdown => {
+                tracing::info!("device_shutdown completed; exiting");
+                ExitCode::SUCCESS
+            }
+            daemon::DaemonEnd::Signalled => {
+                tracing::info!("every Executor closed; exiting");
+                ExitCode::SUCCESS
+            }
+            daemon::DaemonEnd::SignalledUndrained => ExitCode::from(EXIT_FAILURE),
+        }
     })
 }

@@ -296,3 +296,57 @@ async fn core_runtime_and_a_command_harness_end_to_end() {
         "the program's child survived the cancel"
     );
 }
+
+/// SIGTERM to the Runtime (README step 6: it "closes its Executors on SIGTERM"): the
+/// running program's whole process group, its `sleep` child included, is gone before
+/// the Runtime exits, and the Runtime exits 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_closes_the_runtimes_executors_before_it_exits() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_core, base) = start_core(dir.path());
+    let mut runtime = start_runtime(dir.path(), &base);
+    let api = Api::new(&base);
+    let (status, _) = api
+        .post(
+            "/environments",
+            json!({"type": "self_hosted", "environment_id": ENVIRONMENT_ID}),
+        )
+        .await;
+    assert_eq!(status, 201);
+    let agent_id = agent(&api).await;
+    let session_id = session(&api, &agent_id).await;
+    let sleeper = turn(&api, &session_id, "/sleep").await;
+    let evs = api
+        .wait(&format!("/turns/{sleeper}/events"), |v| {
+            delta_text(v["events"].as_array().unwrap()).contains("sleeping (pid ")
+        })
+        .await;
+    let text = delta_text(evs["events"].as_array().unwrap());
+    let pid: i32 = text
+        .split("sleeping (pid ")
+        .nth(1)
+        .and_then(|rest| rest.split(')').next())
+        .and_then(|pid| pid.parse().ok())
+        .unwrap_or_else(|| panic!("no pid in {text:?}"));
+    assert_eq!(kill(Pid::from_raw(pid), None), Ok(()), "the child runs");
+    kill(runtime.pgid(), Signal::SIGTERM).unwrap();
+    // Bounded wait for the exit (SIGNAL_SHUTDOWN_BOUND is 10 s; the close is the
+    // adapter's SIGTERM, grace, SIGKILL of the Run's group).
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        if let Some(status) = runtime.child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the Runtime did not exit within 20 s of SIGTERM"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(status.code(), Some(0), "{status}");
+    assert_eq!(
+        kill(Pid::from_raw(pid), None),
+        Err(Errno::ESRCH),
+        "the program's child outlived the Runtime's SIGTERM"
+    );
+}

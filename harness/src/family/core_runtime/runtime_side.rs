@@ -249,8 +249,10 @@ impl Peer for ScriptedCorePeer {
     }
 
     fn release(&mut self) {
+        // The WebSocket ends; the control channel stays open until the peer is dropped
+        // (after the target stopped), so that the Executors a Runtime closes on SIGTERM
+        // are closed through it as scripted rather than failing for a missing channel.
         self.ws.abort();
-        self.control = None;
     }
 }
 

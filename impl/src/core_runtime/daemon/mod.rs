@@ -8,7 +8,8 @@
 //! [`connection`] (bootstrap, WebSocket, heartbeat, reconnect), with sockets only in
 //! `connection`. [`config`] is the launch configuration (`docs/launch-contract.md`).
 //!
-//! [`run_daemon`] is the whole daemon: it returns when `device_shutdown` completed.
+//! [`run_daemon`] is the whole daemon: it returns when `device_shutdown` completed, or
+//! after SIGTERM / SIGINT once every Executor is closed.
 
 pub mod admission;
 pub mod config;
@@ -30,15 +31,69 @@ pub use config::{ConfigError, RuntimeConfig};
 pub use connection::{ConnectOptions, Credential};
 pub use dispatcher::Runtime;
 
+/// How long the Runtime keeps closing its Executors after SIGTERM or SIGINT before it
+/// exits anyway (daemon policy): 10 s. Each close is itself bounded by
+/// `timers.cancel_settle`; the command adapter's close is its SIGTERM → grace → SIGKILL
+/// of the Run's whole process group.
+pub const SIGNAL_SHUTDOWN_BOUND: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// How [`run_daemon`] ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DaemonEnd {
+    /// `device_shutdown` completed: every Executor closed, WebSocket closed 1000.
+    DeviceShutdown,
+    /// SIGTERM or SIGINT: the connection was dropped and every Executor closed.
+    Signalled,
+    /// SIGTERM or SIGINT, and Executors were still owned after
+    /// [`SIGNAL_SHUTDOWN_BOUND`] (their closes failed or hung; logged).
+    SignalledUndrained,
+}
+
 /// Runs the daemon until `device_shutdown` completed (every Executor closed and the
-/// WebSocket closed with 1000 `device_shutdown`). A permanent connection rejection
-/// never returns (the process idles until killed).
+/// WebSocket closed with 1000 `device_shutdown`) or a SIGTERM / SIGINT arrived, which
+/// drops the connection and closes every Executor (bounded by
+/// [`SIGNAL_SHUTDOWN_BOUND`]) before returning, so no program a Run started outlives
+/// the Runtime's orderly exit. A permanent connection rejection never returns by itself
+/// (the process idles until signalled).
 pub async fn run_daemon(
     config: RuntimeConfig,
     adapter: Arc<dyn HarnessAdapter>,
     workspace: Workspace,
     options: ConnectOptions,
-) {
+) -> DaemonEnd {
+    use tokio::signal::unix::{SignalKind, signal};
     let rt = Runtime::start(config, adapter, workspace);
-    connection::run(rt, options).await;
+    let (mut term, mut int) = match (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) {
+        (Ok(term), Ok(int)) => (term, int),
+        _ => {
+            tracing::error!("cannot install the SIGTERM/SIGINT handlers");
+            connection::run(rt, options).await;
+            return DaemonEnd::DeviceShutdown;
+        }
+    };
+    tokio::select! {
+        () = connection::run(rt.clone(), options) => return DaemonEnd::DeviceShutdown,
+        _ = term.recv() => tracing::info!("SIGTERM: closing every Executor before exiting"),
+        _ = int.recv() => tracing::info!("SIGINT: closing every Executor before exiting"),
+    }
+    rt.begin_shutdown().await;
+    let mut phase = rt.shutdown_phase();
+    let drained = tokio::time::timeout(
+        SIGNAL_SHUTDOWN_BOUND,
+        phase.wait_for(|p| *p == dispatcher::ShutdownPhase::Done),
+    )
+    .await;
+    match drained {
+        Ok(_) => DaemonEnd::Signalled,
+        Err(_) => {
+            tracing::error!(
+                bound_ms = SIGNAL_SHUTDOWN_BOUND.as_millis() as u64,
+                "Executors still owned when the signal shutdown bound passed; exiting anyway"
+            );
+            DaemonEnd::SignalledUndrained
+        }
+    }
 }
