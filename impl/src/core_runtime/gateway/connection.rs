@@ -52,6 +52,12 @@ pub const CLOSE_REPLACED: u16 = 1000;
 pub const REPLACED_REASON: &str = "replaced";
 /// Bound on frames queued for one connection's writer.
 pub const OUTBOUND_QUEUE_MAX: usize = 256;
+/// Bytes above [`TRANSPORT_FRAME_MAX_BYTES`] the WebSocket layer still reads whole, so
+/// that a message just over the bound is refused by the frame decoder (1009
+/// `frame_too_large`) after it was read, and Core's Close is not lost to a TCP reset
+/// (closing a socket with unread data resets it). A message larger still is refused on
+/// its header, with the same close code, on a best-effort basis.
+pub const FRAME_READ_SLACK_BYTES: usize = 64 * 1024;
 /// Bound on routes one connection holds.
 pub const ROUTES_MAX: usize = 4096;
 /// Bound on a bootstrap request body (bytes).
@@ -278,8 +284,8 @@ async fn upgrade(
             return error(StatusCode::SERVICE_UNAVAILABLE, "storage_error");
         }
     };
-    ws.max_message_size(TRANSPORT_FRAME_MAX_BYTES)
-        .max_frame_size(TRANSPORT_FRAME_MAX_BYTES)
+    ws.max_message_size(TRANSPORT_FRAME_MAX_BYTES + FRAME_READ_SLACK_BYTES)
+        .max_frame_size(TRANSPORT_FRAME_MAX_BYTES + FRAME_READ_SLACK_BYTES)
         .write_buffer_size(WS_WRITE_BUFFER_BYTES)
         .max_write_buffer_size(WS_MAX_WRITE_BUFFER_BYTES)
         .on_upgrade(move |socket| run_connection(core, device_id, epoch, socket))
@@ -390,7 +396,8 @@ async fn run_connection(core: Arc<Core>, device_id: String, epoch: u64, socket: 
 }
 
 /// A failed read the Runtime caused with what it sent, as the close it gets (the same as
-/// the Runtime's for the same input): a message over [`TRANSPORT_FRAME_MAX_BYTES`] closes
+/// the Runtime's for the same input): a message over [`TRANSPORT_FRAME_MAX_BYTES`] (and
+/// [`FRAME_READ_SLACK_BYTES`]) closes
 /// with 1009 `frame_too_large`, a text message that is not UTF-8 with 1007
 /// `malformed_json`. `Err` is any other failure (the connection is gone).
 fn read_violation(err: axum::Error) -> Result<(u16, String), String> {
