@@ -77,6 +77,13 @@ pub const HEARTBEAT_INTERVAL_MIN: Duration = Duration::from_millis(10);
 /// How long the daemon waits for the close handshake after sending or receiving Close.
 pub const CLOSE_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(2);
 
+/// Bytes above [`TRANSPORT_FRAME_MAX_BYTES`] the WebSocket layer still reads whole, so
+/// that a message just over the bound is refused by the frame decoder (1009
+/// `frame_too_large`) after it was read, and the Close is not lost to a TCP reset
+/// (closing a socket with unread data resets it). A message larger still is refused on
+/// its header, with the same close code, on a best-effort basis.
+pub const FRAME_READ_SLACK_BYTES: usize = 64 * 1024;
+
 /// WebSocket write buffer target (tungstenite buffers up to this before writing).
 pub const WS_WRITE_BUFFER_BYTES: usize = 64 * 1024;
 
@@ -241,12 +248,13 @@ pub fn ws_url(connection_url: &str, device_id: &str) -> Result<Url, ConnectError
     Ok(url)
 }
 
-/// The explicit WebSocket bounds: message and frame size at the transport frame bound,
+/// The explicit WebSocket bounds: message and frame size at the transport frame bound
+/// plus [`FRAME_READ_SLACK_BYTES`] (the decoder refuses anything over the bound),
 /// a bounded write buffer.
 pub fn ws_config() -> WebSocketConfig {
     WebSocketConfig::default()
-        .max_message_size(Some(TRANSPORT_FRAME_MAX_BYTES))
-        .max_frame_size(Some(TRANSPORT_FRAME_MAX_BYTES))
+        .max_message_size(Some(TRANSPORT_FRAME_MAX_BYTES + FRAME_READ_SLACK_BYTES))
+        .max_frame_size(Some(TRANSPORT_FRAME_MAX_BYTES + FRAME_READ_SLACK_BYTES))
         .write_buffer_size(WS_WRITE_BUFFER_BYTES)
         .max_write_buffer_size(WS_MAX_WRITE_BUFFER_BYTES)
 }
