@@ -806,8 +806,9 @@ mod tests {
     #[test]
     fn websocket_bounds_are_explicit() {
         let config = ws_config();
-        assert_eq!(config.max_message_size, Some(TRANSPORT_FRAME_MAX_BYTES));
-        assert_eq!(config.max_frame_size, Some(TRANSPORT_FRAME_MAX_BYTES));
+        let read_max = TRANSPORT_FRAME_MAX_BYTES + FRAME_READ_SLACK_BYTES;
+        assert_eq!(config.max_message_size, Some(read_max));
+        assert_eq!(config.max_frame_size, Some(read_max));
         assert_eq!(config.max_write_buffer_size, WS_MAX_WRITE_BUFFER_BYTES);
     }
 }
