@@ -1017,6 +1017,14 @@ impl Admission {
                     self.settle_executor(&executor_id, now, &mut out);
                 }
             }
+            // A read-only release whose close failed is still this handle's release in
+            // progress: a repeated request re-sends the failed status it published (same
+            // revision). Only the successful cleanup retry publishes `released`
+            // ("an old status snapshot does not publish success").
+            Phase::CleanupUnconfirmed => out.push(Effect::Status {
+                request_id: request_id.to_string(),
+                status: record.last.clone(),
+            }),
             _ => out.push(rejected(
                 request_id,
                 op,
@@ -1838,7 +1846,23 @@ mod tests {
             }
         ));
         assert_eq!(m.count(Slot::Preparation), 1);
+        // Before the retry succeeded, a repeated release and a duplicate prepare re-send
+        // the failed status (same revision), never `released`.
+        let failed = PreparationStatus::Failed {
+            admission_handle: h.clone(),
+            revision: 2,
+            error_code: PreparationErrorCode::CleanupUnconfirmed,
+        };
+        let again = ExecutionRelease {
+            admission_handle: h.clone(),
+        };
+        assert_eq!(only_status(&m.release("ro", again.clone(), t0)), failed);
+        assert_eq!(
+            only_status(&m.prepare("ro", read_only_request(), t0)),
+            failed
+        );
         assert_eq!(m.take_due_close(t0 + RETRY), Ok(e.clone()));
+        assert_eq!(only_status(&m.release("ro", again, t0 + RETRY)), failed);
         let effects = m.close_finished(&e, true, t0 + RETRY);
         assert!(matches!(
             only_status(&effects),
