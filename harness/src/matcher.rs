@@ -86,6 +86,16 @@ impl GeneratedPattern {
         Ok(Some(pattern))
     }
 
+    /// The base64 (standard alphabet, padded) of these bytes: the value the harness sends
+    /// for the pattern in a value it only sends (`api.call.body`).
+    pub fn base64(&self) -> String {
+        use base64::Engine as _;
+        // `size` is bounded by the 64 MiB of a generated file, so it fits a `usize`.
+        let mut bytes = vec![0u8; self.size as usize];
+        GeneratedContent::at(self.seed, self.offset).fill(&mut bytes);
+        base64::engine::general_purpose::STANDARD.encode(bytes)
+    }
+
     /// Whether `actual` is the base64 (standard alphabet, padded) of exactly these bytes;
     /// `Err` says why not.
     fn check(&self, actual: &Value) -> Result<(), String> {
@@ -117,6 +127,38 @@ impl GeneratedPattern {
             )),
         }
     }
+}
+
+/// `value` with every `{$generated: {seed, offset?, size}}` pattern replaced by the base64
+/// of its bytes ([`GeneratedPattern::base64`]): how a value the harness only sends (an
+/// `api.call.body`) carries a big body without pasting it.
+///
+/// # Errors
+/// The reason a pattern is malformed, with its path.
+pub fn expand_generated(value: &Value) -> Result<Value, String> {
+    fn expand(value: &Value, path: &str) -> Result<Value, String> {
+        if let Some(pattern) =
+            GeneratedPattern::parse(value).map_err(|reason| format!("at {path}: {reason}"))?
+        {
+            return Ok(Value::String(pattern.base64()));
+        }
+        Ok(match value {
+            Value::Array(items) => Value::Array(
+                items
+                    .iter()
+                    .enumerate()
+                    .map(|(i, item)| expand(item, &format!("{path}[{i}]")))
+                    .collect::<Result<_, _>>()?,
+            ),
+            Value::Object(map) => Value::Object(
+                map.iter()
+                    .map(|(k, v)| Ok((k.clone(), expand(v, &child_path(path, k))?)))
+                    .collect::<Result<_, String>>()?,
+            ),
+            other => other.clone(),
+        })
+    }
+    expand(value, "$")
 }
 
 /// The keys of a comparison pattern (`{$gt: $r1, $as: $r2}`).
@@ -817,6 +859,32 @@ mod tests {
             assert!(GeneratedPattern::parse(&bad).is_err(), "{bad}");
         }
         assert_eq!(GeneratedPattern::parse(&json!({"a": 1})), Ok(None));
+    }
+
+    #[test]
+    fn generated_patterns_expand_to_base64_in_sent_values() {
+        use base64::Engine as _;
+        let mut content = vec![0u8; 40];
+        GeneratedContent::new(7).fill(&mut content);
+        let encode = |b: &[u8]| base64::engine::general_purpose::STANDARD.encode(b);
+        let body = json!({"content_base64": {"$generated": {"seed": 7, "offset": 5, "size": 30}},
+                          "list": [{"$generated": {"seed": 7, "size": 0}}, "$x"], "n": 1});
+        assert_eq!(
+            expand_generated(&body).unwrap(),
+            json!({"content_base64": encode(&content[5..35]), "list": ["", "$x"], "n": 1})
+        );
+        // Starts `d7 0d 32 59 e4 e1 cb 63` (docs/scenario-format.md).
+        let pattern = GeneratedPattern {
+            seed: 7,
+            offset: 0,
+            size: 8,
+        };
+        assert_eq!(
+            pattern.base64(),
+            encode(&[0xd7, 0x0d, 0x32, 0x59, 0xe4, 0xe1, 0xcb, 0x63])
+        );
+        let err = expand_generated(&json!({"a": [{"$generated": {"seed": 7}}]})).unwrap_err();
+        assert_eq!(err, "at $.a[0]: `$generated` needs `size`");
     }
 
     #[test]

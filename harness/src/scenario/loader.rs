@@ -1456,6 +1456,27 @@ steps:
             err.contains("at $.payload.data: `$generated` needs `size`"),
             "{err}"
         );
+        // In a body the harness sends (`api.call.body`) it stands for its base64, on any side.
+        let api = "  - api: { call: { method: PUT, path: /v1/sessions/s-1/files/content, body: { content_base64: { $generated: GEN } } }, expect: { status: 200 } }\n";
+        let (_dir, result) = load(
+            "x",
+            &format!(
+                "{head}steps:\n{ok}",
+                ok = api.replace("GEN", "{ seed: 7, size: 4 }")
+            ),
+        );
+        result.unwrap();
+        let err = load_err(
+            "x",
+            &format!(
+                "{head}steps:\n{bad}",
+                bad = api.replace("GEN", "{ seed: 7 }")
+            ),
+        );
+        assert!(
+            err.contains("api.call.body: at $.content_base64: `$generated` needs `size`"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -566,6 +566,17 @@ impl Checker<'_> {
         if let Some(body) = &call.body {
             // Not a frame: `null` may be sent on purpose (Core must refuse it).
             self.placeholders(location, "api.call.body", body);
+            // `{$generated: …}` is sent as the base64 of its bytes: only well-formed ones.
+            let mut found = Vec::new();
+            walk(body, "$", &mut |v, path| match GeneratedPattern::parse(v) {
+                Ok(Some(_)) => true,
+                Err(reason) => {
+                    found.push(format!("api.call.body: at {path}: {reason}"));
+                    true
+                }
+                Ok(None) => false,
+            });
+            self.issues_at(location, found);
         }
         self.status(location, "api.expect", api.expect.status);
         if let Some(body) = &api.expect.body {

@@ -142,7 +142,12 @@ impl ScriptedRuntimePeer {
         let body = match &api.call.body {
             Some(template) => Some(
                 run.bindings
-                    .substitute(template, true)
+                    .substitute(
+                        &crate::matcher::expand_generated(template).map_err(|e| {
+                            fail::scenario(format!("cannot build the request body: {e}"))
+                        })?,
+                        true,
+                    )
                     .map_err(|e| fail::scenario(format!("cannot build the request body: {e}")))?
                     .to_string()
                     .into_bytes(),

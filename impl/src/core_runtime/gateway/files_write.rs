@@ -81,7 +81,8 @@ pub enum WriteError {
     #[error("the declared sha256 does not match the body")]
     DigestMismatch,
     /// The Runtime's exact rejection receipt: nothing was installed; settled `rejected`.
-    #[error("the Runtime rejected write `{write_id}`: {code}")]
+    /// (The message leaves the generated ID out: the answer's `write_id` member carries it.)
+    #[error("the Runtime rejected the write: {code}")]
     Rejected {
         /// The reservation ID.
         write_id: String,
@@ -89,8 +90,9 @@ pub enum WriteError {
         code: String,
     },
     /// No exact receipt: the reservation stays `reserved` (`unknown`) and blocks the
-    /// Session until settled.
-    #[error("write `{write_id}` is unknown ({reason}); the Session stays reserved")]
+    /// Session until settled. (The message leaves the generated ID out: the answer's
+    /// `write_id` member carries it.)
+    #[error("the write's outcome is unknown ({reason}); the Session stays reserved")]
     Unknown {
         /// The reservation ID.
         write_id: String,
@@ -491,6 +493,28 @@ async fn transfer(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn settlement_messages_leave_the_write_id_to_its_member() {
+        let unknown = WriteError::Unknown {
+            write_id: "write-1".into(),
+            reason: "connection_lost".into(),
+        };
+        assert_eq!(unknown.write_id(), Some("write-1"));
+        assert_eq!(
+            unknown.to_string(),
+            "the write's outcome is unknown (connection_lost); the Session stays reserved"
+        );
+        let rejected = WriteError::Rejected {
+            write_id: "write-1".into(),
+            code: "permission_denied".into(),
+        };
+        assert_eq!(rejected.write_id(), Some("write-1"));
+        assert_eq!(
+            rejected.to_string(),
+            "the Runtime rejected the write: permission_denied"
+        );
+    }
 
     #[test]
     fn public_checks_refuse_bad_paths_sizes_and_digests() {

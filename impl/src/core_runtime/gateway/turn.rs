@@ -73,6 +73,57 @@ fn decode_input(value: &Value) -> Option<BoundedVec<MessageInput, INPUT_MESSAGES
     crate::wire::strict::from_value_strict(value.clone()).ok()
 }
 
+/// The handle and revision a preparation status carries; `None` for `rejected`, which
+/// "does not replace the handle's current revision".
+fn status_revision(status: &PreparationStatus) -> Option<(&str, u64)> {
+    match status {
+        PreparationStatus::Preparing {
+            admission_handle,
+            revision,
+        }
+        | PreparationStatus::Ready {
+            admission_handle,
+            revision,
+            ..
+        }
+        | PreparationStatus::Starting {
+            admission_handle,
+            revision,
+            ..
+        }
+        | PreparationStatus::Started {
+            admission_handle,
+            revision,
+            ..
+        }
+        | PreparationStatus::Released {
+            admission_handle,
+            revision,
+        }
+        | PreparationStatus::Expired {
+            admission_handle,
+            revision,
+        }
+        | PreparationStatus::Failed {
+            admission_handle,
+            revision,
+            ..
+        } => Some((admission_handle.as_str(), *revision)),
+        PreparationStatus::Rejected { .. } => None,
+    }
+}
+
+/// Whether `status` is a new observation for the request whose handle and last applied
+/// revision are `tracked` (`None` before its first status, which names the request's
+/// handle): "ignore old or duplicate revisions, and never apply a status to another
+/// handle". A `rejected` control operation carries no revision and always applies.
+fn is_fresh(tracked: Option<&(String, u64)>, status: &PreparationStatus) -> bool {
+    match status_revision(status) {
+        None => true,
+        Some((h, r)) => tracked.is_none_or(|(th, tr)| th == h && r > *tr),
+    }
+}
+
 /// The scheduler: claims queued Turns on suitable devices, forever.
 pub async fn scheduler(core: Arc<Core>) {
     loop {
@@ -427,39 +478,32 @@ impl Driver {
             // The frame never entered the send queue: nothing was delivered.
             return End::Requeue;
         }
+        // The handle and last revision applied: "Each handle's `revision` orders its
+        // status observations: ignore old or duplicate revisions, and never apply a
+        // status to another handle."
         let mut handle: Option<(String, u64)> = None;
-        let (handle_id, executor) =
-            loop {
-                let Some(msg) = rx.recv().await.map(Unboxed::from) else {
-                    return self.fail(CoreErrorCode::DeliveryUnknown);
-                };
-                match msg {
-                    Unboxed::Frame(Frame {
-                        message: Message::PreparationStatus(status),
-                        ..
-                    }) => match status {
-                        PreparationStatus::Preparing {
-                            admission_handle,
-                            revision,
-                        } => {
-                            if handle.as_ref().is_none_or(|(h, r)| {
-                                h == admission_handle.as_str() && revision > *r
-                            }) {
-                                handle = Some((admission_handle.to_string(), revision));
-                            }
-                        }
+        let (handle_id, executor, ready_revision) = loop {
+            let Some(msg) = rx.recv().await.map(Unboxed::from) else {
+                return self.fail(CoreErrorCode::DeliveryUnknown);
+            };
+            match msg {
+                Unboxed::Frame(Frame {
+                    message: Message::PreparationStatus(status),
+                    ..
+                }) => {
+                    if !is_fresh(handle.as_ref(), &status) {
+                        continue;
+                    }
+                    if let Some((h, r)) = status_revision(&status) {
+                        handle = Some((h.to_string(), r));
+                    }
+                    match status {
                         PreparationStatus::Ready {
                             admission_handle,
                             revision,
                             executor_id,
                             ..
-                        } => {
-                            if handle.as_ref().is_none_or(|(h, r)| {
-                                h == admission_handle.as_str() && revision > *r
-                            }) {
-                                break (admission_handle, executor_id);
-                            }
-                        }
+                        } => break (admission_handle, executor_id, revision),
                         PreparationStatus::Rejected {
                             operation: ControlOperation::Prepare,
                             error_code: PreparationErrorCode::PreparationCapacity,
@@ -474,16 +518,18 @@ impl Driver {
                         PreparationStatus::Expired { .. } => {
                             return self.prep_failed(PreparationErrorCode::AdmissionExpired);
                         }
-                        PreparationStatus::Released { .. }
+                        PreparationStatus::Preparing { .. }
+                        | PreparationStatus::Released { .. }
                         | PreparationStatus::Starting { .. }
                         | PreparationStatus::Started { .. } => {}
-                    },
-                    Unboxed::ConnectionLost | Unboxed::Overflow => {
-                        return self.fail(CoreErrorCode::DeliveryUnknown);
                     }
-                    _ => {}
                 }
-            };
+                Unboxed::ConnectionLost | Unboxed::Overflow => {
+                    return self.fail(CoreErrorCode::DeliveryUnknown);
+                }
+                _ => {}
+            }
+        };
         // Abandoning before start: release the admission (step 4).
         if self.turn().await.is_some_and(|t| t.cancel_requested) {
             let release = Frame::new(
@@ -525,6 +571,7 @@ impl Driver {
             return self.fail(CoreErrorCode::DeliveryUnknown);
         }
         let mut started = false;
+        let mut tracked = (handle_id.to_string(), ready_revision);
         // Steps 3 and 5: consume events, deliver input, cancel.
         loop {
             let deadline = self.next_deadline();
@@ -543,10 +590,14 @@ impl Driver {
                 Unboxed::Wake => {}
                 Unboxed::Frame(frame) => {
                     if let Message::PreparationStatus(status) = &frame.message {
+                        if !is_fresh(Some(&tracked), status) {
+                            continue;
+                        }
+                        if let Some((_, r)) = status_revision(status) {
+                            tracked.1 = r;
+                        }
                         match status {
-                            PreparationStatus::Started {
-                                admission_handle, ..
-                            } if *admission_handle == handle_id && !started => {
+                            PreparationStatus::Started { .. } if !started => {
                                 started = true;
                                 self.mark_running().await;
                             }
@@ -557,11 +608,7 @@ impl Driver {
                             } if !started => {
                                 return self.prep_failed(*error_code);
                             }
-                            PreparationStatus::Failed {
-                                admission_handle,
-                                error_code,
-                                ..
-                            } if *admission_handle == handle_id && !started => {
+                            PreparationStatus::Failed { error_code, .. } if !started => {
                                 return self.prep_failed(*error_code);
                             }
                             _ => {}
@@ -1029,5 +1076,46 @@ impl Driver {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core_runtime::wire::AdmissionHandle;
+
+    fn handle(h: &str) -> AdmissionHandle {
+        AdmissionHandle::new(h.to_string()).unwrap()
+    }
+
+    #[test]
+    fn only_newer_revisions_of_the_tracked_handle_apply() {
+        let failed = |h: &str, revision| PreparationStatus::Failed {
+            admission_handle: handle(h),
+            revision,
+            error_code: PreparationErrorCode::NativePreparationFailed,
+        };
+        let preparing = |h: &str, revision| PreparationStatus::Preparing {
+            admission_handle: handle(h),
+            revision,
+        };
+        // The first status names the request's handle.
+        assert!(is_fresh(None, &preparing("h1", 2)));
+        let tracked = ("h1".to_string(), 2);
+        assert!(is_fresh(Some(&tracked), &failed("h1", 3)));
+        // Old and duplicate revisions are ignored ...
+        assert!(!is_fresh(Some(&tracked), &failed("h1", 1)));
+        assert!(!is_fresh(Some(&tracked), &preparing("h1", 2)));
+        // ... and a status naming another handle never applies, whatever its revision.
+        assert!(!is_fresh(Some(&tracked), &failed("h2", 9)));
+        assert_eq!(status_revision(&failed("h2", 9)), Some(("h2", 9)));
+        // A rejected control operation carries no revision and does not replace it.
+        let rejected = PreparationStatus::Rejected {
+            operation: ControlOperation::Start,
+            error_code: PreparationErrorCode::NativePreparationFailed,
+            admission_handle: None,
+        };
+        assert_eq!(status_revision(&rejected), None);
+        assert!(is_fresh(Some(&tracked), &rejected));
     }
 }
