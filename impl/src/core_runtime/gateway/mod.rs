@@ -42,6 +42,17 @@ pub use connection::DeviceConnection;
 /// Bound on concurrently connected devices.
 pub const DEVICES_MAX: usize = 1024;
 
+/// How long Core's HTTP listener waits for the complete header block of a request,
+/// counted from when it starts reading one, which on a fresh or an idle keep-alive
+/// connection is when it was accepted or the previous answer was sent: a socket with
+/// half-sent headers, or one that sends nothing, is closed after this (daemon policy).
+/// An upgraded WebSocket is not bound by it (heartbeats show its liveness).
+pub const HTTP_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Bound on HTTP connections Core serves at once; further ones wait in the listen
+/// backlog (daemon policy).
+pub const HTTP_CONNECTIONS_MAX: usize = 1024;
+
 /// Bound on Turns executing at once (Core's active-Turn concurrency limit).
 pub const ACTIVE_TURNS_MAX: usize = 256;
 
@@ -201,7 +212,112 @@ pub async fn serve(
         .merge(api::routes())
         .with_state(core.clone());
     ready(&core.base_url);
-    axum::serve(listener, app)
-        .await
-        .map_err(|e| format!("server failed: {e}"))
+    serve_http(listener, app, HTTP_HEADER_READ_TIMEOUT).await;
+    Ok(())
+}
+
+/// Serves `app` on `listener` forever: HTTP/1.1 with upgrades (the daemon WebSocket),
+/// at most [`HTTP_CONNECTIONS_MAX`] connections at once, each closed when a request's
+/// headers do not arrive within `header_timeout` ([`HTTP_HEADER_READ_TIMEOUT`]).
+pub async fn serve_http(
+    listener: tokio::net::TcpListener,
+    app: axum::Router,
+    header_timeout: Duration,
+) {
+    let permits = Arc::new(tokio::sync::Semaphore::new(HTTP_CONNECTIONS_MAX));
+    let mut connections = tokio::task::JoinSet::new();
+    loop {
+        let Ok(permit) = permits.clone().acquire_owned().await else {
+            return;
+        };
+        tokio::select! {
+            accepted = listener.accept() => {
+                let stream = match accepted {
+                    Ok((stream, _)) => stream,
+                    Err(e) => {
+                        tracing::warn!("accept failed: {e}");
+                        continue;
+                    }
+                };
+                let app = app.clone();
+                connections.spawn(async move {
+                    let _permit = permit;
+                    let service = hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
+                        let mut app = app.clone();
+                        async move {
+                            type Req = hyper::Request<axum::body::Body>;
+                            std::future::poll_fn(|cx| {
+                                <axum::Router as tower_service::Service<Req>>::poll_ready(
+                                    &mut app, cx,
+                                )
+                            })
+                            .await?;
+                            <axum::Router as tower_service::Service<Req>>::call(
+                                &mut app,
+                                req.map(axum::body::Body::new),
+                            )
+                            .await
+                        }
+                    });
+                    let mut builder = hyper::server::conn::http1::Builder::new();
+                    builder
+                        .timer(hyper_util::rt::TokioTimer::new())
+                        .header_read_timeout(header_timeout);
+                    let _ = builder
+                        .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                        .with_upgrades()
+                        .await;
+                });
+            }
+            // Reap finished connections so the set stays bounded.
+            Some(_) = connections.join_next(), if !connections.is_empty() => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod http_tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// Serves a one-route app with a `header_timeout` of 100 ms; its address.
+    async fn server() -> std::net::SocketAddr {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let app = axum::Router::new().route("/", axum::routing::get(|| async { "ok" }));
+        tokio::spawn(serve_http(listener, app, Duration::from_millis(100)));
+        addr
+    }
+
+    /// Reads until the server closes the connection (bounded: a hang fails the test).
+    async fn read_to_close(stream: &mut tokio::net::TcpStream) -> String {
+        let mut out = Vec::new();
+        tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut out))
+            .await
+            .expect("the server kept the connection open")
+            .ok();
+        String::from_utf8_lossy(&out).into_owned()
+    }
+
+    #[tokio::test]
+    async fn half_sent_headers_and_silent_sockets_are_closed() {
+        let addr = server().await;
+        let mut half = tokio::net::TcpStream::connect(addr).await.unwrap();
+        half.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n")
+            .await
+            .unwrap();
+        let mut silent = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let answered = read_to_close(&mut half).await;
+        assert!(!answered.contains(" 200 "), "{answered}");
+        read_to_close(&mut silent).await;
+        // A whole request is still answered, and the idle keep-alive connection after
+        // it is closed the same way.
+        let mut whole = tokio::net::TcpStream::connect(addr).await.unwrap();
+        whole
+            .write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+            .await
+            .unwrap();
+        let answered = read_to_close(&mut whole).await;
+        assert!(answered.starts_with("HTTP/1.1 200"), "{answered}");
+    }
 }
