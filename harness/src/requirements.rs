@@ -240,6 +240,11 @@ pub struct Coverage {
     /// Per side under test (`runtime`, `core`, …): the requirements covered by a
     /// scenario that runs there (not pending there).
     pub by_side: BTreeMap<String, BTreeSet<String>>,
+    /// A `level: reference` requirement a scenario lists in `covers:` without any step
+    /// marked with it (a `reference:` group or a `$reference` pattern), as
+    /// `(scenario ID, requirement ID)`: our choice asserted by a plain step would fail a
+    /// conformant target in vendor mode.
+    pub unmarked_references: Vec<(String, String)>,
     /// Number of requirements in the catalog.
     pub total: usize,
     /// Level of every catalog requirement, by ID.
@@ -268,6 +273,13 @@ impl Coverage {
             out.push(format!(
                 "scenario {scenario} has a `reference:` step for {id}, which is not a \
                  `level: reference` requirement of the catalog"
+            ));
+        }
+        for (scenario, id) in &self.unmarked_references {
+            out.push(format!(
+                "scenario {scenario} covers the reference requirement {id} but marks no step \
+                 with it: put the steps that assert it in a `reference:` group (or its values \
+                 in `$reference` patterns)"
             ));
         }
         for (scenario, id) in &self.uncited_references {
@@ -406,6 +418,11 @@ pub fn coverage(catalog: &[Requirement], scenarios: &[Scenario]) -> Coverage {
         }
         named.sort();
         named.dedup();
+        for id in &s.covers {
+            if cov.levels.get(id) == Some(&Level::Reference) && !named.contains(id) {
+                cov.unmarked_references.push((s.id(), id.clone()));
+            }
+        }
         for requirement in named {
             if !s.covers.contains(&requirement) {
                 cov.uncited_references.push((s.id(), requirement.clone()));

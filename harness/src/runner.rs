@@ -45,6 +45,10 @@ pub struct RunOptions {
     pub mode: Mode,
 }
 
+/// What a vendor-mode DIFF names instead of a requirement when the target's frames pass
+/// every step but differ from the golden (the recorded wire it was compared with).
+pub const GOLDEN_DIFFERENCE: &str = "golden";
+
 /// How failures inside `reference:` steps (our implementation's choices) count.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum Mode {
@@ -120,6 +124,15 @@ async fn run_scenario_reporting_launch(
     let mut result = match checked {
         Ok(golden_outcome) => match golden_outcome.failure(&path) {
             None => ScenarioResult::pass(id, side, started.elapsed()),
+            // A golden records a wire (ours, by default), not the contract: in a
+            // vendor's run a difference from it is reported, never a failure.
+            Some(text) if opts.mode == Mode::Vendor => ScenarioResult::differs(
+                id.clone(),
+                side,
+                started.elapsed(),
+                GOLDEN_DIFFERENCE,
+                format!("scenario {id} [{side}] differs from the recorded wire: {text}"),
+            ),
             Some(text) => ScenarioResult::fail(
                 id.clone(),
                 side,
@@ -156,13 +169,19 @@ async fn run_scenario_reporting_launch(
             })
             .collect();
         let golden = result.golden.take();
+        // A golden difference found as well is listed after the reference differences.
+        let also = result
+            .failure
+            .take()
+            .map(|golden_text| format!("\n{golden_text}"))
+            .unwrap_or_default();
         result = ScenarioResult::differs(
             result.scenario.clone(),
             side,
             result.duration,
             &first.requirement,
             format!(
-                "scenario {} [{side}] differs from the reference behaviour:\n{}",
+                "scenario {} [{side}] differs from the reference behaviour:\n{}{also}",
                 result.scenario,
                 lines.join("\n")
             ),
