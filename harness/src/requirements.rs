@@ -513,7 +513,13 @@ mod tests {
             vec!["core_runtime/one".to_string()]
         );
         let errors = cov.errors();
-        assert_eq!(errors.len(), 3, "{errors:?}");
+        // The three gaps, and CR-A-004 (reference) covered with no step marked by it.
+        assert_eq!(errors.len(), 4, "{errors:?}");
+        assert!(
+            errors
+                .iter()
+                .any(|e| e.contains("CR-A-004") && e.contains("marks no step"))
+        );
         assert!(
             errors
                 .iter()
