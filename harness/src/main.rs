@@ -326,6 +326,21 @@ fn run(args: RunArgs) -> ExitCode {
         Ok(s) => s,
         Err(code) => return code,
     };
+    // A difference from the reference must name a `level: reference` requirement: a
+    // required rule (or an unknown ID) under `reference:` or `$reference` would turn a
+    // non-conformance into a mere DIFF in vendor mode.
+    if let Ok(catalog) = requirements::load_catalog(&catalog_path(&args.family)) {
+        let coverage = requirements::coverage(&catalog, &scenarios);
+        if !coverage.misused_references.is_empty() {
+            for (scenario, id) in &coverage.misused_references {
+                eprintln!(
+                    "scenario {scenario}: {id} is not a `level: reference` requirement of the \
+                     catalog; a `reference:` step or `$reference` pattern must name one"
+                );
+            }
+            return ExitCode::from(EXIT_USAGE);
+        }
+    }
     let (pending, runs): (Vec<Scenario>, Vec<Scenario>) = scenarios
         .into_iter()
         .filter(|s| s.runs_on(side))

@@ -683,7 +683,32 @@ fn match_at(
                 match map.get(key) {
                     Some(value) => match_at(&sub_path, sub, value, bindings)?,
                     None if is_absent_marker(sub) => {}
-                    None => return Err(mismatch(&sub_path, sub, None, "missing field")),
+                    None => match ReferencePattern::parse(sub) {
+                        // Our reference sends the key; the spec lets it be left out (a
+                        // `$otherwise` of `$_` or `$absent`): a difference for a vendor.
+                        Ok(Some(r)) if bindings.vendor && allows_absence(&r.otherwise) => {
+                            bindings.differences.push(crate::bind::Difference {
+                                requirement: r.requirement.clone(),
+                                path: sub_path,
+                                reference: r.reference.clone(),
+                                actual: None,
+                            });
+                        }
+                        Ok(Some(r)) => {
+                            let mut m = mismatch(
+                                &sub_path,
+                                sub,
+                                None,
+                                format!(
+                                    "missing field (our reference behaviour, {})",
+                                    r.requirement
+                                ),
+                            );
+                            m.reference = Some(r.requirement.clone());
+                            return Err(m);
+                        }
+                        _ => return Err(mismatch(&sub_path, sub, None, "missing field")),
+                    },
                 }
             }
             Ok(())
@@ -718,6 +743,17 @@ fn match_at(
             }
         }
     }
+}
+
+/// Whether a reference pattern's `$otherwise` lets the key be left out: `$_` (any value,
+/// or none) and `$absent`.
+fn allows_absence(otherwise: &Value) -> bool {
+    matches!(
+        otherwise.as_str().map(parse_token),
+        Some(Ok(Token::Placeholder(
+            Placeholder::Any | Placeholder::Absent
+        )))
+    )
 }
 
 /// Matches a reference pattern (see [`ReferencePattern`]) in the run's mode.
@@ -767,6 +803,24 @@ fn match_reference(
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn a_reference_key_may_be_left_out_by_a_vendor_when_the_spec_allows_it() {
+        let pattern = json!({"status": "rejected", "admission_handle": {"$reference": "$h1", "$requirement": "CR-PREP-037"}});
+        let frame = json!({"status": "rejected"});
+        let mut strict = Bindings::new();
+        strict.bind("h1", json!("h-1")).unwrap();
+        let mut vendor = strict.clone();
+        vendor.vendor = true;
+        let m = match_frame(&pattern, &frame, &mut strict).unwrap_err();
+        assert_eq!(m.reference.as_deref(), Some("CR-PREP-037"));
+        match_frame(&pattern, &frame, &mut vendor).unwrap();
+        assert_eq!(vendor.differences.len(), 1);
+        assert_eq!(vendor.differences[0].actual, None);
+        // A required value (`$otherwise` not `$_`/`$absent`) stays required.
+        let pattern = json!({"admission_handle": {"$reference": "$h1", "$requirement": "CR-PREP-037", "$otherwise": "$h2"}});
+        assert!(match_frame(&pattern, &frame, &mut vendor).is_err());
+    }
 
     #[test]
     fn reference_values_are_strict_for_us_and_differences_for_vendors() {

@@ -271,8 +271,8 @@ impl Coverage {
         }
         for (scenario, id) in &self.misused_references {
             out.push(format!(
-                "scenario {scenario} has a `reference:` step for {id}, which is not a \
-                 `level: reference` requirement of the catalog"
+                "scenario {scenario} names {id} in a `reference:` step or a `$reference` \
+                 pattern, and it is not a `level: reference` requirement of the catalog"
             ));
         }
         for (scenario, id) in &self.unmarked_references {

@@ -285,10 +285,16 @@ struct RawClose {
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawExpectClose {
-    #[serde(default)]
+    #[serde(default, deserialize_with = "explicit")]
     code: Option<Value>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "explicit")]
     reason: Option<Value>,
+}
+
+/// A key that is present, `null` included (`Some(Value::Null)`), so that validation can
+/// refuse `code: null` instead of reading it as "not given".
+fn explicit<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<Option<Value>, D::Error> {
+    Value::deserialize(deserializer).map(Some)
 }
 
 #[derive(Deserialize)]

@@ -1017,6 +1017,12 @@ pub fn validate(scenario: &Scenario, spans: &Spans) -> Vec<Issue> {
 /// the same rule.
 fn close_value_problem(key: &str, value: Option<&Value>) -> Option<String> {
     let value = value?;
+    if value.is_null() {
+        return Some(format!(
+            "`{key}: null` is not a pattern; leave `{key}` out (any Close, or a dropped \
+             connection) or write `$_`"
+        ));
+    }
     let literal_problem = |v: &Value| -> Option<String> {
         match (key, v) {
             ("code", Value::Number(n)) if n.as_u64().is_some_and(|c| c <= 65535) => None,
