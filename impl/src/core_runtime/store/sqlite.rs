@@ -319,17 +319,50 @@ fn write_state_str(state: WriteState) -> &'static str {
     state.as_str()
 }
 
+/// Mode of the data directory: the owner only.
+pub const DATA_DIR_MODE: u32 = 0o700;
+/// Mode of the database file (SQLite gives its `-wal` and `-shm` files the same).
+pub const DATABASE_FILE_MODE: u32 = 0o600;
+
+/// Creates `data_dir` (0700) and the database file `path` (0600) if missing, and takes
+/// group and other access away from existing ones: the database holds Turn inputs and
+/// events, Session records and workspace write records, for the owner alone.
+fn private_files(data_dir: &Path, path: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(DATA_DIR_MODE)
+        .create(data_dir)?;
+    std::fs::set_permissions(data_dir, std::fs::Permissions::from_mode(DATA_DIR_MODE))?;
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .mode(DATABASE_FILE_MODE)
+        .open(path)?;
+    for file in [
+        path.to_path_buf(),
+        path.with_extension("sqlite3-wal"),
+        path.with_extension("sqlite3-shm"),
+    ] {
+        if file.exists() {
+            std::fs::set_permissions(&file, std::fs::Permissions::from_mode(DATABASE_FILE_MODE))?;
+        }
+    }
+    Ok(())
+}
+
 impl SqliteStore {
     /// Opens (creating if needed) the database in `data_dir` and applies pending
-    /// migrations.
+    /// migrations. The directory is made 0700 and the database files 0600
+    /// ([`DATA_DIR_MODE`], [`DATABASE_FILE_MODE`]).
     ///
     /// # Errors
     /// [`StoreError::Database`] when the directory or database cannot be opened, or a
     /// migration fails; [`StoreError::Corrupt`] when the database has a newer schema.
     pub fn open(data_dir: &Path) -> Result<Self, StoreError> {
-        std::fs::create_dir_all(data_dir)
-            .map_err(|e| StoreError::Database(format!("{}: {e}", data_dir.display())))?;
         let path = data_dir.join(DATABASE_FILE);
+        private_files(data_dir, &path)
+            .map_err(|e| StoreError::Database(format!("{}: {e}", data_dir.display())))?;
         let conn = Connection::open(&path)?;
         conn.busy_timeout(BUSY_TIMEOUT)?;
         let mode: String = conn.query_row("PRAGMA journal_mode=WAL", [], |r| r.get(0))?;

@@ -381,3 +381,27 @@ fn kill_9_loses_no_committed_record() {
     }
     assert_eq!(s.turn("t1").unwrap().state, TurnState::Queued);
 }
+
+#[test]
+fn the_data_directory_and_database_files_are_the_owners_alone() {
+    use std::os::unix::fs::PermissionsExt;
+    let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("data");
+    let store = seeded(&dir);
+    assert_eq!(mode(&dir), DATA_DIR_MODE);
+    for file in ["core.sqlite3", "core.sqlite3-wal", "core.sqlite3-shm"] {
+        assert_eq!(mode(&dir.join(file)), DATABASE_FILE_MODE, "{file}");
+    }
+    drop(store);
+    // Existing files made readable by others are taken back on the next open.
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::set_permissions(
+        dir.join("core.sqlite3"),
+        std::fs::Permissions::from_mode(0o644),
+    )
+    .unwrap();
+    let _store = SqliteStore::open(&dir).unwrap();
+    assert_eq!(mode(&dir), DATA_DIR_MODE);
+    assert_eq!(mode(&dir.join("core.sqlite3")), DATABASE_FILE_MODE);
+}
