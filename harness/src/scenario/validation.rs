@@ -1044,7 +1044,18 @@ fn close_value_problem(key: &str, value: Option<&Value>) -> Option<String> {
         }
     };
     match crate::matcher::ReferencePattern::parse(value) {
-        Ok(Some(r)) => return literal_problem(&r.reference),
+        Ok(Some(r)) => {
+            if matches!(
+                crate::matcher::ReferencePattern::parse(&r.otherwise),
+                Ok(Some(_))
+            ) {
+                return Some(format!(
+                    "`{key}`: a `$otherwise` cannot be another `$reference`"
+                ));
+            }
+            return literal_problem(&r.reference)
+                .or_else(|| close_value_problem(key, Some(&r.otherwise)));
+        }
         Err(e) => return Some(format!("`{key}`: {e}")),
         Ok(None) => {}
     }
