@@ -444,12 +444,21 @@ async fn get_events(
         ));
     }
     let after = q.after_sequence.unwrap_or(0);
-    let events = core
+    let (events, dropped) = core
         .store
-        .call(move |s| s.events(&id, after, limit))
+        .call(move |s| {
+            let events = s.events(&id, after, limit)?;
+            let dropped = s.turn(&id)?.outcome.events_dropped;
+            Ok::<_, crate::core_runtime::store::StoreError>((events, dropped))
+        })
         .await?;
     let next = events.last().map_or(after, |e| e.sequence);
-    Ok(Json(json!({ "events": events, "next_after_sequence": next })).into_response())
+    let mut page = json!({ "events": events, "next_after_sequence": next });
+    // Explicit truncation: events past the Turn's bound were counted, not stored.
+    if let Some(dropped) = dropped {
+        page["events_dropped"] = json!(dropped);
+    }
+    Ok(Json(page).into_response())
 }
 
 async fn send_input(

@@ -291,6 +291,10 @@ impl From<TurnMsg> for Unboxed {
 }
 
 /// How a Turn task ended.
+#[expect(
+    clippy::large_enum_variant,
+    reason = "one short-lived value per Turn task, returned once; boxing buys nothing"
+)]
 enum End {
     Finish(TurnState, TurnOutcome),
     Requeue,
@@ -696,19 +700,31 @@ impl Driver {
         }
     }
 
-    async fn append(&self, frame: &Frame) {
+    /// Stores one Run event. Past the Turn's event bound the event is not stored but
+    /// counted in the outcome's `events_dropped` (saved at once on the first drop, so
+    /// the events API shows the truncation while the Turn runs, and with the outcome).
+    async fn append(&mut self, frame: &Frame) {
         let Ok(envelope) = frame.to_envelope() else {
             return;
         };
         let id = self.turn_id.clone();
         let kind = envelope.kind.clone();
-        if let Err(err) = self
+        match self
             .core
             .store
             .call(move |s| s.append_event(&id, &kind, &envelope.payload, now_ms()))
             .await
         {
-            tracing::warn!(code = err.code(), "event not recorded: {err}");
+            Ok(_) => {}
+            Err(crate::core_runtime::store::StoreError::LimitReached(_)) => {
+                let dropped = self.outcome.events_dropped.unwrap_or(0) + 1;
+                self.outcome.events_dropped = Some(dropped);
+                if dropped == 1 {
+                    tracing::warn!(turn_id = %self.turn_id, "the Turn's event bound is reached: later events are counted, not stored");
+                    self.save_outcome().await;
+                }
+            }
+            Err(err) => tracing::warn!(code = err.code(), "event not recorded: {err}"),
         }
     }
 

@@ -30,8 +30,9 @@ pub const EVENTS_PAGE_MAX: u32 = 1000;
 /// in-flight count at one; this bounds the queue behind it).
 pub const INPUTS_PER_TURN_MAX: u64 = 256;
 
-/// Bound on durable events of one Turn; a Turn whose stream exceeds it is failed with
-/// `event_stream_incomplete` rather than growing without bound.
+/// Bound on durable events of one Turn. The last place is reserved for the terminal
+/// `done`, so a Turn whose stream exceeds the bound still stores how it ended; the
+/// events past it are not stored and are counted in the outcome's `events_dropped`.
 pub const EVENTS_PER_TURN_MAX: u64 = 100_000;
 
 /// A storage failure. [`StoreError::code`] is stable.

@@ -139,6 +139,11 @@ pub struct TurnOutcome {
     /// Partial text kept by a cancel receipt's continuity snapshot.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub snapshot_text: Option<String>,
+    /// Events of the Run that were not stored because the Turn's event bound
+    /// ([`super::EVENTS_PER_TURN_MAX`]) was reached: the explicit truncation of the events
+    /// API (the terminal `done` is always stored; room is reserved for it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub events_dropped: Option<u64>,
 }
 
 impl TurnOutcome {

@@ -119,6 +119,8 @@ CREATE UNIQUE INDEX one_open_write_per_session ON write_reservations(session_id)
 pub struct SqliteStore {
     conn: Connection,
     path: PathBuf,
+    /// [`EVENTS_PER_TURN_MAX`], lowered by tests.
+    events_max: u64,
 }
 
 impl std::fmt::Debug for SqliteStore {
@@ -319,6 +321,9 @@ fn write_state_str(state: WriteState) -> &'static str {
     state.as_str()
 }
 
+/// The event kind whose place below [`EVENTS_PER_TURN_MAX`] is reserved.
+const TERMINAL_EVENT_KIND: &str = "done";
+
 /// Mode of the data directory: the owner only.
 pub const DATA_DIR_MODE: u32 = 0o700;
 /// Mode of the database file (SQLite gives its `-wal` and `-shm` files the same).
@@ -372,9 +377,20 @@ impl SqliteStore {
             )));
         }
         conn.execute_batch("PRAGMA synchronous=FULL; PRAGMA foreign_keys=ON;")?;
-        let mut store = Self { conn, path };
+        let mut store = Self {
+            conn,
+            path,
+            events_max: EVENTS_PER_TURN_MAX,
+        };
         store.migrate()?;
         Ok(store)
+    }
+
+    /// The same store with a lower event bound (tests of the bound).
+    #[cfg(test)]
+    pub fn with_events_max(mut self, max: u64) -> Self {
+        self.events_max = max;
+        self
     }
 
     /// The database file.
@@ -889,6 +905,7 @@ impl CoreStore for SqliteStore {
         payload: &Value,
         now_ms: i64,
     ) -> Result<u64, StoreError> {
+        let events_max = self.events_max;
         let tx = self.tx()?;
         require_row(&tx, ("turns", "turn_id"), ("turn", turn_id))?;
         let last: i64 = tx.query_row(
@@ -896,7 +913,13 @@ impl CoreStore for SqliteStore {
             params![turn_id],
             |r| r.get(0),
         )?;
-        if last as u64 >= EVENTS_PER_TURN_MAX {
+        // The last place is the terminal event's.
+        let bound = if kind == TERMINAL_EVENT_KIND {
+            events_max
+        } else {
+            events_max.saturating_sub(1)
+        };
+        if last as u64 >= bound {
             return Err(StoreError::LimitReached("events per turn"));
         }
         let sequence = last + 1;

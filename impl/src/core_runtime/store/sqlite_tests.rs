@@ -405,3 +405,36 @@ fn the_data_directory_and_database_files_are_the_owners_alone() {
     assert_eq!(mode(&dir), DATA_DIR_MODE);
     assert_eq!(mode(&dir.join("core.sqlite3")), DATABASE_FILE_MODE);
 }
+
+#[test]
+fn the_event_bound_keeps_the_last_place_for_the_terminal_event() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = seeded(dir.path()).with_events_max(3);
+    s.create_turn("t1", "s1", &json!([]), 10).unwrap();
+    // Bound 3: two events, and the third place is the terminal event's.
+    for i in 0..2 {
+        s.append_event("t1", "delta", &json!({"text": i}), 11)
+            .unwrap();
+    }
+    assert!(matches!(
+        s.append_event("t1", "delta", &json!({"text": 2}), 11),
+        Err(StoreError::LimitReached(_))
+    ));
+    assert_eq!(
+        s.append_event("t1", "done", &json!({"outcome": "completed"}), 12)
+            .unwrap(),
+        3
+    );
+    // Past the bound nothing more, not even a second terminal event.
+    assert!(matches!(
+        s.append_event("t1", "done", &json!({"outcome": "completed"}), 12),
+        Err(StoreError::LimitReached(_))
+    ));
+    let kinds: Vec<String> = s
+        .events("t1", 0, 10)
+        .unwrap()
+        .into_iter()
+        .map(|e| e.kind)
+        .collect();
+    assert_eq!(kinds, ["delta", "delta", "done"]);
+}
