@@ -188,6 +188,40 @@ async fn events(api: &Api, turn_id: &str) -> Vec<Value> {
         .clone()
 }
 
+/// Registers the Runtime's own Environment binding through the public API.
+async fn register_environment(api: &Api) {
+    let (status, env) = api
+        .post(
+            "/environments",
+            json!({"type": "self_hosted", "environment_id": ENVIRONMENT_ID}),
+        )
+        .await;
+    assert_eq!(status, 201, "{env}");
+}
+
+/// Starts a `/sleep` Turn in a new Session of `agent_id` and waits until the program
+/// reported its `sleep` child: the Turn ID, its events so far and the child's PID
+/// (checked alive).
+async fn sleeping_turn(api: &Api, agent_id: &str) -> (String, Vec<Value>, i32) {
+    let session_id = session(api, agent_id).await;
+    let sleeper = turn(api, &session_id, "/sleep").await;
+    let evs = api
+        .wait(&format!("/turns/{sleeper}/events"), |v| {
+            delta_text(v["events"].as_array().unwrap()).contains("sleeping (pid ")
+        })
+        .await;
+    let evs = evs["events"].as_array().unwrap().clone();
+    let text = delta_text(&evs);
+    let pid: i32 = text
+        .split("sleeping (pid ")
+        .nth(1)
+        .and_then(|rest| rest.split(')').next())
+        .and_then(|pid| pid.parse().ok())
+        .unwrap_or_else(|| panic!("no pid in {text:?}"));
+    assert_eq!(kill(Pid::from_raw(pid), None), Ok(()), "the child runs");
+    (sleeper, evs, pid)
+}
+
 /// The concatenated text of a Turn's `delta` events.
 fn delta_text(events: &[Value]) -> String {
     events
@@ -209,13 +243,7 @@ async fn core_runtime_and_a_command_harness_end_to_end() {
     let api = Api::new(&base);
 
     // The Runtime's own Environment binding, registered through the public API.
-    let (status, env) = api
-        .post(
-            "/environments",
-            json!({"type": "self_hosted", "environment_id": ENVIRONMENT_ID}),
-        )
-        .await;
-    assert_eq!(status, 201, "{env}");
+    register_environment(&api).await;
     let agent_id = agent(&api).await;
 
     // 1. A Turn runs the program and completes with its echo and usage. (Started before
@@ -261,28 +289,13 @@ async fn core_runtime_and_a_command_harness_end_to_end() {
 
     // 4. Cancel a long-running Turn: it ends `cancelled` and the program's whole
     //    process tree (the program and its `sleep` child) is gone.
-    let session_id = session(&api, &agent_id).await;
-    let sleeper = turn(&api, &session_id, "/sleep").await;
-    let evs = api
-        .wait(&format!("/turns/{sleeper}/events"), |v| {
-            delta_text(v["events"].as_array().unwrap()).contains("sleeping (pid ")
-        })
-        .await;
-    let evs = evs["events"].as_array().unwrap();
+    let (sleeper, evs, pid) = sleeping_turn(&api, &agent_id).await;
     assert!(
         evs.iter().any(|e| e["type"] == "tool_call"
             && e["payload"]["state"] == "started"
             && e["payload"]["observation"]["kind"] == "command"),
         "{evs:?}"
     );
-    let text = delta_text(evs);
-    let pid: i32 = text
-        .split("sleeping (pid ")
-        .nth(1)
-        .and_then(|rest| rest.split(')').next())
-        .and_then(|pid| pid.parse().ok())
-        .unwrap_or_else(|| panic!("no pid in {text:?}"));
-    assert_eq!(kill(Pid::from_raw(pid), None), Ok(()), "the child runs");
     let (status, body) = api
         .post(&format!("/turns/{sleeper}/cancel"), json!({}))
         .await;
@@ -306,29 +319,9 @@ async fn sigterm_closes_the_runtimes_executors_before_it_exits() {
     let (_core, base) = start_core(dir.path());
     let mut runtime = start_runtime(dir.path(), &base);
     let api = Api::new(&base);
-    let (status, _) = api
-        .post(
-            "/environments",
-            json!({"type": "self_hosted", "environment_id": ENVIRONMENT_ID}),
-        )
-        .await;
-    assert_eq!(status, 201);
+    register_environment(&api).await;
     let agent_id = agent(&api).await;
-    let session_id = session(&api, &agent_id).await;
-    let sleeper = turn(&api, &session_id, "/sleep").await;
-    let evs = api
-        .wait(&format!("/turns/{sleeper}/events"), |v| {
-            delta_text(v["events"].as_array().unwrap()).contains("sleeping (pid ")
-        })
-        .await;
-    let text = delta_text(evs["events"].as_array().unwrap());
-    let pid: i32 = text
-        .split("sleeping (pid ")
-        .nth(1)
-        .and_then(|rest| rest.split(')').next())
-        .and_then(|pid| pid.parse().ok())
-        .unwrap_or_else(|| panic!("no pid in {text:?}"));
-    assert_eq!(kill(Pid::from_raw(pid), None), Ok(()), "the child runs");
+    let (_, _, pid) = sleeping_turn(&api, &agent_id).await;
     kill(runtime.pgid(), Signal::SIGTERM).unwrap();
     // Bounded wait for the exit (SIGNAL_SHUTDOWN_BOUND is 10 s; the close is the
     // adapter's SIGTERM, grace, SIGKILL of the Run's group).

@@ -301,6 +301,8 @@ struct Case {
     sent: Option<Vec<&'static str>>,
     /// Recorded labels, when checked.
     recorded: Option<Vec<&'static str>>,
+    /// Vendor mode (else strict).
+    vendor: bool,
 }
 
 impl Case {
@@ -314,6 +316,7 @@ impl Case {
             failure: None,
             sent: None,
             recorded: None,
+            vendor: false,
         }
     }
     fn fails(mut self, code: FailureCode, phase: Phase, text: &'static str) -> Self {
@@ -934,7 +937,11 @@ async fn run_case(case: Case) -> (DriveOutcome, Vec<String>) {
         ready: case.ready,
         normalize: Value::clone,
     };
-    let outcome = drive(&scenario(case.steps), &opts(), async { Ok(started) }).await;
+    let opts = DriveOptions {
+        vendor: case.vendor,
+        ..opts()
+    };
+    let outcome = drive(&scenario(case.steps), &opts, async { Ok(started) }).await;
     let sent = sent.lock().unwrap().clone();
     (outcome, sent)
 }
@@ -1017,23 +1024,9 @@ async fn a_failure_inside_a_reference_step_names_its_requirement() {
 
 /// A run of `steps` against `script` in vendor mode (`vendor`) or strict mode.
 async fn run_in_mode(script: Vec<Scripted>, steps: Vec<Step>, vendor: bool) -> DriveOutcome {
-    let peer = FakePeer {
-        link: FakeLink {
-            script: script.into(),
-            connected: true,
-            echo_close: true,
-            sent: Arc::default(),
-        },
-    };
-    let started = Started {
-        peer,
-        process: Box::new(FakeProcess::default()),
-        secret: String::new(),
-        ready: true,
-        normalize: Value::clone,
-    };
-    let opts = DriveOptions { vendor, ..opts() };
-    drive(&scenario(steps), &opts, async { Ok(started) }).await
+    let mut case = Case::new("mode", script, steps);
+    case.vendor = vendor;
+    run_case(case).await.0
 }
 
 #[tokio::test(start_paused = true)]

@@ -250,6 +250,22 @@ impl Run {
         Ok(event)
     }
 
+    /// [`Run::next_event`] until `deadline`: `None` once it has passed.
+    ///
+    /// # Errors
+    /// As [`Run::next_event`].
+    async fn next_event_until<P: Peer>(
+        &mut self,
+        peer: &mut P,
+        deadline: Instant,
+    ) -> StepResult<Option<Event<P::Other>>> {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Ok(None);
+        }
+        self.next_event(peer, left).await
+    }
+
     /// `expected …, got nothing within <step deadline>`.
     pub fn nothing<P: Peer>(&self, peer: &mut P, expected: &str) -> StepError {
         let state = if peer.connected() {
@@ -399,21 +415,14 @@ impl Run {
         }
         let deadline = Instant::now() + self.step_timeout;
         while carried(self) {
-            let left = deadline.saturating_duration_since(Instant::now());
-            let event = if left.is_zero() {
-                None
-            } else {
-                self.next_event(peer, left).await?
-            };
-            match event {
+            match self.next_event_until(peer, deadline).await? {
                 None => break,
-                Some(Event::Text(text)) => {
-                    let value = self.decode_emitted(peer, &text, "a typical frame")?;
-                    if self.optional_allows(&value) {
-                        self.record(peer.role().emitted_label, EntryKind::Frame, value.clone());
-                        self.take_optional(&value);
-                    } else {
-                        self.held.push_back(text);
+                Some(event @ Event::Text(_)) => {
+                    if !self.take_if_optional(peer, &event)? {
+                        // Kept for the next step, which checks and records it.
+                        if let Event::Text(text) = event {
+                            self.held.push_back(text);
+                        }
                         break;
                     }
                 }
@@ -721,24 +730,39 @@ impl Run {
     ) -> StepResult<Option<Event<P::Other>>> {
         let deadline = Instant::now() + timeout;
         loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return Ok(None);
-            }
-            let event = self.next_event(peer, left).await?;
-            if !self.optional.is_empty()
-                && let Some(Event::Text(text)) = &event
-                && let Ok(value) = peer.role().codec.decode(text)
-                && peer.role().codec.check_emitted(&value).is_ok()
-                && self.optional_allows(&value)
+            let event = self.next_event_until(peer, deadline).await?;
+            if let Some(e) = &event
+                && self.take_if_optional(peer, e)?
             {
-                self.check_decoded(&value, "a text frame")?;
-                self.record(peer.role().emitted_label, EntryKind::Frame, value.clone());
-                self.take_optional(&value);
                 continue;
             }
             return Ok(event);
         }
+    }
+
+    /// Takes `event` when it is a valid frame a pending `optional:` step allows: it is
+    /// then secret-checked, recorded and bound, and `true` is returned.
+    ///
+    /// # Errors
+    /// The frame carries the secret.
+    fn take_if_optional<P: Peer>(&mut self, peer: &P, event: &Event<P::Other>) -> StepResult<bool> {
+        if self.optional.is_empty() {
+            return Ok(false);
+        }
+        let Event::Text(text) = event else {
+            return Ok(false);
+        };
+        let codec = peer.role().codec;
+        let Ok(value) = codec.decode(text) else {
+            return Ok(false);
+        };
+        if codec.check_emitted(&value).is_err() || !self.optional_allows(&value) {
+            return Ok(false);
+        }
+        self.check_decoded(&value, "a text frame")?;
+        self.record(peer.role().emitted_label, EntryKind::Frame, value.clone());
+        self.take_optional(&value);
+        Ok(true)
     }
 
     /// Whether a pending `optional:` pattern matches `value` (nothing is bound).
@@ -881,17 +905,14 @@ impl Run {
                 }
             };
             self.check_event(peer, &event)?;
+            // A typical frame an `optional:` step allows may still come first.
+            if self.take_if_optional(peer, &event)? {
+                continue;
+            }
             if let Event::Text(text) = &event
                 && let Ok(value) = peer.role().codec.decode(text)
             {
-                // A typical frame an `optional:` step allows may still come first.
-                let allowed =
-                    peer.role().codec.check_emitted(&value).is_ok() && self.optional_allows(&value);
-                self.record(peer.role().emitted_label, EntryKind::Frame, value.clone());
-                if allowed {
-                    self.take_optional(&value);
-                    continue;
-                }
+                self.record(peer.role().emitted_label, EntryKind::Frame, value);
             }
             let hint = match &event {
                 Event::Close { .. } => " (expect it with `expect_close` first)",
@@ -1018,13 +1039,7 @@ impl Run {
                 .send_close(DEFAULT_CLOSE_CODE, END_CLOSE_REASON, timeout)
                 .await;
             while peer.connected() {
-                let left = deadline.saturating_duration_since(Instant::now());
-                let event = if left.is_zero() {
-                    None
-                } else {
-                    self.next_event(peer, left).await?
-                };
-                match event {
+                match self.next_event_until(peer, deadline).await? {
                     None => {
                         return Err(fail::timeout(format!(
                             "{} answered the harness's Close ({DEFAULT_CLOSE_CODE} \
