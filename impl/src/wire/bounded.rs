@@ -10,6 +10,19 @@ use schemars::JsonSchema;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Deserializer, Serialize};
 
+/// The longest prefix of `text` of at most `max` bytes that ends on a character
+/// boundary (the whole text when it fits): how a string is cut to a byte bound.
+pub fn utf8_prefix(text: &str, max: usize) -> &str {
+    if text.len() <= max {
+        return text;
+    }
+    let mut end = max;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    &text[..end]
+}
+
 /// A `Vec<T>` of at most `N` items.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(transparent)]

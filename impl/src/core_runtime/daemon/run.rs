@@ -142,23 +142,12 @@ fn remember<K: Clone + Eq + std::hash::Hash, V>(
     map.insert(key, value);
 }
 
-fn truncate_to(text: &str, max: usize) -> &str {
-    if text.len() <= max {
-        return text;
-    }
-    let mut end = max;
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    &text[..end]
-}
-
 /// Splits `text` into pieces of at most [`TEXT_MAX_BYTES`] on character boundaries.
 fn text_pieces(text: &str) -> Vec<&str> {
     let mut pieces = Vec::new();
     let mut rest = text;
     while rest.len() > TEXT_MAX_BYTES {
-        let piece = truncate_to(rest, TEXT_MAX_BYTES);
+        let piece = crate::wire::bounded::utf8_prefix(rest, TEXT_MAX_BYTES);
         pieces.push(piece);
         rest = &rest[piece.len()..];
     }
@@ -257,7 +246,7 @@ pub async fn pump(
                 {
                     let mut inner = run.lock();
                     let room = TEXT_MAX_BYTES.saturating_sub(inner.text.len());
-                    let add = truncate_to(&text, room).to_string();
+                    let add = crate::wire::bounded::utf8_prefix(&text, room).to_string();
                     inner.text.push_str(&add);
                 }
                 let item_id = if run.observe_messages {
@@ -299,9 +288,10 @@ pub async fn pump(
             } => {
                 let (code, http_status) =
                     classify_native_error(code.as_ref(), http_status.as_ref());
-                let Ok(message) =
-                    BoundedString::new(truncate_to(&message, ERROR_MESSAGE_MAX_BYTES))
-                else {
+                let Ok(message) = BoundedString::new(crate::wire::bounded::utf8_prefix(
+                    &message,
+                    ERROR_MESSAGE_MAX_BYTES,
+                )) else {
                     continue;
                 };
                 run.send_run(Message::Error(RunError {
@@ -886,7 +876,7 @@ mod tests {
         let pieces = text_pieces(&text);
         assert!(pieces.iter().all(|p| p.len() <= TEXT_MAX_BYTES));
         assert_eq!(pieces.concat(), text);
-        assert_eq!(truncate_to("aé", 2), "a");
+        assert_eq!(crate::wire::bounded::utf8_prefix("aé", 2), "a");
     }
 
     #[test]

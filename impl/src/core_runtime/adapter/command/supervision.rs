@@ -24,17 +24,6 @@ pub(super) enum Native {
     Stopped,
 }
 
-pub(super) fn cut(text: &str, max: usize) -> &str {
-    if text.len() <= max {
-        return text;
-    }
-    let mut end = max;
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    &text[..end]
-}
-
 /// The `error` message of an unsuccessful exit: status, then the stderr excerpt.
 pub(super) fn exit_message(status: ExitStatus, stderr: Option<&str>) -> String {
     let mut message = match (status.code(), status.signal()) {
@@ -44,7 +33,10 @@ pub(super) fn exit_message(status: ExitStatus, stderr: Option<&str>) -> String {
     };
     if let Some(line) = stderr {
         message.push_str(": ");
-        message.push_str(cut(line, ERROR_DETAIL_MAX_BYTES));
+        message.push_str(crate::wire::bounded::utf8_prefix(
+            line,
+            ERROR_DETAIL_MAX_BYTES,
+        ));
     }
     message
 }
@@ -151,7 +143,9 @@ pub(super) async fn supervise(shared: Arc<Shared>, mut p: RunProcess) {
                 message.push_str(reason);
             }
             (
-                Some(cut(&message, ERROR_DETAIL_MAX_BYTES).to_string()),
+                Some(
+                    crate::wire::bounded::utf8_prefix(&message, ERROR_DETAIL_MAX_BYTES).to_string(),
+                ),
                 Outcome::Failed,
             )
         }
