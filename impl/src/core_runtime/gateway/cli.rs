@@ -270,6 +270,9 @@ fn serve(args: ServeArgs) -> ExitCode {
         Ok(s) => s,
         Err(c) => return c,
     };
+    if let Some(max) = config.events_per_turn {
+        store = store.with_events_max(max);
+    }
     if let (Ok(device), Ok(secret)) = (std::env::var(DEVICE_ENV), std::env::var(CREDENTIAL_ENV))
         && !device.is_empty()
         && !secret.is_empty()

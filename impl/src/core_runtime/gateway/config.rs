@@ -10,6 +10,7 @@
 //! Every key is optional; unknown keys, duplicate keys and `null` are errors naming
 //! the key.
 
+use crate::core_runtime::store::EVENTS_PER_TURN_MAX;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
@@ -60,6 +61,9 @@ impl Default for CoreTimers {
 pub struct CoreConfig {
     /// Timers.
     pub timers: CoreTimers,
+    /// `limits.events_per_turn`: the Turn event bound, 1..=[`EVENTS_PER_TURN_MAX`]
+    /// (lowered by tests of the bound); `None` is [`EVENTS_PER_TURN_MAX`].
+    pub events_per_turn: Option<u64>,
     /// Engine profile per agent kind (absent = no optional control declared).
     pub engine_profiles: BTreeMap<String, EngineProfile>,
 }
@@ -101,6 +105,14 @@ struct Raw {
     timers: Option<RawTimers>,
     #[serde(default)]
     engine_profiles: Option<BTreeMap<String, EngineProfile>>,
+    #[serde(default)]
+    limits: Option<RawLimits>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawLimits {
+    events_per_turn: Option<u64>,
 }
 
 #[derive(Deserialize, Default)]
@@ -162,6 +174,15 @@ impl CoreConfig {
                 )?,
             },
             engine_profiles: profiles,
+            events_per_turn: match raw.limits.and_then(|l| l.events_per_turn) {
+                None => None,
+                Some(n) if (1..=EVENTS_PER_TURN_MAX).contains(&n) => Some(n),
+                Some(n) => {
+                    return Err(CoreConfigError::Invalid(format!(
+                        "limits.events_per_turn: {n} is outside 1..={EVENTS_PER_TURN_MAX}"
+                    )));
+                }
+            },
         })
     }
 
@@ -187,6 +208,21 @@ impl CoreConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_event_bound_is_lowered_within_its_range() {
+        let parse = |n: u64| {
+            CoreConfig::parse(format!(r#"{{"limits":{{"events_per_turn":{n}}}}}"#).as_bytes())
+        };
+        assert_eq!(parse(3).unwrap().events_per_turn, Some(3));
+        assert_eq!(
+            parse(EVENTS_PER_TURN_MAX).unwrap().events_per_turn,
+            Some(EVENTS_PER_TURN_MAX)
+        );
+        assert!(parse(0).is_err());
+        assert!(parse(EVENTS_PER_TURN_MAX + 1).is_err());
+        assert_eq!(CoreConfig::parse(b"{}").unwrap().events_per_turn, None);
+    }
 
     #[test]
     fn defaults_overrides_and_unknown_keys() {

@@ -386,10 +386,10 @@ impl SqliteStore {
         Ok(store)
     }
 
-    /// The same store with a lower event bound (tests of the bound).
-    #[cfg(test)]
+    /// The same store with another event bound than [`EVENTS_PER_TURN_MAX`] (at most
+    /// it): Core's `limits.events_per_turn`, for tests of the bound.
     pub fn with_events_max(mut self, max: u64) -> Self {
-        self.events_max = max;
+        self.events_max = max.min(EVENTS_PER_TURN_MAX);
         self
     }
 
