@@ -408,6 +408,129 @@ impl ReferencePattern {
     }
 }
 
+/// The keys of an in-order list pattern.
+pub const IN_ORDER_KEYS: &[&str] = &["$in_order", "$besides"];
+
+/// A list whose elements must include the `$in_order` patterns in that order, where
+/// any other element must match one of the `$besides` patterns: the form for a list the
+/// spec lets a target extend with elements of a known kind (the native calls of a Runtime
+/// that closes an idle Executor as soon as its Run ended, which the spec leaves to its
+/// resource policy):
+/// `{$in_order: [{call: prepare}, {call: start}], $besides: [{call: close_executor}]}`.
+/// Matching is greedy: an element that matches the next `$in_order` pattern is taken for
+/// it. `$besides` patterns bind nothing: a placeholder in one compares with its bound
+/// value, and one not bound yet matches any value.
+#[derive(Debug, Clone, PartialEq)]
+pub struct InOrderPattern {
+    /// The elements that must appear, in this order.
+    pub in_order: Vec<Value>,
+    /// What any other element must match.
+    pub besides: Vec<Value>,
+}
+
+impl InOrderPattern {
+    /// Parses `pattern` when it is an in-order list pattern (an object with the key
+    /// `$in_order`): `Ok(None)` when it is not one.
+    ///
+    /// # Errors
+    /// A non-array `$in_order`, a missing, empty or non-array `$besides`, or another key.
+    pub fn parse(pattern: &Value) -> Result<Option<Self>, String> {
+        let Value::Object(map) = pattern else {
+            return Ok(None);
+        };
+        let Some(in_order) = map.get("$in_order") else {
+            if map.contains_key("$besides") {
+                return Err("`$besides` needs `$in_order` beside it".into());
+            }
+            return Ok(None);
+        };
+        if let Some(key) = map.keys().find(|k| !IN_ORDER_KEYS.contains(&k.as_str())) {
+            return Err(format!(
+                "an in-order list pattern takes only {}, not `{key}`",
+                IN_ORDER_KEYS.join(", ")
+            ));
+        }
+        let Value::Array(in_order) = in_order else {
+            return Err("`$in_order` takes a list of patterns".into());
+        };
+        let besides = match map.get("$besides") {
+            Some(Value::Array(items)) if !items.is_empty() => items.clone(),
+            _ => {
+                return Err(
+                    "`$in_order` needs `$besides`: a non-empty list of the patterns other \
+                     elements must match (without it, write the list itself)"
+                        .into(),
+                );
+            }
+        };
+        Ok(Some(Self {
+            in_order: in_order.clone(),
+            besides,
+        }))
+    }
+
+    #[expect(
+        clippy::result_large_err,
+        reason = "a mismatch is the rare failure path; its fields are the documented interface"
+    )]
+    fn check(
+        &self,
+        path: &str,
+        expected: &Value,
+        actual: &Value,
+        bindings: &mut Bindings,
+    ) -> Result<(), Mismatch> {
+        let Value::Array(items) = actual else {
+            return Err(mismatch(
+                path,
+                expected,
+                Some(actual),
+                format!("expected an array, got {}", type_name(actual)),
+            ));
+        };
+        let mut next = 0;
+        for (i, item) in items.iter().enumerate() {
+            let item_path = format!("{path}[{i}]");
+            if let Some(pattern) = self.in_order.get(next) {
+                let mut scratch = bindings.clone();
+                if match_at(&item_path, pattern, item, &mut scratch).is_ok() {
+                    *bindings = scratch;
+                    next += 1;
+                    continue;
+                }
+            }
+            let allowed = self.besides.iter().any(|pattern| {
+                let mut scratch = bindings.clone();
+                match_at(&item_path, pattern, item, &mut scratch).is_ok()
+            });
+            if !allowed {
+                let reason = match self.in_order.get(next) {
+                    Some(pattern) => format!(
+                        "element matches neither the next expected element {} nor any of `$besides`",
+                        bounded(pattern)
+                    ),
+                    None => "element after every expected one matches none of `$besides`".into(),
+                };
+                return Err(mismatch(&item_path, expected, Some(item), reason));
+            }
+        }
+        match self.in_order.get(next) {
+            None => Ok(()),
+            Some(pattern) => Err(mismatch(
+                path,
+                expected,
+                Some(actual),
+                format!(
+                    "{} of {} expected elements found in order; missing {}",
+                    next,
+                    self.in_order.len(),
+                    bounded(pattern)
+                ),
+            )),
+        }
+    }
+}
+
 /// Why an emitted value does not match the scenario's pattern.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Mismatch {
@@ -561,6 +684,12 @@ pub fn skip_pattern(pattern: &Value, bindings: &mut Bindings, requirement: Optio
             if matches!(GeneratedPattern::parse(pattern), Ok(Some(_))) {
                 return;
             }
+            if let Ok(Some(list)) = InOrderPattern::parse(pattern) {
+                list.in_order
+                    .iter()
+                    .for_each(|item| skip_pattern(item, bindings, requirement));
+                return;
+            }
             map.values()
                 .for_each(|v| skip_pattern(v, bindings, requirement));
         }
@@ -658,6 +787,11 @@ fn match_at(
                     }
                     return Ok(());
                 }
+                Err(reason) => return Err(mismatch(path, expected, Some(actual), reason)),
+                Ok(None) => {}
+            }
+            match InOrderPattern::parse(expected) {
+                Ok(Some(list)) => return list.check(path, expected, actual, bindings),
                 Err(reason) => return Err(mismatch(path, expected, Some(actual), reason)),
                 Ok(None) => {}
             }
@@ -1085,5 +1219,102 @@ mod tests {
         assert!(match_frame(&pat, &json!({"a": "1", "b": "2"}), &mut b).is_err());
         assert!(b.is_empty());
         match_frame(&pat, &json!({"a": "1", "b": "1"}), &mut b).unwrap();
+    }
+    #[test]
+    fn in_order_lists_allow_only_their_besides_between_the_expected_elements() {
+        let pat = json!({"calls": {"$in_order": [{"call": "prepare", "executor_id": "$e"}, {"call": "start", "executor_id": "$e"}],
+                                   "$besides": [{"call": "close_executor"}]}});
+        let call = |c: &str, e: &str| json!({"call": c, "executor_id": e});
+        let mut b = Bindings::default();
+        // Exactly the expected elements.
+        match_frame(
+            &pat,
+            &json!({"calls": [call("prepare", "x"), call("start", "x")]}),
+            &mut b,
+        )
+        .unwrap();
+        assert_eq!(b.get("e"), Some(&json!("x")));
+        // A close before, between and after them is allowed.
+        let mut b = Bindings::default();
+        let calls = json!({"calls": [call("close_executor", "o"), call("prepare", "x"), call("close_executor", "o"),
+                                     call("start", "x"), call("close_executor", "x")]});
+        match_frame(&pat, &calls, &mut b).unwrap();
+        // Any other element is not; the failure names it.
+        let mut b = Bindings::default();
+        let err = match_frame(
+            &pat,
+            &json!({"calls": [call("prepare", "x"), call("cancel", "x"), call("start", "x")]}),
+            &mut b,
+        )
+        .unwrap_err();
+        assert_eq!(err.path, "$.calls[1]");
+        // Order matters, and every expected element must come.
+        let mut b = Bindings::default();
+        let err = match_frame(&pat, &json!({"calls": [call("prepare", "x")]}), &mut b).unwrap_err();
+        assert!(err.reason.contains("1 of 2"), "{err}");
+        let mut b = Bindings::default();
+        assert!(
+            match_frame(
+                &pat,
+                &json!({"calls": [call("start", "x"), call("prepare", "x")]}),
+                &mut b
+            )
+            .is_err()
+        );
+        // A bound placeholder still binds: another Executor's start is not the expected one.
+        let mut b = Bindings::default();
+        assert!(
+            match_frame(
+                &pat,
+                &json!({"calls": [call("prepare", "x"), call("start", "y")]}),
+                &mut b
+            )
+            .is_err()
+        );
+        assert!(b.get("e").is_none(), "a failed match binds nothing");
+        // `$besides` compares with bound placeholders and binds nothing.
+        let pat = json!({"$in_order": [{"call": "start"}], "$besides": [{"call": "close_executor", "executor_id": "$e"}]});
+        let mut b = Bindings::default();
+        match_frame(
+            &pat,
+            &json!([call("close_executor", "o"), call("start", "x")]),
+            &mut b,
+        )
+        .unwrap();
+        assert!(b.get("e").is_none());
+        b.bind("e", json!("x")).unwrap();
+        assert!(
+            match_frame(
+                &pat,
+                &json!([call("close_executor", "o"), call("start", "x")]),
+                &mut b
+            )
+            .is_err()
+        );
+        match_frame(
+            &pat,
+            &json!([call("start", "x"), call("close_executor", "x")]),
+            &mut b,
+        )
+        .unwrap();
+    }
+
+    #[test]
+    fn in_order_lists_are_well_formed() {
+        for bad in [
+            json!({"$in_order": [1]}),
+            json!({"$in_order": [1], "$besides": []}),
+            json!({"$in_order": 1, "$besides": [2]}),
+            json!({"$in_order": [1], "$besides": [2], "x": 3}),
+            json!({"$besides": [2]}),
+        ] {
+            assert!(InOrderPattern::parse(&bad).is_err(), "{bad}");
+        }
+        assert_eq!(InOrderPattern::parse(&json!({"a": 1})), Ok(None));
+        assert!(
+            InOrderPattern::parse(&json!({"$in_order": [], "$besides": [{"call": "$_"}]}))
+                .unwrap()
+                .is_some()
+        );
     }
 }

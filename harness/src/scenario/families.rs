@@ -17,6 +17,7 @@ pub const GENERIC_STEPS: &[&str] = &[
     "silence",
     "any_order",
     "optional",
+    "tolerated",
     "reference",
     "disconnect",
     "half_close",

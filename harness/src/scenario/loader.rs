@@ -217,6 +217,7 @@ enum RawStep {
     Silence(Spanned<DurationText>),
     AnyOrder(Vec<Spanned<RawStep>>),
     Optional(Box<Spanned<RawStep>>),
+    Tolerated(Box<Spanned<RawStep>>),
     Reference(RawReference),
     Disconnect(Empty),
     HalfClose(RawClose),
@@ -553,6 +554,11 @@ impl Converter<'_> {
                 let (step, child) = self.step(*inner)?;
                 span.children.push(child.location);
                 Step::Optional(Box::new(step))
+            }
+            RawStep::Tolerated(inner) => {
+                let (step, child) = self.step(*inner)?;
+                span.children.push(child.location);
+                Step::Tolerated(Box::new(step))
             }
             RawStep::Disconnect(Empty {}) => Step::Disconnect,
             RawStep::HalfClose(c) => Step::HalfClose {

@@ -404,6 +404,11 @@ pub enum Step {
     /// expects (then it must match, and is recorded), or not at all; of a party the
     /// harness plays: the harness sends it.
     Optional(Box<Step>),
+    /// `tolerated:` — one frame (only [`Step::Frame`]) another conformant implementation
+    /// may send where our reference sends nothing (a `preparing` status of a Runtime that
+    /// prepares a new Executor where ours reuses one). Of the target's frames: like
+    /// `optional:`; of a party the harness plays: the harness does not send it.
+    Tolerated(Box<Step>),
     /// `reference:` — steps that assert our reference implementation's behaviour where
     /// the spec leaves a choice (the catalog entry `requirement` is `level: reference`).
     /// In strict mode (our own runs) they are ordinary steps; in vendor mode a failure
@@ -494,6 +499,7 @@ impl Step {
             Step::Silence(_) => "silence",
             Step::AnyOrder(_) => "any_order",
             Step::Optional(_) => "optional",
+            Step::Tolerated(_) => "tolerated",
             Step::Reference { .. } => "reference",
             Step::Disconnect => "disconnect",
             Step::HalfClose { .. } => "half_close",
@@ -519,6 +525,7 @@ impl Step {
             Step::Silence(d) => format!("silence {}ms", d.as_millis()),
             Step::AnyOrder(steps) => format!("any_order of {} frames", steps.len()),
             Step::Optional(inner) => format!("optional {}", inner.describe()),
+            Step::Tolerated(inner) => format!("tolerated {}", inner.describe()),
             Step::Reference { requirement, steps } => {
                 format!("reference {requirement} ({} steps)", steps.len())
             }

@@ -207,12 +207,17 @@ impl Checker<'_> {
         }
     }
 
-    /// Checks every comparison (`{$gt: …, $as: …}`) and reference pattern
-    /// (`{$reference: …, $requirement: …}`) in `value` is well-formed.
+    /// Checks every comparison (`{$gt: …, $as: …}`), reference pattern
+    /// (`{$reference: …, $requirement: …}`) and in-order list pattern (`{$in_order: …,
+    /// $besides: …}`) in `value` is well-formed.
     fn comparisons(&mut self, location: Location, what: &str, value: &Value) {
         let mut found = Vec::new();
         walk(value, "$", &mut |v, path| {
             if let Err(reason) = crate::matcher::ReferencePattern::parse(v) {
+                found.push(format!("{what}: at {path}: {reason}"));
+                return true;
+            }
+            if let Err(reason) = crate::matcher::InOrderPattern::parse(v) {
                 found.push(format!("{what}: at {path}: {reason}"));
                 return true;
             }
@@ -297,6 +302,7 @@ impl Checker<'_> {
                 self.placeholders(location, &format!("native `{op}`"), args);
                 if let Some(expect) = expect {
                     self.placeholders(location, &format!("native `{op}` expect"), expect);
+                    self.comparisons(location, &format!("native `{op}` expect"), expect);
                 }
             }
             Step::Bootstrap(b) => {
@@ -376,7 +382,7 @@ impl Checker<'_> {
                     self.step(loc, &[], inner);
                 }
             }
-            Step::Optional(inner) => {
+            Step::Optional(inner) | Step::Tolerated(inner) => {
                 let loc = children.first().copied().unwrap_or(location);
                 match &**inner {
                     Step::Frame { .. } => self.step(loc, &[], inner),
@@ -706,7 +712,7 @@ fn sight_step(
                 sight_step(scenario, sightings, loc, &[], step, inner);
             }
         }
-        Step::Optional(inner) => {
+        Step::Optional(inner) | Step::Tolerated(inner) => {
             let loc = children.first().copied().unwrap_or(location);
             sight_step(scenario, sightings, loc, &[], step, inner);
         }

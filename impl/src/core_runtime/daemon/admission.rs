@@ -1066,7 +1066,10 @@ impl Admission {
     }
 
     /// The Run on `executor_id` settled natively (`done` was published): the Executor
-    /// becomes idle for reuse (or is closed when the idle bound is full).
+    /// becomes idle for reuse (or is closed when the idle bound is full). A profile that
+    /// never reuses Executors closes it at once ("Executor idle expiry is the Runtime's
+    /// resource policy"); a released reservation still keeps its Executor idle
+    /// ("releasing admission does not close the Session's idle Executor").
     pub fn run_settled(
         &mut self,
         executor_id: &ExecutorId,
@@ -1079,7 +1082,11 @@ impl Admission {
             .get(executor_id)
             .is_some_and(|e| e.state == ExecutorState::Active(run_id.clone()))
         {
-            self.settle_executor(executor_id, now, &mut out);
+            if self.profile.reuse_executors {
+                self.settle_executor(executor_id, now, &mut out);
+            } else {
+                self.queue_close(executor_id, now, &mut out);
+            }
         }
         out
     }
@@ -1698,6 +1705,32 @@ mod tests {
             only_status(&m.start("p2", start(&h2, &e2, "r2"), false, t0 + RETRY)),
             PreparationStatus::Starting { .. }
         ));
+    }
+
+    #[test]
+    fn a_profile_without_reuse_closes_a_settled_runs_executor_but_keeps_a_released_one() {
+        let t0 = Instant::now();
+        let mut m = machine(big()).with_profile(WireProfile {
+            reuse_executors: false,
+            ..WireProfile::default()
+        });
+        let (h, e) = ready(&mut m, "p1", S1, t0);
+        m.start("p1", start(&h, &e, "run-1"), false, t0);
+        m.start_finished(&e, &RunId::new("run-1").unwrap(), true, t0);
+        let effects = m.run_settled(&e, &RunId::new("run-1").unwrap(), t0);
+        assert!(effects.contains(&Effect::WakeCleanup));
+        assert_eq!(m.take_due_close(t0), Ok(e));
+        assert_eq!(m.count(Slot::Idle), 0);
+        // "Releasing admission ... does not close the Session's idle Executor."
+        let (h2, _) = ready(&mut m, "p2", S2, t0);
+        m.release(
+            "p2",
+            ExecutionRelease {
+                admission_handle: h2,
+            },
+            t0,
+        );
+        assert_eq!(m.count(Slot::Idle), 1);
     }
 
     #[test]

@@ -241,7 +241,9 @@ pub struct WireProfile {
     /// Publish `starting` when `execution_start` is accepted (else the next status is
     /// `started`, or how the start ended).
     pub publish_starting: bool,
-    /// Reuse a healthy idle Executor of the same Session and configuration.
+    /// Reuse a healthy idle Executor of the same Session and configuration (else an
+    /// Executor is closed as soon as its Run settled: "Executor idle expiry is the
+    /// Runtime's resource policy").
     pub reuse_executors: bool,
     /// Milliseconds `expires_in_ms` understates the time left (a Runtime that measures
     /// the five minutes from an earlier instant of the grant reports less), in ms.
@@ -269,7 +271,7 @@ impl Default for WireProfile {
 impl WireProfile {
     /// A conformant profile unlike the reference in every free choice: revisions from
     /// 100 in steps of 7, heartbeat IDs `beat-<n>`, no `preparing` or `starting`, no
-    /// Executor reuse, `expires_in_ms` 37 ms short of the full five minutes, close
+    /// Executor reuse (each closed once idle), `expires_in_ms` 37 ms short of the full five minutes, close
     /// reasons `rejected: <code>`.
     pub fn different() -> Self {
         Self {
