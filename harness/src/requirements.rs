@@ -406,8 +406,12 @@ pub fn coverage(catalog: &[Requirement], scenarios: &[Scenario]) -> Coverage {
                     steps.extend(inner);
                 }
                 Step::AnyOrder(inner) => steps.extend(inner),
-                Step::Optional(inner) => steps.push(inner),
+                Step::Optional(inner) | Step::Tolerated(inner) => steps.push(inner),
                 Step::Frame { frame, .. } => reference_patterns(frame, &mut named),
+                Step::Native {
+                    expect: Some(expect),
+                    ..
+                } => reference_patterns(expect, &mut named),
                 Step::ExpectClose { code, reason } => {
                     for value in code.iter().chain(reason) {
                         reference_patterns(value, &mut named);
@@ -435,16 +439,14 @@ pub fn coverage(catalog: &[Requirement], scenarios: &[Scenario]) -> Coverage {
     cov
 }
 
-/// The requirements named by `{$reference: …, $requirement: …}` patterns in `value`.
+/// The requirements named by `{$reference: …, $requirement: …}` patterns in `value`,
+/// nested ones included (a reference list whose elements hold reference values).
 fn reference_patterns(value: &serde_json::Value, out: &mut Vec<String>) {
     crate::scenario::validation::walk(value, "$", &mut |v, _| {
-        match crate::matcher::ReferencePattern::parse(v) {
-            Ok(Some(r)) => {
-                out.push(r.requirement);
-                true
-            }
-            _ => false,
+        if let Ok(Some(r)) = crate::matcher::ReferencePattern::parse(v) {
+            out.push(r.requirement);
         }
+        false
     });
 }
 
