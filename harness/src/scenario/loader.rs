@@ -377,8 +377,9 @@ impl<'de> Deserialize<'de> for OneOrMany {
 struct RawBytes {
     #[serde(default)]
     text: Option<String>,
+    /// A YAML integer; read as a value so that a quoted `"10"` is refused, not coerced.
     #[serde(default)]
-    pad_to: Option<usize>,
+    pad_to: Option<Value>,
     #[serde(default)]
     base64: Option<String>,
     #[serde(default)]
@@ -396,7 +397,18 @@ impl RawBytes {
                 .decode(text.trim())
                 .map_err(|e| format!("`send_bytes.{key}` is not valid base64: {e}"))
         };
-        match (self.text, self.base64, self.text_base64, self.pad_to) {
+        let pad_to = match self.pad_to {
+            None => None,
+            Some(Value::Number(n)) if n.as_u64().is_some() => {
+                Some(usize::try_from(n.as_u64().unwrap_or(u64::MAX)).unwrap_or(usize::MAX))
+            }
+            Some(other) => {
+                return Err(format!(
+                    "`send_bytes.pad_to` takes a byte count (an unquoted integer), not {other}"
+                ));
+            }
+        };
+        match (self.text, self.base64, self.text_base64, pad_to) {
             (Some(mut text), None, None, pad_to) => {
                 if let Some(size) = pad_to {
                     if size > PAD_TO_MAX {
@@ -1136,10 +1148,13 @@ steps:
 
     #[test]
     fn send_bytes_pads_to_an_exact_size_and_sends_raw_text_bytes() {
-        let raw = |text: Option<&str>, pad_to, b64: Option<&str>, text_b64: Option<&str>| {
+        let raw = |text: Option<&str>,
+                   pad_to: Option<usize>,
+                   b64: Option<&str>,
+                   text_b64: Option<&str>| {
             RawBytes {
                 text: text.map(Into::into),
-                pad_to,
+                pad_to: pad_to.map(|n| Value::from(n as u64)),
                 base64: b64.map(Into::into),
                 text_base64: text_b64.map(Into::into),
             }
@@ -1163,6 +1178,10 @@ steps:
         ] {
             assert!(bad.is_err(), "{bad:?}");
         }
+        // A quoted size is text, not a byte count.
+        let text = "family: core_runtime\nname: x\nsummary: s\ncovers: [CR-A-001]\nsteps:\n  - send_bytes: { text: \"{}\", pad_to: \"10\" }\n";
+        let err = load_err("x", text);
+        assert!(err.contains("takes a byte count"), "{err}");
     }
 
     #[test]
