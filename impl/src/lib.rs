@@ -2,9 +2,11 @@
 //!
 //! * [`wire`]: strict JSON, identifiers and bounded types shared by every family.
 //! * [`core_runtime`]: the Core ↔ Runtime daemon protocol.
+//! * [`worker`]: the host ↔ Python worker protocol (wire and the Python worker).
 //! * [`process`]: process-group supervision and bounded output tails, for every host
 //!   that runs programs.
 
 pub mod core_runtime;
 pub mod process;
 pub mod wire;
+pub mod worker;

@@ -7,7 +7,8 @@
 //!                       --adapter command --command-program PROGRAM [--command-arg ARG]...
 //!                       [--command-cwd DIR] [--command-protocol plain|jsonl]
 //!                       [--command-stdin close|open]
-//! contract-impl schema core_runtime
+//! contract-impl schema core_runtime|worker
+//! contract-impl worker python              (see docs/worker-launch-contract.md)
 //! contract-impl core serve|credential …   (see docs/core-api.md)
 //! ```
 //!
@@ -88,6 +89,12 @@ enum Command {
     Runtime(RuntimeArgs),
     /// Run Core (`core serve`) or administer daemon credentials (`core credential …`).
     Core(contract_impl::core_runtime::gateway::cli::CoreArgs),
+    /// Worker protocol programs (`worker python`: the Python worker, exec'd in place).
+    Worker {
+        /// What to run.
+        #[command(subcommand)]
+        what: WorkerCommand,
+    },
     /// Print a protocol's JSON Schema.
     Schema {
         /// The protocol family.
@@ -101,6 +108,14 @@ enum Family {
     /// The Core ↔ Runtime protocol.
     #[value(name = "core_runtime")]
     CoreRuntime,
+    /// The worker protocol.
+    Worker,
+}
+
+#[derive(Debug, Subcommand)]
+enum WorkerCommand {
+    /// Replace this process with the Python worker (docs/worker-launch-contract.md).
+    Python,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -197,6 +212,28 @@ fn main() -> ExitCode {
                     ExitCode::from(EXIT_FAILURE)
                 }
             }
+        }
+        Command::Schema {
+            family: Family::Worker,
+        } => match serde_json::to_string_pretty(&contract_impl::worker::wire::json_schema()) {
+            Ok(text) => {
+                println!("{text}");
+                ExitCode::SUCCESS
+            }
+            Err(err) => {
+                eprintln!("cannot render the schema: {err}");
+                ExitCode::from(EXIT_FAILURE)
+            }
+        },
+        Command::Worker {
+            what: WorkerCommand::Python,
+        } => {
+            let err = contract_impl::worker::python::exec();
+            eprintln!(
+                "error: cannot start {}: {err}",
+                contract_impl::worker::python::interpreter().to_string_lossy()
+            );
+            ExitCode::from(EXIT_FAILURE)
         }
         Command::Runtime(args) => runtime(args),
         Command::Core(args) => contract_impl::core_runtime::gateway::cli::run(args),

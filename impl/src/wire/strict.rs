@@ -148,11 +148,25 @@ impl WireError {
 /// # Errors
 /// [`WireError::Malformed`], [`WireError::DuplicateKey`], [`WireError::NullValue`].
 pub fn parse_strict(bytes: &[u8]) -> Result<Value, WireError> {
+    parse(bytes, false)
+}
+
+/// Parses one JSON document, refusing duplicate keys at any depth but keeping `null`:
+/// for a protocol in which `null` is a value (the worker protocol's `revision: null`).
+///
+/// # Errors
+/// [`WireError::Malformed`] (NaN/Infinity literals included), [`WireError::DuplicateKey`].
+pub fn parse_strict_with_nulls(bytes: &[u8]) -> Result<Value, WireError> {
+    parse(bytes, true)
+}
+
+fn parse(bytes: &[u8], nulls: bool) -> Result<Value, WireError> {
     let mut de = serde_json::Deserializer::from_slice(bytes);
     let mut failure: Option<WireError> = None;
     let seed = StrictSeed {
         path: "$".to_string(),
         failure: &mut failure,
+        nulls,
     };
     let result = seed.deserialize(&mut de);
     if let Some(err) = failure {
@@ -181,6 +195,24 @@ pub fn from_value_strict<T: DeserializeOwned>(value: Value) -> Result<T, WireErr
     if let Some(path) = find_null(&value, "$") {
         return Err(WireError::NullValue { path });
     }
+    serde_path_to_error::deserialize(value).map_err(|err| {
+        let path = err.path().to_string();
+        let path = if path == "." || path.is_empty() {
+            "$".to_string()
+        } else {
+            format!("$.{path}")
+        };
+        classify(path, err.into_inner().to_string())
+    })
+}
+
+/// Decodes an already strictly parsed value into `T` where `null` is a value of the
+/// protocol (typed decoding decides where it is allowed); errors as
+/// [`from_value_strict`].
+///
+/// # Errors
+/// [`WireError::UnknownField`], [`WireError::MissingField`], [`WireError::InvalidValue`].
+pub fn from_value_with_nulls<T: DeserializeOwned>(value: Value) -> Result<T, WireError> {
     serde_path_to_error::deserialize(value).map_err(|err| {
         let path = err.path().to_string();
         let path = if path == "." || path.is_empty() {
@@ -258,6 +290,7 @@ pub fn find_null(value: &Value, path: &str) -> Option<String> {
 struct StrictSeed<'f> {
     path: String,
     failure: &'f mut Option<WireError>,
+    nulls: bool,
 }
 
 impl<'de> DeserializeSeed<'de> for StrictSeed<'_> {
@@ -266,6 +299,7 @@ impl<'de> DeserializeSeed<'de> for StrictSeed<'_> {
         deserializer.deserialize_any(StrictVisitor {
             path: self.path,
             failure: self.failure,
+            nulls: self.nulls,
         })
     }
 }
@@ -273,6 +307,7 @@ impl<'de> DeserializeSeed<'de> for StrictSeed<'_> {
 struct StrictVisitor<'f> {
     path: String,
     failure: &'f mut Option<WireError>,
+    nulls: bool,
 }
 
 impl<'de> Visitor<'de> for StrictVisitor<'_> {
@@ -306,6 +341,9 @@ impl<'de> Visitor<'de> for StrictVisitor<'_> {
         Ok(Value::String(v))
     }
     fn visit_unit<E: de::Error>(self) -> Result<Value, E> {
+        if self.nulls {
+            return Ok(Value::Null);
+        }
         *self.failure = Some(WireError::NullValue { path: self.path });
         Err(E::custom("null value"))
     }
@@ -319,6 +357,7 @@ impl<'de> Visitor<'de> for StrictVisitor<'_> {
             let next = seq.next_element_seed(StrictSeed {
                 path,
                 failure: &mut *self.failure,
+                nulls: self.nulls,
             })?;
             match next {
                 Some(v) => items.push(v),
@@ -341,6 +380,7 @@ impl<'de> Visitor<'de> for StrictVisitor<'_> {
             let value = access.next_value_seed(StrictSeed {
                 path,
                 failure: &mut *self.failure,
+                nulls: self.nulls,
             })?;
             map.insert(key, value);
         }
@@ -366,6 +406,24 @@ mod tests {
     #[allow(dead_code)]
     struct Outer {
         inner: Inner,
+    }
+
+    #[test]
+    fn nulls_are_values_where_the_protocol_says_so() {
+        assert_eq!(
+            parse_strict_with_nulls(br#"{"a":null,"b":[null]}"#).unwrap(),
+            serde_json::json!({"a": null, "b": [null]})
+        );
+        assert_eq!(
+            parse_strict(br#"{"a":null}"#).unwrap_err().code(),
+            "null_value"
+        );
+        let err = parse_strict_with_nulls(br#"{"a":{"x":null,"x":1}}"#).unwrap_err();
+        assert_eq!(err.code(), "duplicate_key");
+        assert_eq!(
+            parse_strict_with_nulls(b"[NaN]").unwrap_err().code(),
+            "malformed_json"
+        );
     }
 
     #[test]

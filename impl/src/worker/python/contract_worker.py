@@ -1,0 +1,704 @@
+"""The Python worker of the worker protocol ("Runtime control protocol v1").
+
+Standard library only. The host starts it with (docs/worker-launch-contract.md):
+
+  CONTRACT_WORKER_SOCKET      the host's Unix socket (the host listens; we connect)
+  CONTRACT_WORKER_TOKEN       the startup token, echoed in `hello`
+  CONTRACT_WORKER_SESSION_ID  the envelope's session_id
+  CONTRACT_WORKER_GENERATION  the envelope's generation
+  CONTRACT_WORKER_ROLE        `workbench` (default) or `hooks`
+  CONTRACT_WORKER_HOOKS_DIR   (hooks) the source snapshot holding behavior.json
+
+Frames are a 4-byte big-endian length (1..1,048,576) and UTF-8 JSON. Decoding is strict:
+duplicate keys at any depth, NaN/Infinity, unknown fields, missing fields, identity
+mismatches and bad identifiers are refused; a refused frame, a bad length or EOF inside a
+frame invalidates the connection: the worker says why on stderr (`invalid frame: <code>`)
+and exits with status 3, never resuming after a partial payload.
+
+Exit statuses: 0 after `shutdown` (or the host closing the socket between frames), 2 for a
+launch problem (environment, hook sources), 3 for an invalidated connection.
+"""
+
+import ast
+import asyncio
+import dataclasses
+import hashlib
+import importlib
+import inspect
+import io
+import json
+import math
+import os
+import re
+import socket
+import struct
+import sys
+import traceback
+import types
+
+VERSION = 1
+FRAME_MAX_BYTES = 1_048_576
+IDENTIFIER_RE = re.compile(r"[A-Za-z0-9_.\-]{1,128}")
+CELL_SOURCE_MAX_BYTES = 262_144
+RETURNED_TEXT_MAX_BYTES = 65_536
+OUTPUT_RECORDS_MAX = 256
+ERROR_TEXT_MAX_BYTES = 65_536
+SLOTS = ["attention.plan", "delivery.review"]
+SOURCE_FILES_MAX = 128
+SOURCE_BYTES_MAX = 2 * 1024 * 1024
+SOURCE_SUFFIXES = (".py", ".json", ".md")
+MANIFEST = "behavior.json"
+WAIT_SECONDS_MAX = 600.0
+DEFER_SECONDS_MAX = 600.0
+
+EXIT_SHUTDOWN = 0
+EXIT_LAUNCH = 2
+EXIT_INVALID = 3
+
+
+class WireError(Exception):
+    """A refused frame: `code` is the protocol's stable code (same as the Rust wire)."""
+
+    def __init__(self, code, message):
+        super().__init__(message)
+        self.code = code
+
+
+# ---------------------------------------------------------------- strict decoding
+
+
+def _refuse_duplicates(pairs):
+    seen = {}
+    for key, value in pairs:
+        if key in seen:
+            raise WireError("duplicate_key", f"duplicate key `{key}`")
+        seen[key] = value
+    return seen
+
+
+def _refuse_constant(name):
+    raise WireError("malformed_json", f"{name} is not a JSON number")
+
+
+def parse_json(payload):
+    try:
+        text = payload.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise WireError("not_utf8", f"the payload is not UTF-8 (byte {e.start})") from None
+    try:
+        return json.loads(
+            text, object_pairs_hook=_refuse_duplicates, parse_constant=_refuse_constant
+        )
+    except WireError:
+        raise
+    except ValueError as e:
+        raise WireError("malformed_json", str(e)) from None
+
+
+def dump_json(value):
+    """Compact JSON; NaN/Infinity refused (`allow_nan=False`)."""
+    return json.dumps(value, allow_nan=False, separators=(",", ":"), ensure_ascii=False)
+
+
+def _fields(obj, required, where):
+    if not isinstance(obj, dict):
+        raise WireError("invalid_value", f"{where} is not an object")
+    for key in obj:
+        if key not in required:
+            raise WireError("unknown_field", f"unknown field `{key}` at {where}")
+    for key in required:
+        if key not in obj:
+            raise WireError("missing_field", f"missing field `{key}` at {where}")
+
+
+def _identifier(value, where):
+    if not isinstance(value, str) or not IDENTIFIER_RE.fullmatch(value):
+        raise WireError("invalid_value", f"{where} is not an identifier")
+    return value
+
+
+def _string(value, where):
+    if not isinstance(value, str):
+        raise WireError("invalid_value", f"{where} is not a string")
+    return value
+
+
+# What the host sends, per kind: the fields of `message` besides `kind`.
+HOST_KINDS = {
+    "execute": ("id", "code"),
+    "invoke": ("id", "slot", "input"),
+    "host_reply": ("id", "execution_id", "reply"),
+    "interrupt": ("id",),
+    "shutdown": (),
+}
+WORKER_KINDS = ("hello", "host_request", "completed")
+
+
+def decode_host_frame(payload, session_id, generation):
+    """Decodes one frame the host sent; raises WireError with the Rust wire's code."""
+    env = parse_json(payload)
+    _fields(env, ("version", "session_id", "generation", "message"), "$")
+    message = env["message"]
+    if isinstance(message, dict) and isinstance(message.get("kind"), str):
+        kind = message["kind"]
+        if kind not in HOST_KINDS and kind not in WORKER_KINDS:
+            raise WireError("unknown_kind", f"unknown message kind `{kind}`")
+    version = env["version"]
+    if isinstance(version, bool) or not isinstance(version, int) or version < 0:
+        raise WireError("invalid_value", "version is not an integer")
+    _identifier(env["session_id"], "$.session_id")
+    _identifier(env["generation"], "$.generation")
+    if not isinstance(message, dict) or "kind" not in message:
+        raise WireError("missing_field" if isinstance(message, dict) else "invalid_value",
+                        "message has no kind")
+    kind = message["kind"]
+    if kind in WORKER_KINDS:
+        # Fully typed elsewhere; from the host it is the wrong direction either way.
+        if version != VERSION:
+            raise WireError("version_mismatch", f"version {version} is not {VERSION}")
+        raise WireError("wrong_direction", f"`{kind}` is not sent by the host")
+    _fields(message, ("kind",) + HOST_KINDS[kind], "$.message")
+    if "id" in message:
+        _identifier(message["id"], "$.message.id")
+    if kind == "execute":
+        _string(message["code"], "$.message.code")
+    elif kind == "invoke":
+        if message["slot"] not in SLOTS:
+            raise WireError("invalid_value", "unknown slot")
+    elif kind == "host_reply":
+        _identifier(message["execution_id"], "$.message.execution_id")
+        reply = message["reply"]
+        if not isinstance(reply, dict) or reply.get("kind") not in ("ok", "error"):
+            raise WireError("invalid_value" if isinstance(reply, dict) and "kind" in reply
+                            else "missing_field" if isinstance(reply, dict) else "invalid_value",
+                            "reply is not ok/error")
+        if reply["kind"] == "ok":
+            _fields(reply, ("kind", "value"), "$.message.reply")
+        else:
+            _fields(reply, ("kind", "code", "message"), "$.message.reply")
+            _string(reply["code"], "$.message.reply.code")
+            _string(reply["message"], "$.message.reply.message")
+    if version != VERSION:
+        raise WireError("version_mismatch", f"version {version} is not {VERSION}")
+    if env["session_id"] != session_id:
+        raise WireError("session_mismatch", f"session_id `{env['session_id']}` is not `{session_id}`")
+    if env["generation"] != generation:
+        raise WireError("generation_mismatch", f"generation `{env['generation']}` is not `{generation}`")
+    if kind == "execute" and len(message["code"].encode("utf-8")) > CELL_SOURCE_MAX_BYTES:
+        raise WireError("bound_exceeded", "cell source over 262,144 bytes")
+    return message
+
+
+# ---------------------------------------------------------------- output capture
+
+
+class Output:
+    """Bounded output records: <= 65,536 bytes of text across <= 256 records; the
+    excess is counted in truncated_bytes and discarded."""
+
+    def __init__(self):
+        self.records = []
+        self.size = 0
+        self.truncated = 0
+
+    def add(self, stream, text):
+        if not text:
+            return
+        data = text.encode("utf-8", "surrogatepass")
+        if self.records and self.records[-1]["stream"] == stream:
+            room = RETURNED_TEXT_MAX_BYTES - self.size
+            keep = _utf8_prefix(data, room)
+            self.records[-1]["text"] += keep.decode("utf-8")
+        elif len(self.records) < OUTPUT_RECORDS_MAX:
+            room = RETURNED_TEXT_MAX_BYTES - self.size
+            keep = _utf8_prefix(data, room)
+            if keep:
+                self.records.append({"stream": stream, "text": keep.decode("utf-8")})
+        else:
+            keep = b""
+        self.size += len(keep)
+        self.truncated += len(data) - len(keep)
+
+
+def _utf8_prefix(data, room):
+    if room <= 0:
+        return b""
+    if len(data) <= room:
+        return data
+    cut = room
+    while cut > 0 and (data[cut] & 0xC0) == 0x80:
+        cut -= 1
+    return data[:cut]
+
+
+def bounded_text(text, limit=ERROR_TEXT_MAX_BYTES):
+    return _utf8_prefix(text.encode("utf-8", "replace"), limit).decode("utf-8")
+
+
+class _Capture(io.TextIOBase):
+    def __init__(self, worker, stream):
+        self.worker = worker
+        self.stream = stream
+
+    def writable(self):
+        return True
+
+    def write(self, text):
+        out = self.worker.output
+        if out is not None:
+            out.add(self.stream, text)
+        return len(text)
+
+
+# ---------------------------------------------------------------- cells and requests
+
+
+class HostError(Exception):
+    """A host request answered `error`."""
+
+    def __init__(self, code, message):
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.message = message
+
+
+class _Yield(BaseException):
+    """Unwinds a cell whose wait the host accepted (the cell ends `yielded`)."""
+
+
+class Runtime:
+    """The `runtime` object of a cell: host requests for the current execution."""
+
+    def __init__(self, worker):
+        self._worker = worker
+
+    async def request(self, method, **params):
+        return await self._worker.host_request(dict(params, method=method))
+
+    async def inspect(self):
+        return await self.request("runtime.inspect")
+
+    async def send(self, text):
+        return await self.request("local.send", text=text)
+
+    async def wait(self, seconds=None, reason=""):
+        await self.request("runtime.wait", seconds=seconds, reason=reason)
+        raise _Yield()
+
+
+class Worker:
+    def __init__(self, sock, session_id, generation):
+        self.sock = sock
+        self.session_id = session_id
+        self.generation = generation
+        self.namespace = {"__name__": "__main__", "__builtins__": __builtins__}
+        self.namespace["runtime"] = Runtime(self)
+        self.current = None  # (operation id, task)
+        self.running = False  # whether the current task's body has started
+        self.interrupted = False  # an interrupt came before the body started
+        self.output = None
+        self.pending = {}  # (request id, execution id) -> future
+        self.yielded = set()
+        self.request_seq = 0
+        self.hooks = None
+        self.loop = asyncio.get_running_loop()
+        self.write_lock = asyncio.Lock()
+
+    # -- framing
+
+    async def send(self, message):
+        env = {"version": VERSION, "session_id": self.session_id,
+               "generation": self.generation, "message": message}
+        payload = dump_json(env).encode("utf-8")
+        if not 1 <= len(payload) <= FRAME_MAX_BYTES:
+            raise ValueError(f"a frame of {len(payload)} bytes is outside 1..{FRAME_MAX_BYTES}")
+        async with self.write_lock:
+            await self.loop.sock_sendall(self.sock, struct.pack(">I", len(payload)) + payload)
+
+    async def read_exact(self, n, inside):
+        buf = b""
+        while len(buf) < n:
+            chunk = await self.loop.sock_recv(self.sock, min(65536, n - len(buf)))
+            if not chunk:
+                if not buf and not inside:
+                    return None
+                raise WireError("frame_truncated", "the stream ended inside a frame")
+            buf += chunk
+        return buf
+
+    async def next_frame(self):
+        prefix = await self.read_exact(4, inside=False)
+        if prefix is None:
+            return None
+        (length,) = struct.unpack(">I", prefix)
+        if length == 0:
+            raise WireError("frame_empty", "a frame of length 0")
+        if length > FRAME_MAX_BYTES:
+            raise WireError("frame_too_large", f"a frame of {length} bytes exceeds {FRAME_MAX_BYTES}")
+        return await self.read_exact(length, inside=True)
+
+    # -- the reader
+
+    async def serve(self):
+        while True:
+            payload = await self.next_frame()
+            if payload is None:
+                return EXIT_SHUTDOWN
+            message = decode_host_frame(payload, self.session_id, self.generation)
+            kind = message["kind"]
+            if kind == "shutdown":
+                if self.current is not None:
+                    self.current[1].cancel()
+                return EXIT_SHUTDOWN
+            if kind == "execute":
+                await self.start(message["id"], self.run_cell(message["id"], message["code"]))
+            elif kind == "invoke":
+                await self.start(message["id"], self.run_hook(message["id"], message["slot"], message["input"]))
+            elif kind == "interrupt":
+                if self.current is not None and self.current[0] == message["id"]:
+                    # A task cancelled before its first step never runs its body (and
+                    # would never complete): the body checks the flag instead.
+                    if self.running:
+                        self.current[1].cancel()
+                    else:
+                        self.interrupted = True
+                else:
+                    log(f"interrupt for `{message['id']}`, which is not running: ignored")
+            elif kind == "host_reply":
+                key = (message["id"], message["execution_id"])
+                future = self.pending.pop(key, None)
+                if future is None or future.done():
+                    # A late reply (after cancellation) or one naming another execution:
+                    # discarded, never satisfying another cell's request.
+                    log(f"host_reply {key} matches no pending request: discarded")
+                else:
+                    future.set_result(message["reply"])
+
+    async def start(self, op_id, coro):
+        if self.current is not None:
+            coro.close()
+            await self.send({"kind": "completed", "id": op_id,
+                             "result": {"kind": "failed", "error": "one foreground operation per worker: another is running"}})
+            return
+        self.running = False
+        self.interrupted = False
+        task = self.loop.create_task(coro)
+        self.current = (op_id, task)
+
+    def begin(self):
+        """The body of the current operation starts (raises if interrupted already)."""
+        self.running = True
+        if self.interrupted:
+            raise asyncio.CancelledError()
+
+    async def host_request(self, request):
+        if self.current is None:
+            raise HostError("no_scope", "no live execution")
+        execution_id = self.current[0]
+        if execution_id in self.yielded:
+            raise HostError("no_scope", "the execution yielded")
+        self.request_seq += 1
+        request_id = f"r-{self.request_seq}"
+        future = self.loop.create_future()
+        self.pending[(request_id, execution_id)] = future
+        try:
+            await self.send({"kind": "host_request", "id": request_id,
+                             "execution_id": execution_id, "request": request})
+        except BaseException:
+            self.pending.pop((request_id, execution_id), None)
+            raise
+        try:
+            reply = await future
+        finally:
+            self.pending.pop((request_id, execution_id), None)
+        if reply["kind"] == "ok":
+            if request.get("method") == "runtime.wait":
+                self.yielded.add(execution_id)
+            return reply["value"]
+        raise HostError(reply["code"], reply["message"])
+
+    # -- cells
+
+    async def run_cell(self, op_id, code):
+        self.output = Output()
+        status, error = "ok", None
+        old = sys.stdout, sys.stderr
+        sys.stdout, sys.stderr = _Capture(self, "stdout"), _Capture(self, "stderr")
+        try:
+            self.begin()
+            value = await self.evaluate(code)
+            if value is not None:
+                self.namespace["_"] = value
+                self.output.add("result", repr(value))
+        except _Yield:
+            status = "yielded"
+        except asyncio.CancelledError:
+            status = "interrupted"
+        except BaseException:  # the cell's own exception, KeyboardInterrupt and SystemExit too
+            status = "error"
+            error = bounded_text(_format_exception())
+        finally:
+            sys.stdout, sys.stderr = old
+        out, self.output = self.output, None
+        self.drop_pending(op_id)
+        self.current = None
+        await self.send({"kind": "completed", "id": op_id,
+                         "result": {"kind": "cell", "status": status, "output": out.records,
+                                    "truncated_bytes": out.truncated, "error": error}})
+
+    async def evaluate(self, code):
+        tree = ast.parse(code, "<cell>", "exec")
+        last = None
+        if tree.body and isinstance(tree.body[-1], ast.Expr):
+            last = ast.Expression(tree.body.pop().value)
+        flags = ast.PyCF_ALLOW_TOP_LEVEL_AWAIT
+        body = compile(tree, "<cell>", "exec", flags=flags)
+        result = eval(body, self.namespace)
+        if inspect.iscoroutine(result):
+            await result
+        if last is None:
+            return None
+        value = eval(compile(last, "<cell>", "eval", flags=flags), self.namespace)
+        if inspect.iscoroutine(value):
+            value = await value
+        return value
+
+    def drop_pending(self, execution_id):
+        for key in [k for k in self.pending if k[1] == execution_id]:
+            future = self.pending.pop(key)
+            if not future.done():
+                future.cancel()
+
+    # -- hooks
+
+    async def run_hook(self, op_id, slot, request):
+        try:
+            self.begin()
+            if self.hooks is None:
+                raise ValueError("invoke is for the hooks role; this worker is a workbench")
+            value = await self.hooks.invoke(op_id, slot, request)
+            result = {"kind": "hook", "value": value}
+            dump_json(result)  # a NaN in the decision fails here, not on the wire
+        except asyncio.CancelledError:
+            result = {"kind": "failed", "error": "interrupted"}
+        except BaseException as e:
+            result = {"kind": "failed", "error": bounded_text(f"{type(e).__name__}: {e}")}
+        self.current = None
+        await self.send({"kind": "completed", "id": op_id, "result": result})
+
+
+def _format_exception():
+    etype, value, tb = sys.exc_info()
+    # Drop the worker's own frames: the cell's traceback starts at <cell>.
+    while tb is not None and tb.tb_frame.f_code.co_filename != "<cell>":
+        tb = tb.tb_next
+    return "".join(traceback.format_exception(etype, value, tb))
+
+
+# ---------------------------------------------------------------- hooks role
+
+
+def _sdk_module():
+    """`contract_hooks`: the decision dataclasses a handler returns."""
+    sdk = types.ModuleType("contract_hooks")
+
+    @dataclasses.dataclass(frozen=True)
+    class Wake:
+        priority: int
+
+    @dataclasses.dataclass(frozen=True)
+    class Defer:
+        seconds: float
+
+    @dataclasses.dataclass(frozen=True)
+    class Ignore:
+        reason: str
+
+    @dataclasses.dataclass(frozen=True)
+    class Allow:
+        pass
+
+    @dataclasses.dataclass(frozen=True)
+    class Hold:
+        reason: str
+
+    @dataclasses.dataclass(frozen=True)
+    class Context:
+        slot: str
+        operation_id: str
+        revision: str
+
+    for cls in (Wake, Defer, Ignore, Allow, Hold, Context):
+        cls.__module__ = "contract_hooks"
+        setattr(sdk, cls.__name__, cls)
+    return sdk
+
+
+SDK = _sdk_module()
+
+
+def source_identity(root):
+    """SHA-256 over sorted POSIX relative names: per file u64BE name length, name,
+    u64BE content length, content. Only .py/.json/.md, <= 128 files, <= 2 MiB, no
+    symlinks ("Source revisions and activation")."""
+    files = []
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
+        for d in list(dirnames):
+            if os.path.islink(os.path.join(dirpath, d)):
+                raise ValueError(f"symlinked directory {d!r} in the source snapshot")
+            if d == "__pycache__":
+                raise ValueError("a __pycache__ directory in the source snapshot (run with -B)")
+        for name in filenames:
+            path = os.path.join(dirpath, name)
+            rel = os.path.relpath(path, root).replace(os.sep, "/")
+            if os.path.islink(path):
+                raise ValueError(f"symlink {rel!r} in the source snapshot")
+            if not rel.endswith(SOURCE_SUFFIXES):
+                raise ValueError(f"{rel!r} is not a .py, .json or .md file")
+            files.append(rel)
+    if len(files) > SOURCE_FILES_MAX:
+        raise ValueError(f"{len(files)} files exceed {SOURCE_FILES_MAX}")
+    digest = hashlib.sha256()
+    total = 0
+    for rel in sorted(files, key=lambda r: r.encode("utf-8")):
+        with open(os.path.join(root, rel), "rb") as f:
+            content = f.read()
+        total += len(content)
+        if total > SOURCE_BYTES_MAX:
+            raise ValueError(f"the source snapshot exceeds {SOURCE_BYTES_MAX} bytes")
+        name = rel.encode("utf-8")
+        digest.update(struct.pack(">Q", len(name)) + name + struct.pack(">Q", len(content)) + content)
+    return digest.hexdigest()
+
+
+class Hooks:
+    def __init__(self, root):
+        self.revision = source_identity(root)
+        with open(os.path.join(root, MANIFEST), "rb") as f:
+            manifest = parse_json(f.read())
+        if not isinstance(manifest, dict) or set(manifest) != {"version", "hooks"} or manifest["version"] != 1:
+            raise ValueError(f"{MANIFEST} is not {{\"version\":1,\"hooks\":{{...}}}}")
+        entries = manifest["hooks"]
+        if not isinstance(entries, dict) or sorted(entries) != SLOTS:
+            raise ValueError(f"{MANIFEST} hooks must be exactly {SLOTS}")
+        sys.path.insert(0, root)
+        sys.modules["contract_hooks"] = SDK
+        self.handlers = {}
+        for slot, entry in entries.items():
+            module_name, _, attr = str(entry).partition(":")
+            if not module_name or not attr:
+                raise ValueError(f"{slot}: entrypoint {entry!r} is not module:function")
+            handler = getattr(importlib.import_module(module_name), attr)
+            params = list(inspect.signature(handler).parameters.values())
+            positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+            if len(positional) != 2 or len(params) != 2:
+                raise ValueError(f"{slot}: {entry} must take (request, context)")
+            self.handlers[slot] = handler
+
+    async def invoke(self, op_id, slot, request):
+        check_input(slot, request)
+        context = SDK.Context(slot=slot, operation_id=op_id, revision=self.revision)
+        value = self.handlers[slot](request, context)
+        if inspect.isawaitable(value):
+            value = await value
+        return decision(slot, value)
+
+
+def check_input(slot, request):
+    if slot == "attention.plan":
+        _fields(request, ("event_id", "source", "received_at_ms"), "input")
+        if not _positive_int(request["event_id"], 1):
+            raise ValueError("event_id must be a positive integer")
+        if request["source"] not in ("operator", "discord.dm", "discord.mention", "discord.ambient"):
+            raise ValueError("unknown source")
+        if not _positive_int(request["received_at_ms"], 0):
+            raise ValueError("received_at_ms must be a nonnegative integer")
+    else:
+        _fields(request, ("effect_id", "destination", "text"), "input")
+        if request["destination"] != "operator" or not isinstance(request["text"], str):
+            raise ValueError("delivery.review goes to the operator with a text")
+
+
+def _positive_int(v, low):
+    return isinstance(v, int) and not isinstance(v, bool) and v >= low
+
+
+def decision(slot, value):
+    if slot == "attention.plan":
+        if isinstance(value, SDK.Wake) and _positive_int(value.priority, 0):
+            return {"action": "wake", "priority": value.priority}
+        if isinstance(value, SDK.Defer) and isinstance(value.seconds, (int, float)) \
+                and not isinstance(value.seconds, bool) and math.isfinite(value.seconds) \
+                and 0 < value.seconds <= DEFER_SECONDS_MAX:
+            return {"action": "defer", "seconds": value.seconds}
+        if isinstance(value, SDK.Ignore) and isinstance(value.reason, str):
+            return {"action": "ignore", "reason": value.reason}
+    else:
+        if isinstance(value, SDK.Allow):
+            return {"action": "allow"}
+        if isinstance(value, SDK.Hold) and isinstance(value.reason, str):
+            return {"action": "hold", "reason": value.reason}
+    raise ValueError(f"{slot} returned {value!r}, not one of its decisions")
+
+
+# ---------------------------------------------------------------- main
+
+
+def log(text):
+    sys.__stderr__.write(f"contract_worker: {text}\n")
+    sys.__stderr__.flush()
+
+
+async def amain():
+    env = os.environ
+    try:
+        path = env["CONTRACT_WORKER_SOCKET"]
+        token = env["CONTRACT_WORKER_TOKEN"]
+        session_id = env["CONTRACT_WORKER_SESSION_ID"]
+        generation = env["CONTRACT_WORKER_GENERATION"]
+    except KeyError as e:
+        log(f"missing environment variable {e.args[0]}")
+        return EXIT_LAUNCH
+    role = env.get("CONTRACT_WORKER_ROLE", "workbench")
+    if role not in ("workbench", "hooks"):
+        log(f"unknown role {role!r}")
+        return EXIT_LAUNCH
+    hooks = None
+    if role == "hooks":
+        try:
+            hooks = Hooks(env["CONTRACT_WORKER_HOOKS_DIR"])
+        except BaseException as e:
+            log(f"hook sources refused: {type(e).__name__}: {e}")
+            return EXIT_LAUNCH
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.connect(path)
+    except OSError as e:
+        log(f"cannot connect to {path}: {e}")
+        return EXIT_LAUNCH
+    sock.setblocking(False)
+    worker = Worker(sock, session_id, generation)
+    worker.hooks = hooks
+    await worker.send({"kind": "hello", "token": token, "role": role,
+                       "revision": hooks.revision if hooks else None,
+                       "slots": SLOTS if hooks else []})
+    try:
+        status = await worker.serve()
+    except WireError as e:
+        log(f"invalid frame: {e.code}: {e}")
+        status = EXIT_INVALID
+    except OSError as e:
+        log(f"connection failed: {e}")
+        status = EXIT_INVALID
+    if worker.current is not None:
+        worker.current[1].cancel()
+    sock.close()
+    return status
+
+
+def main():
+    sys.exit(asyncio.run(amain()))
+
+
+if __name__ == "__main__":
+    main()
