@@ -14,10 +14,10 @@ JOBS    ?=
 HARNESS_ARGS ?=
 
 .PHONY: check-runtime-contract check setup build test lint fmt fmt-check clippy doc \
-        contract contract-core coverage golden-review golden-accept schema clean
+        contract contract-core contract-worker coverage golden-review golden-accept schema clean
 
 ## The main job: build everything, replay every scenario against our binaries, print coverage.
-check-runtime-contract: setup build contract contract-core coverage
+check-runtime-contract: setup build contract contract-core contract-worker coverage
 
 ## What CI runs (.ci/run): formatting, lints, docs, unit tests and the contract suite.
 check: setup fmt-check clippy doc test
@@ -39,8 +39,15 @@ contract-core: build
 	$(HARNESS) run --family $(FAMILY) --side core \
 	  --target-cmd '$(IMPL) core serve' $(if $(JOBS),--jobs $(JOBS)) $(HARNESS_ARGS)
 
+## The worker family with our Python worker as the target (the harness plays the host).
+contract-worker: build
+	$(HARNESS) run --family worker --side worker \
+	  --target-cmd '$(IMPL) worker python' $(if $(JOBS),--jobs $(JOBS)) $(HARNESS_ARGS)
+
+## Requirement coverage of every family.
 coverage: build
-	$(HARNESS) coverage --family $(FAMILY)
+	$(HARNESS) coverage --family core_runtime
+	$(HARNESS) coverage --family worker
 
 ## Unit tests of both crates plus harness/tests/contract.rs (one trial per scenario × side).
 test:
@@ -69,9 +76,10 @@ golden-review: build
 golden-accept: build
 	$(HARNESS) golden accept
 
-## Prints the JSON Schema of the Core ↔ Runtime wire for third parties.
+## Prints the JSON Schemas of the wires for third parties.
 schema: build
 	$(IMPL) schema core_runtime
+	$(IMPL) schema worker
 
 clean:
 	$(CARGO) clean

@@ -129,6 +129,82 @@ impl GeneratedPattern {
     }
 }
 
+/// The largest text a `{$text: …}` value expands to (16 MiB).
+pub const TEXT_MAX_BYTES: u64 = 16 * 1024 * 1024;
+
+/// `value` with every `{$text: {size, fill?, prefix?}}` replaced by the string of exactly
+/// `size` bytes: `prefix` (default empty) then `fill` (one ASCII character, default `x`)
+/// repeated. The form for a text bound at the bound and one past it in a frame the
+/// harness sends (a cell source of 262,144 bytes) without pasting it.
+///
+/// # Errors
+/// A malformed `$text` (unknown key, size over [`TEXT_MAX_BYTES`] or below the prefix,
+/// a fill that is not one ASCII character), with its path.
+pub fn expand_text(value: &Value) -> Result<Value, String> {
+    fn expand(value: &Value, path: &str) -> Result<Value, String> {
+        match value {
+            Value::Object(map) if map.len() == 1 && map.contains_key("$text") => {
+                let Some(Value::Object(spec)) = map.get("$text") else {
+                    return Err(format!("at {path}: `$text` takes {{size, fill?, prefix?}}"));
+                };
+                if let Some(key) = spec
+                    .keys()
+                    .find(|k| !["size", "fill", "prefix"].contains(&k.as_str()))
+                {
+                    return Err(format!(
+                        "at {path}: `$text` takes size, fill and prefix, not `{key}`"
+                    ));
+                }
+                let size = spec
+                    .get("size")
+                    .and_then(Value::as_u64)
+                    .filter(|s| *s <= TEXT_MAX_BYTES)
+                    .ok_or_else(|| {
+                        format!(
+                            "at {path}: `$text.size` must be a byte count up to {TEXT_MAX_BYTES}"
+                        )
+                    })?;
+                let fill = match spec.get("fill") {
+                    None => "x",
+                    Some(Value::String(f)) if f.len() == 1 && f.is_ascii() => f.as_str(),
+                    Some(_) => {
+                        return Err(format!(
+                            "at {path}: `$text.fill` must be one ASCII character"
+                        ));
+                    }
+                };
+                let prefix = match spec.get("prefix") {
+                    None => "",
+                    Some(Value::String(p)) => p.as_str(),
+                    Some(_) => return Err(format!("at {path}: `$text.prefix` must be text")),
+                };
+                let size = usize::try_from(size).unwrap_or(usize::MAX);
+                if prefix.len() > size {
+                    return Err(format!("at {path}: `$text.prefix` is longer than `size`"));
+                }
+                Ok(Value::String(format!(
+                    "{prefix}{}",
+                    fill.repeat(size - prefix.len())
+                )))
+            }
+            Value::Array(items) => Ok(Value::Array(
+                items
+                    .iter()
+                    .enumerate()
+                    .map(|(i, item)| expand(item, &format!("{path}[{i}]")))
+                    .collect::<Result<_, _>>()?,
+            )),
+            Value::Object(map) => Ok(Value::Object(
+                map.iter()
+                    .map(|(k, v)| Ok((k.clone(), expand(v, &child_path(path, k))?)))
+                    .collect::<Result<_, String>>()?,
+            )),
+            other => Ok(other.clone()),
+        }
+    }
+    expand(value, "$")
+}
+
 /// `value` with every `{$generated: {seed, offset?, size}}` pattern replaced by the base64
 /// of its bytes ([`GeneratedPattern::base64`]): how a value the harness only sends (an
 /// `api.call.body`) carries a big body without pasting it.
@@ -790,6 +866,34 @@ fn match_at(
                 Err(reason) => return Err(mismatch(path, expected, Some(actual), reason)),
                 Ok(None) => {}
             }
+            // `{$length: N}`: a string of exactly N bytes (a text bound at its edge).
+            if pattern.len() == 1
+                && let Some(want) = pattern.get("$length")
+            {
+                let Some(want) = want.as_u64() else {
+                    return Err(mismatch(
+                        path,
+                        expected,
+                        Some(actual),
+                        "`$length` takes a byte count",
+                    ));
+                };
+                return match actual {
+                    Value::String(s) if s.len() as u64 == want => Ok(()),
+                    Value::String(s) => Err(mismatch(
+                        path,
+                        expected,
+                        Some(actual),
+                        format!("a string of {} bytes, not {want}", s.len()),
+                    )),
+                    other => Err(mismatch(
+                        path,
+                        expected,
+                        Some(actual),
+                        format!("expected a string, got {}", type_name(other)),
+                    )),
+                };
+            }
             match InOrderPattern::parse(expected) {
                 Ok(Some(list)) => return list.check(path, expected, actual, bindings),
                 Err(reason) => return Err(mismatch(path, expected, Some(actual), reason)),
@@ -1297,6 +1401,36 @@ mod tests {
             &mut b,
         )
         .unwrap();
+    }
+
+    #[test]
+    fn length_patterns_count_bytes() {
+        let mut b = Bindings::default();
+        match_frame(&json!({"e": {"$length": 3}}), &json!({"e": "é!"}), &mut b).unwrap();
+        assert!(match_frame(&json!({"e": {"$length": 2}}), &json!({"e": "é!"}), &mut b).is_err());
+        assert!(match_frame(&json!({"e": {"$length": 2}}), &json!({"e": 12}), &mut b).is_err());
+    }
+
+    #[test]
+    fn text_values_expand_to_their_exact_size() {
+        let v = expand_text(
+            &json!({"code": {"$text": {"size": 10, "prefix": "#", "fill": " "}}, "n": [1]}),
+        )
+        .unwrap();
+        assert_eq!(v, json!({"code": "#         ", "n": [1]}));
+        assert_eq!(
+            expand_text(&json!({"$text": {"size": 3}})).unwrap(),
+            json!("xxx")
+        );
+        for bad in [
+            json!({"$text": {"size": 1, "prefix": "ab"}}),
+            json!({"$text": {"size": 1, "fill": "ab"}}),
+            json!({"$text": {"size": -1}}),
+            json!({"$text": {"size": 1, "other": 1}}),
+            json!({"$text": 3}),
+        ] {
+            assert!(expand_text(&bad).is_err(), "{bad}");
+        }
     }
 
     #[test]

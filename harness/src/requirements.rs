@@ -412,6 +412,10 @@ pub fn coverage(catalog: &[Requirement], scenarios: &[Scenario]) -> Coverage {
                     expect: Some(expect),
                     ..
                 } => reference_patterns(expect, &mut named),
+                Step::ExpectExit {
+                    code: Some(crate::scenario::model::ExitCodeSpec::Reference { requirement, .. }),
+                    ..
+                } => named.push(requirement.clone()),
                 Step::ExpectClose { code, reason } => {
                     for value in code.iter().chain(reason) {
                         reference_patterns(value, &mut named);

@@ -915,6 +915,7 @@ async fn drive_silent_closer(script: Vec<Scripted>) -> DriveOutcome {
         secret: String::new(),
         ready: true,
         normalize: Value::clone,
+        prebound: Vec::new(),
     };
     drive(&scenario(vec![]), &opts(), async { Ok(started) }).await
 }
@@ -936,6 +937,7 @@ async fn run_case(case: Case) -> (DriveOutcome, Vec<String>) {
         secret: SECRET.to_string(),
         ready: case.ready,
         normalize: Value::clone,
+        prebound: Vec::new(),
     };
     let opts = DriveOptions {
         vendor: case.vendor,

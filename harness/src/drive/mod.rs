@@ -93,6 +93,9 @@ pub struct Started<P> {
     pub ready: bool,
     /// The normalization of every recorded body.
     pub normalize: fn(&serde_json::Value) -> serde_json::Value,
+    /// Placeholders bound before the first step: values the harness chose at launch
+    /// that the target must echo (the worker family's startup token, `$token`).
+    pub prebound: Vec<(String, serde_json::Value)>,
 }
 
 /// Whether the scenario's first step is `expect_exit`: then an exit before readiness is
@@ -126,9 +129,14 @@ where
         secret,
         ready,
         normalize,
+        prebound,
     } = started;
     let mut run = Run::new(process, secret, opts.step_timeout, opts.startup_timeout);
     run.bindings.vendor = opts.vendor;
+    for (name, value) in prebound {
+        // Fresh bindings: a name cannot be bound twice unless the peer repeats it.
+        let _ = run.bindings.bind(&name, value);
+    }
     run.set_normalize(normalize);
     run.ready_instead_of_exit = ready && expects_exit_first(scenario);
     let failure = drive_steps(&mut run, &mut peer, scenario).await;

@@ -130,6 +130,17 @@ pub trait Codec: Send + Sync {
     /// # Errors
     /// A value the wire cannot carry (a non-finite number).
     fn encode(&self, frame: &Value) -> Result<String, WireFault>;
+    /// Encodes a frame **without** the schema check, for `send_bytes: {frame}` (malformed
+    /// on purpose). By default compact JSON of the frame as it is.
+    ///
+    /// # Errors
+    /// A value JSON cannot carry.
+    fn encode_unchecked(&self, frame: &Value) -> Result<String, WireFault> {
+        serde_json::to_string(frame).map_err(|e| WireFault {
+            code: "invalid_value".into(),
+            message: e.to_string(),
+        })
+    }
     /// Whether a schema-valid frame the target emits after the last step is allowed
     /// (periodic frames by design); such frames are never recorded.
     fn may_trail(&self, frame: &Value) -> bool;

@@ -499,6 +499,7 @@ impl Run {
             .bindings
             .substitute(template, true)
             .map_err(|e| fail::bind(e, "the frame to send"))?;
+        let frame = crate::matcher::expand_text(&frame).map_err(fail::scenario)?;
         let codec = peer.role().codec;
         codec.check_outgoing(&frame).map_err(|e| {
             fail::scenario(format!(
@@ -635,6 +636,16 @@ impl Run {
                     RawMessage::Text(text) => Outgoing::Text(text.clone()),
                     RawMessage::Binary(bytes) => Outgoing::Binary(bytes.clone()),
                     RawMessage::TextBytes(bytes) => Outgoing::TextBytes(bytes.clone()),
+                    RawMessage::Frame(template) => {
+                        let frame = self
+                            .bindings
+                            .substitute(template, true)
+                            .map_err(|e| fail::bind(e, "the frame to send"))?;
+                        let frame = crate::matcher::expand_text(&frame).map_err(fail::scenario)?;
+                        Outgoing::Text(peer.role().codec.encode_unchecked(&frame).map_err(|e| {
+                            fail::scenario(format!("cannot encode the frame to send: {e}"))
+                        })?)
+                    }
                 };
                 peer.connection()
                     .send(message, self.step_timeout)
@@ -647,7 +658,7 @@ impl Run {
                 self.expect_close(peer, code.as_ref(), reason.as_ref())
                     .await
             }
-            Step::ExpectExit { code, stderr } => self.expect_exit(peer, *code, stderr).await,
+            Step::ExpectExit { code, stderr } => self.expect_exit(peer, code.clone(), stderr).await,
             Step::Crash => self.crash(peer).await,
             other => peer.family_step(self, other).await,
         }
@@ -880,7 +891,7 @@ impl Run {
         code: Option<ExitCodeSpec>,
         stderr: &[String],
     ) -> StepResult {
-        let expected = match code {
+        let expected = match &code {
             Some(c) => format!("the target to exit with {c}"),
             None => "the target to exit".to_string(),
         };
@@ -949,7 +960,32 @@ impl Run {
             (None, None) => json!({"exit_code": Value::Null}),
         };
         self.record("target exit", EntryKind::Exit, body);
-        if let Some(c) = code
+        // Our reference's code: checked in strict mode; a difference in vendor mode.
+        if let Some(ExitCodeSpec::Reference {
+            code: want,
+            requirement,
+        }) = &code
+        {
+            if status.code() == Some(*want) {
+                return self.check_exit_stderr(stderr, status);
+            }
+            if self.bindings.vendor {
+                self.bindings.differences.push(crate::bind::Difference {
+                    requirement: requirement.clone(),
+                    path: "$.exit_code".into(),
+                    reference: json!(want),
+                    actual: Some(status.code().map_or(Value::Null, |c| json!(c))),
+                });
+                return self.check_exit_stderr(stderr, status);
+            }
+            let mut err = StepError::new(
+                FailureCode::TargetExit,
+                format!("expected {expected}, it ended with {status}"),
+            );
+            err.reference = Some(requirement.clone());
+            return Err(err);
+        }
+        if let Some(c) = &code
             && !c.matches(status.code())
         {
             return Err(StepError::new(
@@ -957,6 +993,11 @@ impl Run {
                 format!("expected {expected}, it ended with {status}"),
             ));
         }
+        self.check_exit_stderr(stderr, status)
+    }
+
+    /// The `stderr:` substrings of an `expect_exit` step, after the exit.
+    fn check_exit_stderr(&self, stderr: &[String], status: std::process::ExitStatus) -> StepResult {
         let tail = self.process.stderr_tail();
         if let Some(needle) = stderr.iter().find(|n| !tail.contains(n.as_str())) {
             return Err(StepError::new(

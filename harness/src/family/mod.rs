@@ -2,6 +2,7 @@
 //! how each side is driven on the step engine ([`crate::drive`]).
 //!
 //! * [`core_runtime`]: the Core ↔ Runtime family (sides `runtime` and `core`).
+//! * [`worker`]: the host ↔ worker family (side `worker`).
 //!
 //! `--family`/`--side`, the runner, `contract-harness list` and the contract test are all
 //! driven from [`FAMILIES`]. A new family adds a folder here, its scenarios and goldens,
@@ -9,6 +10,7 @@
 //! import each other; none of them parses scenario files, renders goldens or prints.
 
 pub mod core_runtime;
+pub mod worker;
 
 use crate::drive::{DriveOptions, DriveOutcome, Failure, FailureCode, Phase, StepError};
 use crate::scenario::model::{Scenario, Side};
@@ -53,22 +55,33 @@ impl FamilyInfo {
 }
 
 /// Every family the harness carries.
-pub const FAMILIES: &[FamilyInfo] = &[FamilyInfo {
-    name: core_runtime::FAMILY,
-    spec: "core-runtime-protocol",
-    sides: &[
-        SideInfo {
-            side: Side::Runtime,
-            harness_plays: "Core (scripted Core, controlled-adapter channel)",
-            impl_args: "runtime",
-        },
-        SideInfo {
-            side: Side::Core,
-            harness_plays: "the Runtime and the user (public API)",
-            impl_args: "core serve",
-        },
-    ],
-}];
+pub const FAMILIES: &[FamilyInfo] = &[
+    FamilyInfo {
+        name: core_runtime::FAMILY,
+        spec: "core-runtime-protocol",
+        sides: &[
+            SideInfo {
+                side: Side::Runtime,
+                harness_plays: "Core (scripted Core, controlled-adapter channel)",
+                impl_args: "runtime",
+            },
+            SideInfo {
+                side: Side::Core,
+                harness_plays: "the Runtime and the user (public API)",
+                impl_args: "core serve",
+            },
+        ],
+    },
+    FamilyInfo {
+        name: worker::FAMILY,
+        spec: "worker-protocol",
+        sides: &[SideInfo {
+            side: Side::Worker,
+            harness_plays: "the host (private socket, startup token, spawn)",
+            impl_args: "worker python",
+        }],
+    },
+];
 
 /// The family named `name`.
 pub fn family(name: &str) -> Option<&'static FamilyInfo> {
@@ -109,6 +122,7 @@ pub async fn drive(scenario: &Scenario, side: Side, opts: &DriveOptions) -> Driv
     let known_side = family(&scenario.family).and_then(|f| f.side(side.as_str()));
     match (scenario.family.as_str(), known_side) {
         (core_runtime::FAMILY, Some(_)) => core_runtime::drive(scenario, side, opts).await,
+        (worker::FAMILY, Some(_)) => worker::drive(scenario, side, opts).await,
         _ => DriveOutcome::failed(Failure::outside(
             &scenario.id(),
             Phase::Launch,
@@ -128,6 +142,7 @@ pub async fn drive(scenario: &Scenario, side: Side, opts: &DriveOptions) -> Driv
 pub fn generated_keys(family_name: &str, side: Side) -> &'static [&'static str] {
     match family_name {
         core_runtime::FAMILY => core_runtime::generated_keys(side),
+        worker::FAMILY => worker::GENERATED_KEYS,
         _ => &[],
     }
 }

@@ -43,6 +43,9 @@ pub struct FamilyTable {
     /// Checks a frame `party` writes against the family's wire (message type, direction);
     /// the reason when it does not fit.
     pub check_frame: fn(Party, &Value) -> Result<(), String>,
+    /// Whether `null` is a value of the family's wire (worker: `revision: null`); where it
+    /// is not, a scenario frame holding one is refused at load.
+    pub nulls: bool,
 }
 
 impl FamilyTable {
@@ -62,12 +65,23 @@ impl FamilyTable {
     }
 }
 
-/// The core_runtime frame check: a known message type, sent in its direction.
+/// The core_runtime frame check: an Envelope shape (`payload` a mapping, `id` a string),
+/// a known message type, sent in its direction.
 fn core_runtime_frame(party: Party, frame: &Value) -> Result<(), String> {
     let kind = frame
         .get("type")
         .and_then(Value::as_str)
         .unwrap_or_default();
+    match frame.get("payload") {
+        Some(Value::Object(_)) => {}
+        Some(Value::String(s)) if crate::bind::placeholder(s).is_some() => {}
+        _ => return Err(format!("`{kind}`: `payload` must be a mapping")),
+    }
+    match frame.get("id") {
+        Some(Value::String(_)) => {}
+        Some(id) if matches!(crate::matcher::ReferencePattern::parse(id), Ok(Some(_))) => {}
+        _ => return Err(format!("`{kind}`: `id` must be a string")),
+    }
     let Some(t) = MessageType::parse(kind) else {
         return Err(format!("unknown message type `{kind}`"));
     };
@@ -102,6 +116,42 @@ pub const CORE_RUNTIME: FamilyTable = FamilyTable {
     ],
     config_keys: &["runtime", "core", "workspace"],
     check_frame: core_runtime_frame,
+    nulls: false,
+};
+
+/// The worker frame check: a known message kind, sent in its direction.
+fn worker_frame(party: Party, frame: &Value) -> Result<(), String> {
+    use contract_impl::worker::wire::{Direction as WorkerDirection, KINDS};
+    let kind = frame
+        .get("kind")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
+    let Some((_, direction)) = KINDS.iter().find(|(k, _)| *k == kind) else {
+        return Err(format!(
+            "unknown message kind `{kind}` (kinds: {})",
+            KINDS.iter().map(|(k, _)| *k).collect::<Vec<_>>().join(", ")
+        ));
+    };
+    let expected = match party {
+        Party::Host => WorkerDirection::HostToWorker,
+        _ => WorkerDirection::WorkerToHost,
+    };
+    if *direction == expected {
+        Ok(())
+    } else {
+        Err(format!("`{kind}` is not sent by the {}", party.as_str()))
+    }
+}
+
+/// The host ↔ worker family.
+pub const WORKER: FamilyTable = FamilyTable {
+    family: "worker",
+    sides: &[Side::Worker],
+    parties: &[Party::Host, Party::Worker],
+    steps: &[],
+    config_keys: &["worker"],
+    check_frame: worker_frame,
+    nulls: true,
 };
 
 /// A family of generic steps only, for the loader's own tests.
@@ -113,15 +163,16 @@ pub const DEMO: FamilyTable = FamilyTable {
     steps: &[],
     config_keys: &[],
     check_frame: |_, _| Ok(()),
+    nulls: false,
 };
 
 /// Every family's table.
 #[cfg(not(test))]
-pub const TABLES: &[FamilyTable] = &[CORE_RUNTIME];
+pub const TABLES: &[FamilyTable] = &[CORE_RUNTIME, WORKER];
 
 /// Every family's table (and the test-only [`DEMO`]).
 #[cfg(test)]
-pub const TABLES: &[FamilyTable] = &[CORE_RUNTIME, DEMO];
+pub const TABLES: &[FamilyTable] = &[CORE_RUNTIME, WORKER, DEMO];
 
 /// The table of `family`.
 pub fn table(family: &str) -> Option<&'static FamilyTable> {

@@ -209,6 +209,8 @@ struct RawScenario {
 enum RawStep {
     Core(RawFrame),
     Runtime(RawFrame),
+    Host(Map<String, Value>),
+    Worker(Map<String, Value>),
     Native(Spanned<Map<String, Value>>),
     Bootstrap(BootstrapStep),
     Connect(ConnectStep),
@@ -313,7 +315,7 @@ struct RawExitCode(ExitCodeSpec);
 impl<'de> Deserialize<'de> for RawExitCode {
     fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         struct Visitor;
-        impl serde::de::Visitor<'_> for Visitor {
+        impl<'de> serde::de::Visitor<'de> for Visitor {
             type Value = RawExitCode;
             fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
                 f.write_str("an exit code (0..=255) or `nonzero`")
@@ -327,6 +329,36 @@ impl<'de> Deserialize<'de> for RawExitCode {
                 i32::try_from(v)
                     .map(|c| RawExitCode(ExitCodeSpec::Exact(c)))
                     .map_err(|_| E::custom(format!("exit code {v} is outside 0..=255")))
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<RawExitCode, A::Error> {
+                let mut code = None;
+                let mut requirement = None;
+                while let Some(key) = map.next_key::<String>()? {
+                    match key.as_str() {
+                        "$reference" => code = Some(map.next_value::<i64>()?),
+                        "$requirement" => requirement = Some(map.next_value::<String>()?),
+                        other => {
+                            return Err(serde::de::Error::custom(format!(
+                                "an exit code reference takes $reference and $requirement, not `{other}`"
+                            )));
+                        }
+                    }
+                }
+                let (Some(code), Some(requirement)) = (code, requirement) else {
+                    return Err(serde::de::Error::custom(
+                        "an exit code reference needs `$reference: <code>` and `$requirement: <ID>`",
+                    ));
+                };
+                let code = i32::try_from(code)
+                    .ok()
+                    .filter(|c| (0..=255).contains(c))
+                    .ok_or_else(|| {
+                        serde::de::Error::custom(format!("exit code {code} is outside 0..=255"))
+                    })?;
+                Ok(RawExitCode(ExitCodeSpec::Reference { code, requirement }))
             }
             fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<RawExitCode, E> {
                 if v == "nonzero" {
@@ -384,6 +416,8 @@ struct RawBytes {
     base64: Option<String>,
     #[serde(default)]
     text_base64: Option<String>,
+    #[serde(default)]
+    frame: Option<Value>,
 }
 
 /// The largest `send_bytes.pad_to` (16 MiB): room to test any frame bound one past it.
@@ -408,6 +442,13 @@ impl RawBytes {
                 ));
             }
         };
+        if let Some(frame) = self.frame {
+            return match (&self.text, &self.base64, &self.text_base64, pad_to) {
+                (None, None, None, None) if frame.is_object() => Ok(RawMessage::Frame(frame)),
+                (None, None, None, None) => Err("`send_bytes.frame` must be a mapping".into()),
+                _ => Err("`send_bytes.frame` goes alone".into()),
+            };
+        }
         match (self.text, self.base64, self.text_base64, pad_to) {
             (Some(mut text), None, None, pad_to) => {
                 if let Some(size) = pad_to {
@@ -434,8 +475,8 @@ impl RawBytes {
             }
             (None, _, _, Some(_)) => Err("`send_bytes.pad_to` goes with `text`".into()),
             _ => Err(
-                "`send_bytes` takes exactly one of `text` (with `pad_to`), `base64` and \
-                 `text_base64`"
+                "`send_bytes` takes exactly one of `text` (with `pad_to`), `base64`, \
+                 `text_base64` and `frame`"
                     .into(),
             ),
         }
@@ -509,6 +550,16 @@ impl Converter<'_> {
             RawStep::Runtime(frame) => Step::Frame {
                 party: Party::Runtime,
                 frame: frame.into_value(),
+            },
+            // The worker family's frames are messages (`{kind, ...}`); the envelope's
+            // identity is the connection's.
+            RawStep::Host(message) => Step::Frame {
+                party: Party::Host,
+                frame: Value::Object(message),
+            },
+            RawStep::Worker(message) => Step::Frame {
+                party: Party::Worker,
+                frame: Value::Object(message),
             },
             RawStep::Native(map) => {
                 let map_location = map.referenced;
@@ -1157,6 +1208,7 @@ steps:
                 pad_to: pad_to.map(|n| Value::from(n as u64)),
                 base64: b64.map(Into::into),
                 text_base64: text_b64.map(Into::into),
+                frame: None,
             }
             .message()
         };

@@ -20,17 +20,34 @@ pub enum Side {
     Runtime,
     /// Core (the gateway) is under test; the harness plays the Runtime.
     Core,
+    /// The worker (the Python worker of the worker protocol) is under test; the harness
+    /// plays the host.
+    Worker,
+    /// The worker host is under test; the harness plays the worker.
+    Host,
 }
 
 impl Side {
     /// Every side, in a stable order.
-    pub const ALL: [Side; 2] = [Side::Runtime, Side::Core];
+    pub const ALL: [Side; 4] = [Side::Runtime, Side::Core, Side::Worker, Side::Host];
 
     /// The side's name as written in scenarios, goldens and reports.
     pub fn as_str(self) -> &'static str {
         match self {
             Side::Runtime => "runtime",
             Side::Core => "core",
+            Side::Worker => "worker",
+            Side::Host => "host",
+        }
+    }
+
+    /// The other side of the same family (the one the harness plays).
+    pub fn opposite(self) -> Side {
+        match self {
+            Side::Runtime => Side::Core,
+            Side::Core => Side::Runtime,
+            Side::Worker => Side::Host,
+            Side::Host => Side::Worker,
         }
     }
 
@@ -44,6 +61,8 @@ impl Side {
         match self {
             Side::Runtime => Party::Runtime,
             Side::Core => Party::Core,
+            Side::Worker => Party::Worker,
+            Side::Host => Party::Host,
         }
     }
 }
@@ -64,6 +83,10 @@ pub enum Party {
     Runtime,
     /// The Runtime's native agent (driven through the controlled Harness adapter).
     Native,
+    /// The worker host sends the message (worker family).
+    Host,
+    /// The worker sends the message (worker family).
+    Worker,
 }
 
 impl Party {
@@ -73,6 +96,8 @@ impl Party {
             Party::Core => "core",
             Party::Runtime => "runtime",
             Party::Native => "native",
+            Party::Host => "host",
+            Party::Worker => "worker",
         }
     }
 
@@ -81,6 +106,8 @@ impl Party {
         match self {
             Party::Core => Side::Core,
             Party::Runtime | Party::Native => Side::Runtime,
+            Party::Host => Side::Host,
+            Party::Worker => Side::Worker,
         }
     }
 }
@@ -155,6 +182,9 @@ pub struct ScenarioConfig {
     /// Files and directories created in `CONTRACT_WORKSPACE` before launch.
     #[serde(default)]
     pub workspace: Option<WorkspaceSeed>,
+    /// The worker family's launch settings (`role`, `hooks` source files).
+    #[serde(default)]
+    pub worker: Option<Value>,
 }
 
 /// Files and directories seeded into the target's workspace before launch.
@@ -256,6 +286,10 @@ pub enum RawMessage {
     /// A text message whose payload is these raw bytes (`{text_base64: ...}`, decoded),
     /// valid UTF-8 or not: the form for testing a receiver's UTF-8 check.
     TextBytes(Vec<u8>),
+    /// A frame built like a frame step's (placeholders substituted, `$text` expanded) but
+    /// sent without the schema check (`{frame: {...}}`): a frame with a field the type
+    /// does not define, or over a bound, that still names the run's real handles.
+    Frame(Value),
 }
 
 /// `bootstrap:` — the Runtime's bootstrap POST and Core's answer.
@@ -458,20 +492,32 @@ pub enum Step {
     },
 }
 
-/// The exit code an `expect_exit` step expects: `code: 3` or `code: nonzero`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// The exit code an `expect_exit` step expects: `code: 3`, `code: nonzero`, or our
+/// reference's code where the spec fixes none: `code: {$reference: 0, $requirement: …}`
+/// (checked in strict mode; in vendor mode any exit, a different code a difference).
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ExitCodeSpec {
     /// Exactly this code (0..=255).
     Exact(i32),
     /// Any code but 0 (a launch contract that only says "exit non-zero").
     NonZero,
+    /// Our reference's code (0..=255), a `level: reference` requirement.
+    Reference {
+        /// The code our reference exits with.
+        code: i32,
+        /// The requirement.
+        requirement: String,
+    },
 }
 
 impl ExitCodeSpec {
-    /// Whether a process that exited with `code` (`None`: killed by a signal) matches.
-    pub fn matches(self, code: Option<i32>) -> bool {
+    /// Whether a process that exited with `code` (`None`: killed by a signal) matches
+    /// (for [`ExitCodeSpec::Reference`]: our reference's code).
+    pub fn matches(&self, code: Option<i32>) -> bool {
         match self {
-            ExitCodeSpec::Exact(want) => code == Some(want),
+            ExitCodeSpec::Exact(want) | ExitCodeSpec::Reference { code: want, .. } => {
+                code == Some(*want)
+            }
             ExitCodeSpec::NonZero => code.is_some_and(|c| c != 0),
         }
     }
@@ -482,6 +528,9 @@ impl std::fmt::Display for ExitCodeSpec {
         match self {
             ExitCodeSpec::Exact(code) => write!(f, "code {code}"),
             ExitCodeSpec::NonZero => f.write_str("a non-zero code"),
+            ExitCodeSpec::Reference { code, requirement } => {
+                write!(f, "code {code} (our reference behaviour, {requirement})")
+            }
         }
     }
 }

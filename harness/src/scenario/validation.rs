@@ -237,28 +237,10 @@ impl Checker<'_> {
         let what = format!("`{}` frame", party.as_str());
         self.placeholders(location, &what, frame);
         self.comparisons(location, &what, frame);
-        self.no_nulls(location, &what, frame, "$");
+        if !self.table.is_some_and(|t| t.nulls) {
+            self.no_nulls(location, &what, frame, "$");
+        }
         self.generated_patterns(location, &what, party, frame);
-        let kind = frame
-            .get("type")
-            .and_then(Value::as_str)
-            .unwrap_or_default();
-        match frame.get("payload") {
-            Some(Value::Object(_)) => {}
-            Some(Value::String(s)) if crate::bind::placeholder(s).is_some() => {}
-            _ => self.issue(
-                Some(location),
-                format!("{what} `{kind}`: `payload` must be a mapping"),
-            ),
-        }
-        match frame.get("id") {
-            Some(Value::String(_)) => {}
-            Some(id) if matches!(crate::matcher::ReferencePattern::parse(id), Ok(Some(_))) => {}
-            _ => self.issue(
-                Some(location),
-                format!("{what} `{kind}`: `id` must be a string"),
-            ),
-        }
         if let Some(table) = self.table
             && let Err(reason) = (table.check_frame)(party, frame)
         {
@@ -660,7 +642,7 @@ fn sight_step(
     match s {
         Step::Frame { party, frame } => {
             let target = party.side();
-            let other = Side::ALL.into_iter().find(|x| *x != target);
+            let other = Some(target.opposite());
             add(
                 &format!("`{}` frame", party.as_str()),
                 frame,

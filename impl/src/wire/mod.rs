@@ -16,4 +16,4 @@ pub mod bounded;
 pub mod ids;
 pub mod strict;
 
-pub use strict::{WireError, decode_strict, encode_strict, parse_strict};
+pub use strict::{WireError, decode_strict, encode_strict, parse_strict, parse_strict_with_nulls};

@@ -246,6 +246,7 @@ pub async fn start(
         secret,
         ready: true,
         normalize: mask_clocks,
+        prebound: Vec::new(),
     })
 }
 

@@ -61,8 +61,8 @@ pub const DEFAULT_HEARTBEAT_INTERVAL_MS: u64 = 3_600_000;
 /// [`masks::CORE_GENERATED_KEYS`] for Core.
 pub fn generated_keys(side: Side) -> &'static [&'static str] {
     match side {
-        Side::Runtime => GENERATED_KEYS,
         Side::Core => masks::CORE_GENERATED_KEYS,
+        _ => GENERATED_KEYS,
     }
 }
 
@@ -94,6 +94,14 @@ pub async fn drive(scenario: &Scenario, side: Side, opts: &DriveOptions) -> Driv
             .await
         }
         Side::Core => drive::drive(scenario, opts, core_side::start(scenario, opts)).await,
+        other => DriveOutcome::failed(drive::Failure::outside(
+            &scenario.id(),
+            drive::Phase::Launch,
+            drive::StepError::new(
+                drive::FailureCode::UnsupportedStep,
+                format!("core_runtime has no side `{other}`"),
+            ),
+        )),
     }
 }
 

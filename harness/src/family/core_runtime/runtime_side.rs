@@ -160,6 +160,7 @@ pub async fn start(
         process: Box::new(target),
         secret: credential,
         normalize: Value::clone,
+        prebound: Vec::new(),
     })
 }
 

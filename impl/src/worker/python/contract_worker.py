@@ -205,6 +205,11 @@ class Output:
         if not text:
             return
         data = text.encode("utf-8", "surrogatepass")
+        if self.truncated:
+            # Once anything was discarded, the rest is too: the records stay a prefix
+            # of what the cell wrote, in order.
+            self.truncated += len(data)
+            return
         if self.records and self.records[-1]["stream"] == stream:
             room = RETURNED_TEXT_MAX_BYTES - self.size
             keep = _utf8_prefix(data, room)
@@ -282,6 +287,11 @@ class Runtime:
         return await self.request("local.send", text=text)
 
     async def wait(self, seconds=None, reason=""):
+        if seconds is not None and not (
+            isinstance(seconds, (int, float)) and not isinstance(seconds, bool)
+            and math.isfinite(seconds) and 0 < seconds <= WAIT_SECONDS_MAX
+        ):
+            raise ValueError(f"wait seconds must be None or finite, > 0 and <= {WAIT_SECONDS_MAX:g}")
         await self.request("runtime.wait", seconds=seconds, reason=reason)
         raise _Yield()
 

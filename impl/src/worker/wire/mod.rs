@@ -446,12 +446,17 @@ pub fn check_bounds(message: &Message) -> Result<(), WorkerWireError> {
 }
 
 /// Encodes an envelope as the payload of one frame (compact JSON; no length prefix).
+/// `null` is written where the types hold it; a non-finite number (which serde_json
+/// would write as `null`) can only sit in a typed `f64`, and [`check_bounds`] refuses it
+/// first (`serde_json::Value` cannot hold one).
 ///
 /// # Errors
-/// A non-finite number (serde_json would write `null`), or a payload over the frame
-/// bound.
+/// A bound of [`check_bounds`] (a non-finite wait included), or a payload over the
+/// frame bound.
 pub fn encode_envelope(envelope: &Envelope) -> Result<Vec<u8>, WorkerWireError> {
-    let text = crate::wire::strict::encode_strict(envelope)?;
+    check_bounds(&envelope.message)?;
+    let text = serde_json::to_string(envelope)
+        .map_err(|e| WorkerWireError::Json(WireError::invalid("$", e.to_string())))?;
     if text.len() > limits::FRAME_MAX_BYTES {
         return Err(frame::FrameError::TooLarge(text.len()).into());
     }

@@ -1,0 +1,312 @@
+//! Side `worker` of the worker family: the worker under test is launched per
+//! `docs/worker-launch-contract.md` and the harness plays the **host**: it creates the
+//! private directory (0700) and the one socket (0600), mints the startup token, spawns
+//! the worker with the launch environment and accepts its connection. Steps:
+//!
+//! | step | what the harness does |
+//! |---|---|
+//! | `host:` | substitute placeholders, schema-check as host → worker, wrap in the connection's envelope, send as one frame (engine) |
+//! | `worker:` | the next thing the target does must be one frame: strict decode, identity check, schema-check as worker → host, record the message, match (engine) |
+//! | `send_bytes: {text}` / `{text_base64}` | one frame of those payload bytes (a bad envelope, bad JSON, bad UTF-8) |
+//! | `send_bytes: {base64}` | those bytes as they are, length prefix included (framing faults) |
+//! | `half_close` / end of run | the harness closes its write side (the worker reads the end of the stream) |
+//!
+//! The startup token is bound as `$token` before the first step. The socket, token and
+//! environment are the host's choices of our reference; the spec fixes only that the
+//! socket is private and the token binds the subprocess ("Transport and bounds").
+
+use std::os::unix::fs::PermissionsExt;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use contract_impl::worker::wire::limits::FRAME_MAX_BYTES;
+use serde_json::Value;
+use tokio::net::UnixListener;
+
+use super::codec::WORKER_ROLE;
+use super::{GENERATION, SESSION_ID};
+use crate::drive::{
+    Connection, DriveOptions, Event, FailureCode, NoOther, Outgoing, Peer, Role, Run, Started,
+    StepError, StepResult, fail,
+};
+use crate::scenario::model::{Scenario, Step};
+use crate::target::{LaunchSpec, RunDir, Startup, Target, check_socket_path};
+use crate::transport::framed::{FramedConnection, FramedEvent};
+
+/// The host the harness plays against a target worker.
+pub struct ScriptedHostPeer {
+    link: FramedLink,
+    /// Held until the peer is dropped, after the target stopped.
+    _run_dir: RunDir,
+}
+
+/// The one framed connection to the worker.
+#[derive(Default)]
+pub struct FramedLink {
+    conn: Option<FramedConnection>,
+}
+
+#[async_trait]
+impl Connection for FramedLink {
+    fn is_open(&self) -> bool {
+        self.conn.is_some()
+    }
+
+    fn abort(&mut self) -> bool {
+        self.conn.take().is_some()
+    }
+
+    async fn send(&mut self, message: Outgoing, timeout: Duration) -> StepResult {
+        let Some(conn) = self.conn.as_mut() else {
+            return Err(StepError::new(
+                FailureCode::NotConnected,
+                "no connection to the worker is open",
+            ));
+        };
+        // A payload is framed here without the bound: frames of the harness's own are
+        // bounded by the codec, and `send_bytes` goes past the bound on purpose.
+        let framed = |payload: &[u8]| {
+            let mut frame = u32::try_from(payload.len())
+                .unwrap_or(u32::MAX)
+                .to_be_bytes()
+                .to_vec();
+            frame.extend_from_slice(payload);
+            frame
+        };
+        let sent = match message {
+            Outgoing::Text(text) => conn.send_raw(&framed(text.as_bytes()), timeout).await,
+            Outgoing::TextBytes(bytes) => conn.send_raw(&framed(&bytes), timeout).await,
+            Outgoing::Binary(bytes) => conn.send_raw(&bytes, timeout).await,
+        };
+        sent.map_err(|e| StepError::new(FailureCode::TransportFailed, e.to_string()))
+    }
+
+    /// The transport has no Close: the harness ends its write side.
+    async fn send_close(&mut self, _code: u16, _reason: &str, _timeout: Duration) -> StepResult {
+        match self.conn.as_mut() {
+            Some(conn) => {
+                conn.close_write().await;
+                Ok(())
+            }
+            None => Err(StepError::new(
+                FailureCode::NotConnected,
+                "no connection to the worker is open",
+            )),
+        }
+    }
+
+    async fn end(&mut self, _timeout: Duration) {
+        self.conn = None;
+    }
+}
+
+/// Hook source files: relative path and content.
+type SourceFiles = Vec<(String, String)>;
+
+/// Settings of `config.worker`: `role` (`workbench`, default, or `hooks`) and `hooks`
+/// (`{files: {relative path: content}}`, the hook source snapshot).
+fn worker_config(scenario: &Scenario) -> Result<(String, Option<SourceFiles>), String> {
+    let Some(config) = &scenario.config.worker else {
+        return Ok(("workbench".into(), None));
+    };
+    let Value::Object(map) = config else {
+        return Err("config.worker must be a mapping".into());
+    };
+    if let Some(key) = map
+        .keys()
+        .find(|k| !["role", "hooks"].contains(&k.as_str()))
+    {
+        return Err(format!(
+            "config.worker: unknown key `{key}` (keys: role, hooks)"
+        ));
+    }
+    let role = match map.get("role") {
+        None => "workbench".to_string(),
+        Some(Value::String(r)) => r.clone(),
+        Some(other) => return Err(format!("config.worker.role must be a string, not {other}")),
+    };
+    let hooks = match map.get("hooks") {
+        None => None,
+        Some(Value::Object(h)) => {
+            let Some(Value::Object(files)) = h.get("files") else {
+                return Err("config.worker.hooks needs `files: {path: content}`".into());
+            };
+            let mut out = Vec::new();
+            for (path, content) in files {
+                let Value::String(content) = content else {
+                    return Err(format!("config.worker.hooks.files.{path} must be text"));
+                };
+                if path.starts_with('/') || path.split('/').any(|p| p.is_empty() || p == "..") {
+                    return Err(format!(
+                        "config.worker.hooks.files: `{path}` is not a relative path"
+                    ));
+                }
+                out.push((path.clone(), content.clone()));
+            }
+            Some(out)
+        }
+        Some(other) => {
+            return Err(format!(
+                "config.worker.hooks must be a mapping, not {other}"
+            ));
+        }
+    };
+    Ok((role, hooks))
+}
+
+/// Prepares the private directory and socket, launches the worker and accepts its
+/// connection. With `exit_allowed` (the first step is `expect_exit`), an exit before the
+/// connection is not an error.
+///
+/// # Errors
+/// The launch failed (the text names why, with the target's stderr tail).
+pub async fn start(
+    scenario: &Scenario,
+    opts: &DriveOptions,
+    exit_allowed: bool,
+) -> Result<Started<ScriptedHostPeer>, String> {
+    let (role, hooks) = worker_config(scenario)?;
+    let run_dir = RunDir::new().map_err(|e| e.to_string())?;
+    let socket = run_dir.path().join("worker.sock");
+    check_socket_path(&socket).map_err(|e| e.to_string())?;
+    let listener = UnixListener::bind(&socket).map_err(|e| format!("{}: {e}", socket.display()))?;
+    std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o600))
+        .map_err(|e| format!("{}: {e}", socket.display()))?;
+    let token = format!("tok-{}", uuid::Uuid::new_v4().simple());
+    let mut env = vec![
+        (
+            "CONTRACT_WORKER_SOCKET".to_string(),
+            socket.display().to_string(),
+        ),
+        ("CONTRACT_WORKER_TOKEN".to_string(), token.clone()),
+        (
+            "CONTRACT_WORKER_SESSION_ID".to_string(),
+            SESSION_ID.to_string(),
+        ),
+        (
+            "CONTRACT_WORKER_GENERATION".to_string(),
+            GENERATION.to_string(),
+        ),
+        ("CONTRACT_WORKER_ROLE".to_string(), role),
+    ];
+    if let Some(files) = hooks {
+        let dir = run_dir.path().join("hooks");
+        for (path, content) in files {
+            let file = dir.join(&path);
+            if let Some(parent) = file.parent() {
+                std::fs::create_dir_all(parent)
+                    .map_err(|e| format!("{}: {e}", parent.display()))?;
+            }
+            std::fs::write(&file, content).map_err(|e| format!("{}: {e}", file.display()))?;
+        }
+        std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        env.push((
+            "CONTRACT_WORKER_HOOKS_DIR".to_string(),
+            dir.display().to_string(),
+        ));
+    }
+    let spec = LaunchSpec {
+        command: opts.target_cmd.clone(),
+        env,
+        cwd: run_dir.cwd(),
+        secret: String::new(),
+        capture_stdout: false,
+    };
+    let mut target = Target::spawn(&spec).map_err(|e| e.to_string())?;
+    let accept = async {
+        listener
+            .accept()
+            .await
+            .map(|(stream, _)| FramedConnection::new(stream, FRAME_MAX_BYTES))
+    };
+    let started = if exit_allowed {
+        target
+            .await_ready_or_exit(accept, opts.startup_timeout)
+            .await
+    } else {
+        target
+            .await_ready(accept, opts.startup_timeout)
+            .await
+            .map(Startup::Ready)
+    };
+    let conn = match started {
+        Ok(Startup::Ready(conn)) => Some(conn),
+        Ok(Startup::Exited(_)) => None,
+        Err(e) => {
+            target.shutdown().await;
+            return Err(e.to_string());
+        }
+    };
+    Ok(Started {
+        ready: conn.is_some(),
+        peer: ScriptedHostPeer {
+            link: FramedLink { conn },
+            _run_dir: run_dir,
+        },
+        process: Box::new(target),
+        secret: String::new(),
+        normalize: Value::clone,
+        prebound: vec![("token".to_string(), Value::String(token))],
+    })
+}
+
+#[async_trait]
+impl Peer for ScriptedHostPeer {
+    type Other = NoOther;
+
+    const ROLE: &'static Role = &WORKER_ROLE;
+
+    async fn recv(&mut self, timeout: Duration) -> StepResult<Option<Event<NoOther>>> {
+        let Some(conn) = self.link.conn.as_mut() else {
+            tokio::time::sleep(timeout).await;
+            return Ok(None);
+        };
+        let event = match tokio::time::timeout(timeout, conn.recv()).await {
+            Err(_) => return Ok(None),
+            Ok(event) => event,
+        };
+        Ok(Some(match event {
+            Some(FramedEvent::Frame(bytes)) => match String::from_utf8(bytes) {
+                Ok(text) => Event::Text(text),
+                Err(e) => Event::Error {
+                    code: "not_utf8",
+                    detail: format!(
+                        "a frame that is not UTF-8 (byte {})",
+                        e.utf8_error().valid_up_to()
+                    ),
+                },
+            },
+            Some(FramedEvent::Error { code, detail }) => {
+                self.link.conn = None;
+                Event::Error { code, detail }
+            }
+            Some(FramedEvent::Eof) | None => {
+                self.link.conn = None;
+                Event::Eof
+            }
+        }))
+    }
+
+    fn leak_in_other(&self, other: &NoOther, _secret: &str) -> Option<String> {
+        match *other {}
+    }
+
+    fn connection(&mut self) -> &mut dyn Connection {
+        &mut self.link
+    }
+
+    fn trailing_other(&mut self, other: NoOther) -> StepResult {
+        match other {}
+    }
+
+    async fn family_step(&mut self, _run: &mut Run, step: &Step) -> StepResult {
+        Err(fail::unsupported(format!(
+            "`{}` is not a step of the worker family",
+            step.keyword()
+        )))
+    }
+
+    fn release(&mut self) {
+        self.link.conn = None;
+    }
+}
