@@ -401,6 +401,7 @@ pub fn coverage(catalog: &[Requirement], scenarios: &[Scenario]) -> Coverage {
                 Step::Reference {
                     requirement,
                     steps: inner,
+                    ..
                 } => {
                     named.push(requirement.clone());
                     steps.extend(inner);
@@ -544,6 +545,7 @@ mod tests {
         with_ref.steps = vec![Step::Reference {
             requirement: "CR-A-001".into(),
             steps: vec![Step::Disconnect],
+            sides: None,
         }];
         let cov = coverage(&catalog, &[with_ref]);
         assert!(

@@ -1000,6 +1000,7 @@ async fn a_failure_inside_a_reference_step_names_its_requirement() {
         vec![Step::Reference {
             requirement: "CR-PREP-018".into(),
             steps: vec![expect(json!({"type": "s", "revision": 1}))],
+            sides: None,
         }],
     );
     let (outcome, _) = run_case(case).await;
@@ -1014,6 +1015,7 @@ async fn a_failure_inside_a_reference_step_names_its_requirement() {
         vec![Step::Reference {
             requirement: "CR-PREP-018".into(),
             steps: vec![expect(json!({"type": "s", "revision": 1}))],
+            sides: None,
         }],
     );
     let (outcome, _) = run_case(case).await;
@@ -1041,6 +1043,7 @@ async fn a_typical_frame_of_the_reference_is_required_for_us_and_optional_for_ve
                 steps: vec![maybe(expect(
                     json!({"type": "preparing", "revision": "$r1"}),
                 ))],
+                sides: None,
             },
             expect(json!({"type": "ready", "revision": {"$gt": "$r1", "$as": "$r2"}})),
             Step::Reference {
@@ -1048,6 +1051,7 @@ async fn a_typical_frame_of_the_reference_is_required_for_us_and_optional_for_ve
                 steps: vec![maybe(expect(
                     json!({"type": "starting", "revision": {"$gt": "$r2", "$as": "$r3"}}),
                 ))],
+                sides: None,
             },
             expect(json!({"type": "started", "revision": {"$gt": "$r3"}})),
         ]
@@ -1109,6 +1113,7 @@ async fn a_frame_to_send_awaits_the_typical_frame_that_carries_its_value() {
             Step::Reference {
                 requirement: "CR-PREP-014".into(),
                 steps: vec![maybe(expect(json!({"type": "preparing", "handle": "$h1"})))],
+                sides: None,
             },
             send(json!({"type": "release", "handle": "$h1"})),
             expect(json!({"type": "released", "handle": "$h1"})),

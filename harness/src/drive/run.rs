@@ -525,11 +525,44 @@ impl Run {
     /// The step's failure.
     pub async fn exec<P: Peer>(&mut self, peer: &mut P, step: &Step) -> StepResult {
         match step {
-            Step::Reference { requirement, steps } => {
-                for inner in steps {
-                    if matches!(inner, Step::Reference { .. }) {
-                        return Err(fail::scenario("a `reference` step cannot hold another"));
+            Step::Reference {
+                requirement,
+                steps,
+                sides,
+            } => {
+                // Our reference's choice only on the sides it names: elsewhere the steps
+                // are ordinary (a Core's behaviour in a group about the Runtime's).
+                if let Some(sides) = sides
+                    && !sides.contains(&peer.role().target.side())
+                {
+                    for inner in steps {
+                        self.exec_plain(peer, inner).await?;
                     }
+                    return Ok(());
+                }
+                // A group inside a group: its steps are its own requirement's (the
+                // innermost names a difference), flattened in order.
+                let mut flat: Vec<(&String, &Step)> = Vec::new();
+                for inner in steps {
+                    match inner {
+                        Step::Reference {
+                            requirement: r,
+                            steps: s,
+                            ..
+                        } => {
+                            for deeper in s {
+                                if matches!(deeper, Step::Reference { .. }) {
+                                    return Err(fail::scenario(
+                                        "`reference` groups nest at most two deep",
+                                    ));
+                                }
+                                flat.push((r, deeper));
+                            }
+                        }
+                        other => flat.push((requirement, other)),
+                    }
+                }
+                for (requirement, inner) in flat {
                     // A typical frame of the target that our reference sends: expected in
                     // strict mode; in vendor mode optional, its absence a difference.
                     if let Step::Optional(frame) = inner

@@ -266,6 +266,8 @@ struct Empty {}
 struct RawReference {
     requirement: String,
     steps: Vec<Spanned<RawStep>>,
+    #[serde(default)]
+    sides: Option<Vec<Side>>,
 }
 
 #[derive(Deserialize)]
@@ -611,6 +613,7 @@ impl Converter<'_> {
                 Step::Reference {
                     requirement: r.requirement,
                     steps,
+                    sides: r.sides,
                 }
             }
             RawStep::Optional(inner) => {
@@ -878,7 +881,7 @@ steps:
         );
         let s = ok.unwrap();
         assert!(
-            matches!(&s.steps[1], Step::Reference { requirement, steps } if requirement == "CR-PREP-018" && steps.len() == 2)
+            matches!(&s.steps[1], Step::Reference { requirement, steps, .. } if requirement == "CR-PREP-018" && steps.len() == 2)
         );
         let err = load_err(
             "x",

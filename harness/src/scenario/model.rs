@@ -452,6 +452,9 @@ pub enum Step {
         requirement: String,
         /// The steps.
         steps: Vec<Step>,
+        /// The sides on which the steps are our reference's (`sides: [runtime]`); on any
+        /// other side they are ordinary steps. `None`: every side.
+        sides: Option<Vec<Side>>,
     },
     /// `disconnect:` — drop the transport abruptly.
     Disconnect,
@@ -575,7 +578,9 @@ impl Step {
             Step::AnyOrder(steps) => format!("any_order of {} frames", steps.len()),
             Step::Optional(inner) => format!("optional {}", inner.describe()),
             Step::Tolerated(inner) => format!("tolerated {}", inner.describe()),
-            Step::Reference { requirement, steps } => {
+            Step::Reference {
+                requirement, steps, ..
+            } => {
                 format!("reference {requirement} ({} steps)", steps.len())
             }
             other => other.keyword().to_string(),

@@ -346,7 +346,9 @@ impl Checker<'_> {
                     );
                 }
             }
-            Step::Reference { requirement, steps } => {
+            Step::Reference {
+                requirement, steps, ..
+            } => {
                 if !is_requirement_id(requirement) {
                     self.issue(
                         Some(location),
@@ -763,7 +765,15 @@ fn async_api_calls(scenario: &Scenario, spans: &Spans, issues: &mut Vec<Issue>) 
     let mut started: std::collections::BTreeMap<&str, (usize, Location)> = Default::default();
     let mut in_flight: BTreeSet<&str> = BTreeSet::new();
     let mut awaited: std::collections::BTreeMap<&str, usize> = Default::default();
-    for (i, step) in scenario.steps.iter().enumerate() {
+    // The steps of a `reference:` group count where the group stands.
+    let flat = scenario.steps.iter().enumerate().flat_map(|(i, step)| {
+        let inner: Vec<&Step> = match step {
+            Step::Reference { steps, .. } => steps.iter().collect(),
+            other => vec![other],
+        };
+        inner.into_iter().map(move |s| (i, s))
+    });
+    for (i, step) in flat {
         let location = spans.step_items.get(i).map_or(spans.steps, |s| s.location);
         let n = i + 1;
         match step {

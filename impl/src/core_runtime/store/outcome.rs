@@ -180,6 +180,32 @@ impl TurnOutcome {
     }
 }
 
+impl TurnOutcome {
+    /// Applies one recorded event of the Turn's journal to the outcome with the same
+    /// extraction live delivery uses ([`TurnOutcome::record_error`] for `error`, the
+    /// latest snapshot for `usage`): how a Turn settled from its records after a restart
+    /// gets the classification of the errors it recorded ("Normal delivery and terminal
+    /// journal draining use the same extraction logic"). Other kinds, and payloads that
+    /// do not decode, change nothing.
+    pub fn apply_recorded(&mut self, kind: &str, payload: &serde_json::Value) {
+        match kind {
+            "error" => {
+                if let Ok(err) =
+                    serde_json::from_value::<crate::core_runtime::wire::RunError>(payload.clone())
+                {
+                    self.record_error(err.message.as_str(), err.code, err.http_status);
+                }
+            }
+            "usage" => {
+                if let Ok(usage) = serde_json::from_value::<Usage>(payload.clone()) {
+                    self.usage = Some(usage);
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
 /// The terminal state a `done` frame yields when no cancel was issued. A failed native
 /// outcome is `failed`/`engine_failed`; the classification never turns `completed` or
 /// `cancelled` into a failure.
@@ -210,6 +236,20 @@ mod tests {
         assert_eq!(o.public(TurnState::Failed).engine_error_code, None);
         o.error_code = Some(CoreErrorCode::CancelUnconfirmed);
         assert_eq!(o.public(TurnState::Failed).engine_http_status, None);
+    }
+
+    #[test]
+    fn the_journal_drain_extracts_like_live_delivery() {
+        let payload = serde_json::json!({"message": "upstream refused", "code": "connection_failed", "http_status": 502});
+        let mut live = TurnOutcome::default();
+        let err: crate::core_runtime::wire::RunError =
+            serde_json::from_value(payload.clone()).unwrap();
+        live.record_error(err.message.as_str(), err.code, err.http_status);
+        let mut drained = TurnOutcome::default();
+        drained.apply_recorded("delta", &serde_json::json!({"text": "x"}));
+        drained.apply_recorded("error", &payload);
+        assert_eq!(live, drained);
+        assert_eq!(drained.engine_http_status, Some(502));
     }
 
     #[test]

@@ -1273,6 +1273,22 @@ impl CoreStore for SqliteStore {
         drop(stmt);
         for row in rows {
             let mut turn = turn_from_row(row)?;
+            // The terminal drain: the outcome is rebuilt from the journal with the
+            // extraction live delivery uses, so an event committed just before the crash
+            // counts even when its outcome update was not.
+            let journal: Vec<(String, String)> = {
+                let mut events = tx.prepare(
+                    "SELECT kind, payload FROM turn_events WHERE turn_id = ?1 AND kind IN ('error','usage') ORDER BY sequence",
+                )?;
+                events
+                    .query_map(params![turn.turn_id], |r| Ok((r.get(0)?, r.get(1)?)))?
+                    .collect::<Result<_, _>>()?
+            };
+            for (kind, payload) in journal {
+                if let Ok(value) = serde_json::from_str::<serde_json::Value>(&payload) {
+                    turn.outcome.apply_recorded(&kind, &value);
+                }
+            }
             let code = if turn.state == TurnState::Running {
                 report.stream_incomplete.push(turn.turn_id.clone());
                 CoreErrorCode::EventStreamIncomplete

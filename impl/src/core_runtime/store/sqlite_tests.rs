@@ -314,6 +314,35 @@ fn reopen_after_drop_keeps_everything_and_recovers_without_replay() {
     assert_eq!(s.turn("t2").unwrap().state, TurnState::Queued);
 }
 
+#[test]
+fn recovery_drains_the_journal_for_the_classification() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let mut s = seeded(dir.path());
+        s.create_turn("t1", "s1", &json!([]), 1).unwrap();
+        assert!(s.claim_turn("t1", "dev", 1, "run-1", 2).unwrap());
+        s.advance_turn("t1", TurnState::Starting, 3).unwrap();
+        s.advance_turn("t1", TurnState::Running, 3).unwrap();
+        // The error event is committed; the crash comes before its outcome update.
+        s.append_event(
+            "t1",
+            "error",
+            &json!({"message": "upstream refused", "code": "connection_failed", "http_status": 502}),
+            4,
+        )
+        .unwrap();
+    }
+    let mut s = SqliteStore::open(dir.path()).unwrap();
+    s.recover(10).unwrap();
+    let outcome = s.turn("t1").unwrap().outcome;
+    assert_eq!(
+        outcome.error_code,
+        Some(CoreErrorCode::EventStreamIncomplete)
+    );
+    assert_eq!(outcome.error_message.as_deref(), Some("upstream refused"));
+    assert_eq!(outcome.engine_http_status, Some(502));
+}
+
 /// Environment variable that turns the test binary into the child of the kill -9 test.
 const CHILD_ENV: &str = "CONTRACT_STORE_KILL_CHILD_DIR";
 
