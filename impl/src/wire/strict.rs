@@ -161,6 +161,20 @@ pub fn parse_strict_with_nulls(bytes: &[u8]) -> Result<Value, WireError> {
 }
 
 fn parse(bytes: &[u8], nulls: bool) -> Result<Value, WireError> {
+    // A document that is not well-formed JSON is `malformed_json` wherever a duplicate
+    // key or a `null` sits before the syntax error: the verdict on the whole document
+    // comes first, as a parser that reads it all before looking at keys gives it.
+    // With `nulls` (the worker wire, whose decoders must agree with Python's), the
+    // pre-pass reads every value (numbers out of range, unpaired surrogates); otherwise
+    // it only skims the syntax, which is cheaper on the hot Core ↔ Runtime path.
+    let syntax = if nulls {
+        serde_json::from_slice::<Value>(bytes).map(|_| ())
+    } else {
+        serde_json::from_slice::<serde::de::IgnoredAny>(bytes).map(|_| ())
+    };
+    if let Err(e) = syntax {
+        return Err(WireError::Malformed(e.to_string()));
+    }
     let mut de = serde_json::Deserializer::from_slice(bytes);
     let mut failure: Option<WireError> = None;
     let seed = StrictSeed {

@@ -85,14 +85,53 @@ def parse_json(payload):
         text = payload.decode("utf-8")
     except UnicodeDecodeError as e:
         raise WireError("not_utf8", f"the payload is not UTF-8 (byte {e.start})") from None
+    # The whole document's syntax first (a duplicate key before a syntax error is still
+    # malformed JSON, as the Rust decoder says), then the duplicates.
     try:
-        return json.loads(
-            text, object_pairs_hook=_refuse_duplicates, parse_constant=_refuse_constant
-        )
+        value = json.loads(text, parse_constant=_refuse_constant, parse_float=_finite_float,
+                           parse_int=_bounded_int)
     except WireError:
         raise
     except ValueError as e:
         raise WireError("malformed_json", str(e)) from None
+    if _has_lone_surrogate(value):
+        # Python's json keeps an unpaired \ud800 escape; it is no Unicode text.
+        raise WireError("malformed_json", "a string holds an unpaired surrogate")
+    return json.loads(text, object_pairs_hook=_refuse_duplicates, parse_float=_finite_float,
+                      parse_int=_bounded_int)
+
+
+def _finite_float(text):
+    value = float(text)
+    if not math.isfinite(value):
+        raise WireError("malformed_json", f"number {text[:32]} is out of range")
+    return value
+
+
+def _bounded_int(text):
+    value = int(text)
+    if not -(2**63) <= value < 2**64:
+        # Beyond the 64-bit integers a JSON number is read as a float: finite or refused.
+        try:
+            float(value)
+        except OverflowError:
+            raise WireError("malformed_json", f"number {text[:32]}… is out of range") from None
+    return value
+
+
+def _has_lone_surrogate(value):
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, str):
+            if any(0xD800 <= ord(c) <= 0xDFFF for c in v):
+                return True
+        elif isinstance(v, list):
+            stack.extend(v)
+        elif isinstance(v, dict):
+            stack.extend(v.keys())
+            stack.extend(v.values())
+    return False
 
 
 def dump_json(value):
@@ -101,6 +140,7 @@ def dump_json(value):
 
 
 def _fields(obj, required, where):
+    """Checks an object's keys (hook inputs): unknown first, then missing."""
     if not isinstance(obj, dict):
         raise WireError("invalid_value", f"{where} is not an object")
     for key in obj:
@@ -123,68 +163,97 @@ def _string(value, where):
     return value
 
 
+def _version(value, where):
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0 or value >= 2**64:
+        raise WireError("invalid_value", f"{where} is not an unsigned integer")
+    return value
+
+
+def _slot(value, where):
+    if not isinstance(value, str) or value not in SLOTS:
+        raise WireError("invalid_value", f"{where} is not a slot")
+    return value
+
+
+def _any(value, where):
+    return value
+
+
+def _typed(obj, fields, where):
+    """Decodes an object the way the Rust wire's typed decoding does (serde with
+    `deny_unknown_fields`): keys in document order, a key the type does not define or a
+    bad value where it stands, then the first missing field in declaration order."""
+    if not isinstance(obj, dict):
+        raise WireError("invalid_value", f"{where} is not an object")
+    for key, value in obj.items():
+        check = fields.get(key)
+        if check is None:
+            raise WireError("unknown_field", f"unknown field `{key}` at {where}")
+        check(value, f"{where}.{key}")
+    for key in fields:
+        if key not in obj:
+            raise WireError("missing_field", f"missing field `{key}` at {where}")
+    return obj
+
+
+def _tagged(obj, variants, tag, where):
+    """An internally tagged enum: the tag first (missing, not a string, unknown), then
+    the variant's fields as `_typed`."""
+    if not isinstance(obj, dict):
+        raise WireError("invalid_value", f"{where} is not an object")
+    if tag not in obj:
+        raise WireError("missing_field", f"missing field `{tag}` at {where}")
+    name = obj[tag]
+    if not isinstance(name, str) or name not in variants:
+        raise WireError("invalid_value", f"{where}.{tag} names no variant")
+    rest = {k: v for k, v in obj.items() if k != tag}
+    _typed(rest, variants[name], where)
+    return obj
+
+
+REPLY = {
+    "ok": {"value": _any},
+    "error": {"code": _string, "message": _string},
+}
+
 # What the host sends, per kind: the fields of `message` besides `kind`.
 HOST_KINDS = {
-    "execute": ("id", "code"),
-    "invoke": ("id", "slot", "input"),
-    "host_reply": ("id", "execution_id", "reply"),
-    "interrupt": ("id",),
-    "shutdown": (),
+    "execute": {"id": _identifier, "code": _string},
+    "invoke": {"id": _identifier, "slot": _slot, "input": _any},
+    "host_reply": {"id": _identifier, "execution_id": _identifier,
+                   "reply": lambda v, w: _tagged(v, REPLY, "kind", w)},
+    "interrupt": {"id": _identifier},
+    "shutdown": {},
 }
 WORKER_KINDS = ("hello", "host_request", "completed")
 
 
 def decode_host_frame(payload, session_id, generation):
-    """Decodes one frame the host sent; raises WireError with the Rust wire's code."""
+    """Decodes one frame the host sent; raises WireError with the Rust wire's code, in
+    the Rust wire's order: not_utf8, malformed_json, duplicate_key, unknown_kind,
+    wrong_direction, typed decoding in document order, version_mismatch,
+    session_mismatch, generation_mismatch, bound_exceeded."""
     env = parse_json(payload)
-    _fields(env, ("version", "session_id", "generation", "message"), "$")
-    message = env["message"]
+    message = env.get("message") if isinstance(env, dict) else None
     if isinstance(message, dict) and isinstance(message.get("kind"), str):
         kind = message["kind"]
         if kind not in HOST_KINDS and kind not in WORKER_KINDS:
             raise WireError("unknown_kind", f"unknown message kind `{kind}`")
-    version = env["version"]
-    if isinstance(version, bool) or not isinstance(version, int) or version < 0:
-        raise WireError("invalid_value", "version is not an integer")
-    _identifier(env["session_id"], "$.session_id")
-    _identifier(env["generation"], "$.generation")
-    if not isinstance(message, dict) or "kind" not in message:
-        raise WireError("missing_field" if isinstance(message, dict) else "invalid_value",
-                        "message has no kind")
-    kind = message["kind"]
-    if kind in WORKER_KINDS:
-        # Fully typed elsewhere; from the host it is the wrong direction either way.
-        if version != VERSION:
-            raise WireError("version_mismatch", f"version {version} is not {VERSION}")
-        raise WireError("wrong_direction", f"`{kind}` is not sent by the host")
-    _fields(message, ("kind",) + HOST_KINDS[kind], "$.message")
-    if "id" in message:
-        _identifier(message["id"], "$.message.id")
-    if kind == "execute":
-        _string(message["code"], "$.message.code")
-    elif kind == "invoke":
-        if message["slot"] not in SLOTS:
-            raise WireError("invalid_value", "unknown slot")
-    elif kind == "host_reply":
-        _identifier(message["execution_id"], "$.message.execution_id")
-        reply = message["reply"]
-        if not isinstance(reply, dict) or reply.get("kind") not in ("ok", "error"):
-            raise WireError("invalid_value" if isinstance(reply, dict) and "kind" in reply
-                            else "missing_field" if isinstance(reply, dict) else "invalid_value",
-                            "reply is not ok/error")
-        if reply["kind"] == "ok":
-            _fields(reply, ("kind", "value"), "$.message.reply")
-        else:
-            _fields(reply, ("kind", "code", "message"), "$.message.reply")
-            _string(reply["code"], "$.message.reply.code")
-            _string(reply["message"], "$.message.reply.message")
-    if version != VERSION:
-        raise WireError("version_mismatch", f"version {version} is not {VERSION}")
+        if kind in WORKER_KINDS:
+            raise WireError("wrong_direction", f"`{kind}` is not sent by the host")
+    _typed(env, {
+        "version": _version,
+        "session_id": _identifier,
+        "generation": _identifier,
+        "message": lambda v, w: _tagged(v, HOST_KINDS, "kind", w),
+    }, "$")
+    if env["version"] != VERSION:
+        raise WireError("version_mismatch", f"version {env['version']} is not {VERSION}")
     if env["session_id"] != session_id:
         raise WireError("session_mismatch", f"session_id `{env['session_id']}` is not `{session_id}`")
     if env["generation"] != generation:
         raise WireError("generation_mismatch", f"generation `{env['generation']}` is not `{generation}`")
-    if kind == "execute" and len(message["code"].encode("utf-8")) > CELL_SOURCE_MAX_BYTES:
+    if message["kind"] == "execute" and len(message["code"].encode("utf-8")) > CELL_SOURCE_MAX_BYTES:
         raise WireError("bound_exceeded", "cell source over 262,144 bytes")
     return message
 
@@ -498,11 +567,19 @@ class Worker:
 
 
 def _format_exception():
+    """The cell's traceback without the worker's own frames (its line numbers are
+    nobody's business and change with every edit of the worker)."""
     etype, value, tb = sys.exc_info()
-    # Drop the worker's own frames: the cell's traceback starts at <cell>.
-    while tb is not None and tb.tb_frame.f_code.co_filename != "<cell>":
-        tb = tb.tb_next
-    return "".join(traceback.format_exception(etype, value, tb))
+    own = _format_exception.__code__.co_filename
+    frames = list(traceback.extract_tb(tb))
+    # From the cell's first frame on (a syntax error has none: the compiler's frames are
+    # not the cell's), without the worker's own.
+    start = next((i for i, f in enumerate(frames) if f.filename == "<cell>"), len(frames))
+    frames = [f for f in frames[start:] if f.filename != own]
+    lines = ["Traceback (most recent call last):\n"] if frames else []
+    lines += traceback.format_list(frames)
+    lines += traceback.format_exception_only(etype, value)
+    return "".join(lines)
 
 
 # ---------------------------------------------------------------- hooks role
@@ -706,7 +783,26 @@ async def amain():
     return status
 
 
+def classify_stdin():
+    """`--classify`: one JSON line per frame in (`{"payload_b64", "session_id",
+    "generation"}`), one line out (`{"code": null}` when the frame decodes, else its
+    code): the differential test of the Rust and Python decoders."""
+    import base64
+    for line in sys.stdin:
+        case = json.loads(line)
+        try:
+            decode_host_frame(base64.b64decode(case["payload_b64"]), case["session_id"], case["generation"])
+            code = None
+        except WireError as e:
+            code = e.code
+        sys.stdout.write(json.dumps({"code": code}) + "\n")
+    sys.stdout.flush()
+
+
 def main():
+    if sys.argv[1:] == ["--classify"]:
+        classify_stdin()
+        return
     sys.exit(asyncio.run(amain()))
 
 
