@@ -9,6 +9,8 @@
 //!                       [--command-stdin close|open]
 //! contract-impl schema core_runtime|worker
 //! contract-impl worker python              (see docs/worker-launch-contract.md)
+//! contract-impl worker run [--file CELLS] [--json] [-- PROGRAM…]
+//! contract-impl worker supervise -- PROGRAM…
 //! contract-impl core serve|credential …   (see docs/core-api.md)
 //! ```
 //!
@@ -116,6 +118,25 @@ enum Family {
 enum WorkerCommand {
     /// Replace this process with the Python worker (docs/worker-launch-contract.md).
     Python,
+    /// Start a workbench and run cells: from `--file` (cells separated by lines `# %%`),
+    /// else from stdin; print each cell's output (`--json`: one JSON object per cell).
+    Run {
+        /// Cells to run.
+        #[arg(long)]
+        file: Option<PathBuf>,
+        /// One JSON object per cell on stdout instead of text.
+        #[arg(long)]
+        json: bool,
+        /// The worker program and its arguments (default: this binary's Python worker).
+        #[arg(last = true)]
+        program: Vec<std::ffi::OsString>,
+    },
+    /// Run PROGRAM as a supervised worker (what the host spawns; docs/worker-launch-contract.md).
+    Supervise {
+        /// The worker program and its arguments.
+        #[arg(last = true, required = true)]
+        program: Vec<std::ffi::OsString>,
+    },
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -226,6 +247,19 @@ fn main() -> ExitCode {
             }
         },
         Command::Worker {
+            what: WorkerCommand::Supervise { program },
+        } => ExitCode::from(
+            u8::try_from(contract_impl::worker::supervise::run(&program)).unwrap_or(1),
+        ),
+        Command::Worker {
+            what:
+                WorkerCommand::Run {
+                    file,
+                    json,
+                    program,
+                },
+        } => worker_run(file, json, program),
+        Command::Worker {
             what: WorkerCommand::Python,
         } => {
             let err = contract_impl::worker::python::exec();
@@ -238,6 +272,110 @@ fn main() -> ExitCode {
         Command::Runtime(args) => runtime(args),
         Command::Core(args) => contract_impl::core_runtime::gateway::cli::run(args),
     }
+}
+
+/// `worker run`: a workbench, the cells of `file` (or stdin) in order, their outputs.
+/// Exit 0 when every cell ended `ok`, 1 otherwise, 2 when the worker cannot start.
+fn worker_run(file: Option<PathBuf>, json: bool, program: Vec<std::ffi::OsString>) -> ExitCode {
+    use contract_impl::worker::host::{BasicServices, HostConfig, SHUTDOWN_GRACE, Worker};
+    use contract_impl::worker::wire::{CellStatus, Stream};
+    let source = match &file {
+        Some(path) => std::fs::read_to_string(path),
+        None => std::io::read_to_string(std::io::stdin()),
+    };
+    let source = match source {
+        Ok(source) => source,
+        Err(err) => {
+            eprintln!("error: cannot read the cells: {err}");
+            return ExitCode::from(EXIT_USAGE);
+        }
+    };
+    let mut cells: Vec<String> = vec![String::new()];
+    for line in source.split_inclusive('\n') {
+        if line.trim_end() == "# %%" {
+            cells.push(String::new());
+        } else if let Some(last) = cells.last_mut() {
+            last.push_str(line);
+        }
+    }
+    cells.retain(|c| !c.trim().is_empty());
+    let program = if program.is_empty() {
+        match std::env::current_exe() {
+            Ok(exe) => vec![exe.into_os_string(), "worker".into(), "python".into()],
+            Err(err) => {
+                eprintln!("error: {err}");
+                return ExitCode::from(EXIT_FAILURE);
+            }
+        }
+    } else {
+        program
+    };
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(runtime) => runtime,
+        Err(err) => {
+            eprintln!("error: cannot start the async runtime: {err}");
+            return ExitCode::from(EXIT_FAILURE);
+        }
+    };
+    runtime.block_on(async move {
+        let mut worker = match Worker::spawn(HostConfig::workbench(program)).await {
+            Ok(worker) => worker,
+            Err(err) => {
+                eprintln!("error: {err} ({})", err.code());
+                return ExitCode::from(EXIT_USAGE);
+            }
+        };
+        let mut all_ok = true;
+        let mut services = BasicServices;
+        for code in &cells {
+            let record = match worker.execute(code, &mut services).await {
+                Ok(record) => record,
+                Err(err) => {
+                    eprintln!("error: {err} ({})", err.code());
+                    all_ok = false;
+                    break;
+                }
+            };
+            all_ok &= record.status == Some(CellStatus::Ok);
+            if json {
+                let line = serde_json::json!({
+                    "id": record.id,
+                    "status": record.status,
+                    "output": record.output,
+                    "truncated_bytes": record.truncated_bytes,
+                    "error": record.error,
+                    "observed_by_host": record.observed_by_host,
+                });
+                println!("{line}");
+            } else {
+                for out in &record.output {
+                    match out.stream {
+                        Stream::Stdout => print!("{}", out.text),
+                        Stream::Stderr => eprint!("{}", out.text),
+                        Stream::Result => println!("{}", out.text),
+                    }
+                }
+                if record.truncated_bytes > 0 {
+                    eprintln!("[{} bytes of output discarded]", record.truncated_bytes);
+                }
+                if let Some(error) = &record.error {
+                    eprint!("{error}");
+                    if !error.ends_with('\n') {
+                        eprintln!();
+                    }
+                }
+            }
+            if record.observed_by_host {
+                break;
+            }
+        }
+        worker.shutdown(SHUTDOWN_GRACE).await;
+        if all_ok {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::from(EXIT_FAILURE)
+        }
+    })
 }
 
 fn runtime(args: RuntimeArgs) -> ExitCode {

@@ -6,9 +6,15 @@
 //!   corpus all use it.
 //! * [`python`]: the Python worker (stdlib only), shipped inside the binary and started
 //!   by `contract-impl worker python`.
+//! * [`host`]: the worker host: private directory and socket, token, handshake, cells,
+//!   request routing, invalidation, hard stop.
+//! * [`supervise`]: the process the host spawns around a worker so that no process of
+//!   it outlives the host (`contract-impl worker supervise`).
 //!
 //! This module owns the protocol's types and rules; it never decides what a host request
 //! does (that is the host's).
 
+pub mod host;
 pub mod python;
+pub mod supervise;
 pub mod wire;

@@ -1,0 +1,660 @@
+//! The worker host ("Transport and bounds", "Message vocabulary"): spawns one worker
+//! generation in a private directory, binds it with a startup token, runs its cells and
+//! answers its requests, and keeps the hard-stop authority over every process of it.
+//!
+//! * A private directory (0700) under the system's temporary directory holds the one
+//!   protocol socket (0600; its path checked against [`SOCKET_PATH_MAX_BYTES`] with an
+//!   error naming it) and the supervisor's watch socket.
+//! * The host spawns the [`super::supervise`] process (`contract-impl worker supervise --
+//!   PROGRAM…`), which starts the worker program with the launch environment of
+//!   `docs/worker-launch-contract.md` and kills every process of the worker when the host
+//!   drops the watch connection or dies, SIGKILL included.
+//! * The handshake: the first frame must be `hello` with the token, the expected role and
+//!   exactly the role's slots, within the handshake bound.
+//! * Any bad frame, identity mismatch, end of stream or timed-out exchange invalidates the
+//!   generation: the host stops it and never resumes it. Worker death gives a
+//!   host-observed `failed` record, never an invented completion.
+//! * One foreground operation at a time (`&mut self`); at most
+//!   [`REQUESTS_PER_CELL_MAX`] requests per cell (the 129th is answered
+//!   `request_limit`); replies carry the request's own identity.
+//! * The worker's stdout and stderr are drained continuously into separate bounded
+//!   [`DIAGNOSTIC_TAIL_BYTES`] tails, never parsed.
+//!
+//! What a request *does* is the [`RequestHandler`]'s (the host services of the host
+//! services issue); this module only routes them.
+
+use std::ffi::OsString;
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde_json::json;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+use tokio::net::{UnixListener, UnixStream};
+use tokio::process::{Child, Command};
+
+use super::wire::frame::{FrameDecoder, encode_frame};
+use super::wire::limits::{DIAGNOSTIC_TAIL_BYTES, REQUESTS_PER_CELL_MAX, SOCKET_PATH_MAX_BYTES};
+use super::wire::{
+    CellStatus, Completion, Direction, Envelope, Expect, HostRequest, Identifier, Message,
+    OutputRecord, Reply, Role, Slot, WorkerWireError, decode_envelope, encode_envelope,
+};
+use crate::process::tail::OutputTail;
+
+/// Default bound of the handshake: spawn to `hello`.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Default grace between `shutdown` and the hard stop.
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+
+/// Why the host refused or lost a worker. Every variant has a stable [`code`](Self::code).
+#[derive(Debug, thiserror::Error)]
+pub enum HostError {
+    /// The private directory or a socket could not be made.
+    #[error("cannot prepare the worker's directory: {0}")]
+    Setup(String),
+    /// The socket path is longer than a Unix socket address holds.
+    #[error(
+        "the socket path {path} is {len} bytes, over the {SOCKET_PATH_MAX_BYTES}-byte limit of a Unix socket address"
+    )]
+    SocketPathTooLong {
+        /// The path.
+        path: PathBuf,
+        /// Its length.
+        len: usize,
+    },
+    /// The worker program could not be started.
+    #[error("cannot start the worker: {0}")]
+    Spawn(String),
+    /// No hello within the bound (or the worker exited first).
+    #[error("the worker did not say hello within {0:?}")]
+    HandshakeTimeout(Duration),
+    /// The hello does not bind this subprocess (wrong token, role or slots).
+    #[error("the worker's hello is refused: {0}")]
+    Handshake(String),
+    /// A frame of the worker was refused; the generation is invalidated.
+    #[error("invalid frame from the worker ({code}): {0}", code = .0.code())]
+    Wire(WorkerWireError),
+    /// The exchange did not end within its bound; the generation is invalidated.
+    #[error("the worker did not answer within {0:?}")]
+    Timeout(Duration),
+    /// The generation was invalidated earlier.
+    #[error("the worker generation is no longer valid")]
+    Invalidated,
+    /// The worker closed the connection (between frames).
+    #[error("the worker closed the connection")]
+    Eof,
+    /// Reading or writing the socket failed.
+    #[error("the worker connection failed: {0}")]
+    Io(String),
+}
+
+impl HostError {
+    /// The stable code.
+    pub fn code(&self) -> &'static str {
+        match self {
+            HostError::Setup(_) => "setup_failed",
+            HostError::SocketPathTooLong { .. } => "socket_path_too_long",
+            HostError::Spawn(_) => "spawn_failed",
+            HostError::HandshakeTimeout(_) => "handshake_timeout",
+            HostError::Handshake(_) => "handshake_refused",
+            HostError::Wire(e) => e.code(),
+            HostError::Timeout(_) => "timeout",
+            HostError::Invalidated => "invalidated",
+            HostError::Eof => "eof",
+            HostError::Io(_) => "io_error",
+        }
+    }
+}
+
+/// How to start a worker.
+#[derive(Debug, Clone)]
+pub struct HostConfig {
+    /// The worker program and its arguments (no shell, no `PATH` lookup beyond the OS's).
+    pub program: Vec<OsString>,
+    /// The role the worker must announce.
+    pub role: Role,
+    /// The hook source snapshot (role `hooks`).
+    pub hooks_dir: Option<PathBuf>,
+    /// The session of the generation.
+    pub session_id: Identifier,
+    /// The generation's identifier.
+    pub generation: Identifier,
+    /// Spawn-to-hello bound.
+    pub handshake_timeout: Duration,
+    /// Bound of one cell (execute to completed), `None`: none.
+    pub cell_timeout: Option<Duration>,
+    /// The supervisor binary (`contract-impl`); default the running executable.
+    pub supervisor: Option<PathBuf>,
+}
+
+impl HostConfig {
+    /// A workbench running `program`, session `root`, generation `g-1`, default bounds.
+    pub fn workbench(program: Vec<OsString>) -> Self {
+        Self {
+            program,
+            role: Role::Workbench,
+            hooks_dir: None,
+            session_id: Identifier::new("root").expect("a valid identifier"),
+            generation: Identifier::new("g-1").expect("a valid identifier"),
+            handshake_timeout: HANDSHAKE_TIMEOUT,
+            cell_timeout: None,
+            supervisor: None,
+        }
+    }
+}
+
+/// Answers a worker's host requests.
+pub trait RequestHandler: Send {
+    /// The reply to `request` of execution `execution_id`.
+    fn handle(&mut self, execution_id: &Identifier, request: &HostRequest) -> Reply;
+}
+
+/// The services available without the host-services layer: `runtime.inspect` (`now`,
+/// `now_ms`); every other method is answered `unsupported_method`.
+#[derive(Debug, Default)]
+pub struct BasicServices;
+
+impl RequestHandler for BasicServices {
+    fn handle(&mut self, _execution_id: &Identifier, request: &HostRequest) -> Reply {
+        match request {
+            HostRequest::RuntimeInspect {} => {
+                let now = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .unwrap_or_default();
+                Reply::Ok {
+                    value: json!({"now": rfc3339_utc(now), "now_ms": now.as_millis() as u64}),
+                }
+            }
+            other => Reply::Error {
+                code: "unsupported_method".into(),
+                message: format!("{} is not served by this host", other.method()),
+            },
+        }
+    }
+}
+
+/// `YYYY-MM-DDTHH:MM:SS.mmmZ` for a time since the Unix epoch (the `Z` shape).
+pub fn rfc3339_utc(since_epoch: Duration) -> String {
+    let secs = since_epoch.as_secs();
+    let (days, rem) = (secs / 86_400, secs % 86_400);
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60,
+        since_epoch.subsec_millis()
+    )
+}
+
+/// How a cell ended, as the host records it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CellRecord {
+    /// The operation ID.
+    pub id: Identifier,
+    /// `ok`, `error`, `yielded`, `interrupted`; `None` when the worker failed the
+    /// operation or died (then `error` says how).
+    pub status: Option<CellStatus>,
+    /// Output records.
+    pub output: Vec<OutputRecord>,
+    /// Bytes counted and discarded.
+    pub truncated_bytes: u64,
+    /// Error text.
+    pub error: Option<String>,
+    /// Whether this record is the host's own observation (the worker died or was
+    /// invalidated), not the worker's completion.
+    pub observed_by_host: bool,
+}
+
+/// One running worker generation.
+pub struct Worker {
+    config: HostConfig,
+    dir: PrivateDir,
+    child: Child,
+    conn: Option<UnixStream>,
+    watch: Option<UnixStream>,
+    decoder: FrameDecoder,
+    pending: std::collections::VecDeque<Vec<u8>>,
+    stdout: Arc<Mutex<OutputTail>>,
+    stderr: Arc<Mutex<OutputTail>>,
+    next_op: u64,
+    valid: bool,
+    /// The hooks revision the worker announced.
+    pub revision: Option<String>,
+}
+
+/// A directory removed when dropped.
+struct PrivateDir(PathBuf);
+
+impl Drop for PrivateDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn tail() -> Arc<Mutex<OutputTail>> {
+    Arc::new(Mutex::new(OutputTail::new(
+        256,
+        DIAGNOSTIC_TAIL_BYTES,
+        DIAGNOSTIC_TAIL_BYTES,
+    )))
+}
+
+fn drain(mut from: impl AsyncRead + Unpin + Send + 'static, into: Arc<Mutex<OutputTail>>) {
+    tokio::spawn(async move {
+        let mut buf = vec![0u8; 8192];
+        loop {
+            match from.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => {
+                    if let Ok(mut t) = into.lock() {
+                        t.push(&buf[..n]);
+                    }
+                }
+            }
+        }
+    });
+}
+
+fn private_dir() -> Result<PrivateDir, HostError> {
+    let base = std::env::temp_dir();
+    let path = base.join(format!("cw-{}", uuid::Uuid::new_v4().simple()));
+    std::fs::DirBuilder::new()
+        .mode(0o700)
+        .create(&path)
+        .map_err(|e| HostError::Setup(format!("{}: {e}", path.display())))?;
+    Ok(PrivateDir(path))
+}
+
+fn bind_private(path: &Path) -> Result<UnixListener, HostError> {
+    let len = path.as_os_str().len();
+    if len > SOCKET_PATH_MAX_BYTES {
+        return Err(HostError::SocketPathTooLong {
+            path: path.to_path_buf(),
+            len,
+        });
+    }
+    let listener = UnixListener::bind(path)
+        .map_err(|e| HostError::Setup(format!("{}: {e}", path.display())))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
+        .map_err(|e| HostError::Setup(format!("{}: {e}", path.display())))?;
+    Ok(listener)
+}
+
+impl Worker {
+    /// Starts a generation and completes its handshake.
+    ///
+    /// # Errors
+    /// [`HostError`]: setup, spawn, handshake timeout or refusal (the worker is stopped).
+    pub async fn spawn(config: HostConfig) -> Result<Self, HostError> {
+        let dir = private_dir()?;
+        let socket = dir.0.join("worker.sock");
+        let listener = bind_private(&socket)?;
+        let watch_path = dir.0.join("watch.sock");
+        let watch_listener = bind_private(&watch_path)?;
+        let token = format!("tok-{}", uuid::Uuid::new_v4().simple());
+        let supervisor = match &config.supervisor {
+            Some(path) => path.clone(),
+            None => std::env::current_exe().map_err(|e| HostError::Spawn(e.to_string()))?,
+        };
+        let mut command = Command::new(&supervisor);
+        command
+            .arg("worker")
+            .arg("supervise")
+            .arg("--")
+            .args(&config.program)
+            .env(super::supervise::WATCH_ENV, &watch_path)
+            .env("CONTRACT_WORKER_SOCKET", &socket)
+            .env("CONTRACT_WORKER_TOKEN", &token)
+            .env("CONTRACT_WORKER_SESSION_ID", config.session_id.as_str())
+            .env("CONTRACT_WORKER_GENERATION", config.generation.as_str())
+            .env(
+                "CONTRACT_WORKER_ROLE",
+                match config.role {
+                    Role::Workbench => "workbench",
+                    Role::Hooks => "hooks",
+                },
+            )
+            .current_dir(&dir.0)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .process_group(0)
+            .kill_on_drop(true);
+        if let Some(hooks) = &config.hooks_dir {
+            command.env("CONTRACT_WORKER_HOOKS_DIR", hooks);
+        }
+        let mut child = command
+            .spawn()
+            .map_err(|e| HostError::Spawn(format!("{}: {e}", supervisor.display())))?;
+        let (stdout, stderr) = (tail(), tail());
+        if let Some(out) = child.stdout.take() {
+            drain(out, stdout.clone());
+        }
+        if let Some(err) = child.stderr.take() {
+            drain(err, stderr.clone());
+        }
+        let bound = config.handshake_timeout;
+        let accepted = tokio::time::timeout(bound, async {
+            let (watch, _) = watch_listener.accept().await?;
+            let (conn, _) = listener.accept().await?;
+            Ok::<_, std::io::Error>((watch, conn))
+        })
+        .await;
+        let (watch, conn) = match accepted {
+            Ok(Ok(pair)) => pair,
+            Ok(Err(e)) => return Err(HostError::Io(e.to_string())),
+            Err(_) => {
+                let _ = child.kill().await;
+                return Err(HostError::HandshakeTimeout(bound));
+            }
+        };
+        let mut worker = Self {
+            config,
+            dir,
+            child,
+            conn: Some(conn),
+            watch: Some(watch),
+            decoder: FrameDecoder::new(),
+            pending: std::collections::VecDeque::new(),
+            stdout,
+            stderr,
+            next_op: 0,
+            valid: true,
+            revision: None,
+        };
+        let hello = tokio::time::timeout(bound, worker.read_message()).await;
+        let message = match hello {
+            Ok(Ok(message)) => message,
+            Ok(Err(e)) => {
+                worker.hard_stop().await;
+                return Err(e);
+            }
+            Err(_) => {
+                worker.hard_stop().await;
+                return Err(HostError::HandshakeTimeout(bound));
+            }
+        };
+        match message {
+            Message::Hello {
+                token: got,
+                role,
+                revision,
+                slots,
+            } => {
+                let problem = if got.as_str() != token {
+                    Some("the token is not the one this subprocess was started with".to_string())
+                } else if role != worker.config.role {
+                    Some(format!("role {role:?}, expected {:?}", worker.config.role))
+                } else if role == Role::Hooks && slots.as_slice() != Slot::ALL {
+                    Some(
+                        "a hook worker implements exactly attention.plan and delivery.review"
+                            .into(),
+                    )
+                } else {
+                    None
+                };
+                if let Some(problem) = problem {
+                    worker.hard_stop().await;
+                    return Err(HostError::Handshake(problem));
+                }
+                worker.revision = revision.0;
+                Ok(worker)
+            }
+            other => {
+                worker.hard_stop().await;
+                Err(HostError::Handshake(format!(
+                    "the first message is {}, not hello",
+                    other.kind()
+                )))
+            }
+        }
+    }
+
+    /// The private directory of this generation.
+    pub fn dir(&self) -> &Path {
+        &self.dir.0
+    }
+
+    /// The worker's process ID (the supervisor's).
+    pub fn pid(&self) -> Option<u32> {
+        self.child.id()
+    }
+
+    /// The bounded tail of the worker's stderr.
+    pub fn stderr_tail(&self) -> String {
+        self.stderr
+            .lock()
+            .map(|t| t.lines().collect::<Vec<_>>().join("\n"))
+            .unwrap_or_default()
+    }
+
+    /// The bounded tail of the worker's stdout.
+    pub fn stdout_tail(&self) -> String {
+        self.stdout
+            .lock()
+            .map(|t| t.lines().collect::<Vec<_>>().join("\n"))
+            .unwrap_or_default()
+    }
+
+    async fn send(&mut self, message: Message) -> Result<(), HostError> {
+        let envelope = Envelope {
+            version: super::wire::limits::PROTOCOL_VERSION,
+            session_id: self.config.session_id.clone(),
+            generation: self.config.generation.clone(),
+            message,
+        };
+        let payload = encode_envelope(&envelope).map_err(HostError::Wire)?;
+        let frame = encode_frame(&payload).map_err(|e| HostError::Wire(e.into()))?;
+        let conn = self.conn.as_mut().ok_or(HostError::Invalidated)?;
+        conn.write_all(&frame)
+            .await
+            .map_err(|e| HostError::Io(e.to_string()))
+    }
+
+    async fn read_message(&mut self) -> Result<Message, HostError> {
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            if let Some(payload) = self.pending.pop_front() {
+                return self.decode(&payload);
+            }
+            let conn = self.conn.as_mut().ok_or(HostError::Invalidated)?;
+            let n = conn
+                .read(&mut buf)
+                .await
+                .map_err(|e| HostError::Io(e.to_string()))?;
+            if n == 0 {
+                return Err(match self.decoder.finish() {
+                    Err(e) => HostError::Wire(e.into()),
+                    Ok(()) => HostError::Eof,
+                });
+            }
+            let frames = self
+                .decoder
+                .push(&buf[..n])
+                .map_err(|e| HostError::Wire(e.into()))?;
+            self.pending.extend(frames);
+        }
+    }
+
+    fn decode(&self, payload: &[u8]) -> Result<Message, HostError> {
+        let expect = Expect {
+            session_id: self.config.session_id.as_str(),
+            generation: self.config.generation.as_str(),
+            direction: Direction::WorkerToHost,
+        };
+        decode_envelope(payload, Some(&expect))
+            .map(|e| e.message)
+            .map_err(HostError::Wire)
+    }
+
+    /// Runs one cell: `execute`, the cell's host requests through `handler` (at most
+    /// [`REQUESTS_PER_CELL_MAX`]; the next ones answered `request_limit`), until its
+    /// `completed`. A refused frame, a frame of another operation, the end of the
+    /// stream or the cell bound invalidates the generation: the worker is stopped and
+    /// the record is the host's own (`observed_by_host`).
+    ///
+    /// # Errors
+    /// [`HostError::Invalidated`] when the generation was invalidated before; a send
+    /// failure.
+    pub async fn execute(
+        &mut self,
+        code: &str,
+        handler: &mut dyn RequestHandler,
+    ) -> Result<CellRecord, HostError> {
+        if !self.valid {
+            return Err(HostError::Invalidated);
+        }
+        self.next_op += 1;
+        let id = Identifier::new(format!("c{}", self.next_op)).expect("a valid identifier");
+        self.send(Message::Execute {
+            id: id.clone(),
+            code: code.to_string(),
+        })
+        .await?;
+        let mut requests = 0usize;
+        let deadline = self
+            .config
+            .cell_timeout
+            .map(|t| tokio::time::Instant::now() + t);
+        loop {
+            let next = match deadline {
+                Some(at) => match tokio::time::timeout_at(at, self.read_message()).await {
+                    Ok(next) => next,
+                    Err(_) => Err(HostError::Timeout(
+                        self.config.cell_timeout.unwrap_or_default(),
+                    )),
+                },
+                None => self.read_message().await,
+            };
+            let message = match next {
+                Ok(message) => message,
+                Err(e) => return Ok(self.lost(&id, &e).await),
+            };
+            match message {
+                Message::HostRequest {
+                    id: request_id,
+                    execution_id,
+                    request,
+                } if execution_id == id => {
+                    requests += 1;
+                    let reply = if requests > REQUESTS_PER_CELL_MAX {
+                        Reply::Error {
+                            code: "request_limit".into(),
+                            message: format!(
+                                "at most {REQUESTS_PER_CELL_MAX} requests per foreground cell"
+                            ),
+                        }
+                    } else {
+                        handler.handle(&execution_id, &request)
+                    };
+                    self.send(Message::HostReply {
+                        id: request_id,
+                        execution_id,
+                        reply,
+                    })
+                    .await?;
+                }
+                Message::Completed { id: done, result } if done == id => {
+                    return Ok(match result {
+                        Completion::Cell {
+                            status,
+                            output,
+                            truncated_bytes,
+                            error,
+                        } => CellRecord {
+                            id,
+                            status: Some(status),
+                            output,
+                            truncated_bytes,
+                            error: error.0,
+                            observed_by_host: false,
+                        },
+                        Completion::Failed { error } => CellRecord {
+                            id,
+                            status: None,
+                            output: Vec::new(),
+                            truncated_bytes: 0,
+                            error: Some(error),
+                            observed_by_host: false,
+                        },
+                        Completion::Hook { .. } => {
+                            let e = HostError::Handshake("a hook completion for a cell".into());
+                            self.lost(&id, &e).await
+                        }
+                    });
+                }
+                other => {
+                    let e = HostError::Handshake(format!(
+                        "{} for another operation or execution",
+                        other.kind()
+                    ));
+                    return Ok(self.lost(&id, &e).await);
+                }
+            }
+        }
+    }
+
+    /// The generation is lost: stop it, and record what the host observed.
+    async fn lost(&mut self, id: &Identifier, why: &HostError) -> CellRecord {
+        self.hard_stop().await;
+        let status = self.child.try_wait().ok().flatten();
+        CellRecord {
+            id: id.clone(),
+            status: None,
+            output: Vec::new(),
+            truncated_bytes: 0,
+            error: Some(format!(
+                "host observed: {} ({}); worker {}",
+                why,
+                why.code(),
+                status.map_or("stopped".to_string(), |s| format!("ended with {s}"))
+            )),
+            observed_by_host: true,
+        }
+    }
+
+    /// Asks the worker to exit, waits `grace`, then stops it hard. Returns the exit
+    /// status the host observed.
+    pub async fn shutdown(&mut self, grace: Duration) -> Option<std::process::ExitStatus> {
+        if self.valid
+            && self.send(Message::Shutdown {}).await.is_ok()
+            && let Ok(Ok(status)) = tokio::time::timeout(grace, self.child.wait()).await
+        {
+            self.valid = false;
+            self.conn = None;
+            self.watch = None;
+            return Some(status);
+        }
+        self.hard_stop().await;
+        self.child.try_wait().ok().flatten()
+    }
+
+    /// The hard stop: drops the watch connection, on which the supervisor kills every
+    /// process of the worker (its group and every descendant, wherever it moved), and
+    /// reaps the supervisor (SIGKILL after [`super::supervise::SWEEP_BOUND`] more).
+    pub async fn hard_stop(&mut self) {
+        self.valid = false;
+        self.conn = None;
+        self.watch = None;
+        let bound = super::supervise::SWEEP_BOUND + Duration::from_secs(1);
+        if tokio::time::timeout(bound, self.child.wait())
+            .await
+            .is_err()
+        {
+            let _ = self.child.kill().await;
+        }
+    }
+}

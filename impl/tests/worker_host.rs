@@ -1,0 +1,159 @@
+//! The worker host against real processes: our Python worker (and scripted misbehaving
+//! workers), the supervisor, and the host itself killed with SIGKILL.
+
+use std::ffi::OsString;
+use std::os::unix::fs::PermissionsExt;
+use std::time::{Duration, Instant};
+
+use contract_impl::worker::host::{BasicServices, HostConfig, Worker};
+use contract_impl::worker::wire::{CellStatus, Stream};
+
+const BIN: &str = env!("CARGO_BIN_EXE_contract-impl");
+
+fn python_worker() -> HostConfig {
+    let mut config = HostConfig::workbench(vec![BIN.into(), "worker".into(), "python".into()]);
+    config.supervisor = Some(BIN.into());
+    config
+}
+
+fn result_text(record: &contract_impl::worker::host::CellRecord) -> String {
+    record
+        .output
+        .iter()
+        .filter(|o| o.stream == Stream::Result)
+        .map(|o| o.text.clone())
+        .collect()
+}
+
+#[tokio::test]
+async fn cells_run_in_a_private_directory_and_the_worker_exits_cleanly() {
+    let mut worker = Worker::spawn(python_worker()).await.unwrap();
+    let dir = worker.dir().to_path_buf();
+    assert_eq!(
+        std::fs::metadata(&dir).unwrap().permissions().mode() & 0o777,
+        0o700
+    );
+    let socket = std::fs::metadata(dir.join("worker.sock")).unwrap();
+    assert_eq!(socket.permissions().mode() & 0o777, 0o600);
+    let mut services = BasicServices;
+    let r = worker.execute("x = 6\nx * 7", &mut services).await.unwrap();
+    assert_eq!(
+        (r.status, result_text(&r)),
+        (Some(CellStatus::Ok), "42".to_string())
+    );
+    let r = worker
+        .execute(
+            "v = await runtime.inspect()\nv['now'].endswith('Z')",
+            &mut services,
+        )
+        .await
+        .unwrap();
+    assert_eq!(result_text(&r), "True");
+    let status = worker.shutdown(Duration::from_secs(5)).await.unwrap();
+    assert!(status.success(), "{status}");
+    drop(worker);
+    assert!(!dir.exists(), "the private directory is removed");
+}
+
+#[tokio::test]
+async fn the_129th_request_of_a_cell_is_refused() {
+    let mut worker = Worker::spawn(python_worker()).await.unwrap();
+    let code = "codes = []\nfor i in range(130):\n    try:\n        await runtime.inspect()\n        codes.append('ok')\n    except Exception as e:\n        codes.append(e.code)\n(codes.count('ok'), codes[128:])";
+    let r = worker.execute(code, &mut BasicServices).await.unwrap();
+    assert_eq!(result_text(&r), "(128, ['request_limit', 'request_limit'])");
+    worker.shutdown(Duration::from_secs(5)).await;
+}
+
+#[tokio::test]
+async fn a_worker_that_dies_mid_cell_gets_a_host_observed_record() {
+    let mut worker = Worker::spawn(python_worker()).await.unwrap();
+    let r = worker
+        .execute("import os\nprint('bye')\nos._exit(5)", &mut BasicServices)
+        .await
+        .unwrap();
+    assert!(r.observed_by_host, "{r:?}");
+    assert_eq!(r.status, None);
+    assert!(r.output.is_empty(), "no invented output");
+    assert!(
+        r.error.as_deref().unwrap_or_default().contains("eof"),
+        "{r:?}"
+    );
+    // The generation is gone for good.
+    let again = worker.execute("1", &mut BasicServices).await;
+    assert_eq!(again.unwrap_err().code(), "invalidated");
+}
+
+/// A worker that says hello with another token.
+#[tokio::test]
+async fn a_hello_with_another_token_is_refused() {
+    let script = r#"
+import json, os, socket, struct
+s = socket.socket(socket.AF_UNIX); s.connect(os.environ["CONTRACT_WORKER_SOCKET"])
+m = {"version": 1, "session_id": os.environ["CONTRACT_WORKER_SESSION_ID"], "generation": os.environ["CONTRACT_WORKER_GENERATION"],
+     "message": {"kind": "hello", "token": "tok-forged", "role": "workbench", "revision": None, "slots": []}}
+b = json.dumps(m).encode(); s.sendall(struct.pack(">I", len(b)) + b); s.recv(1)
+"#;
+    let mut config = python_worker();
+    config.program = vec!["python3".into(), "-c".into(), OsString::from(script)];
+    let err = Worker::spawn(config).await.err().unwrap();
+    assert_eq!(err.code(), "handshake_refused", "{err}");
+}
+
+fn alive(pid: i32) -> bool {
+    // A zombie is gone for our purpose only once reaped; /proc/PID/stat shows `Z`.
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => {
+            let state = stat[stat.rfind(')').unwrap() + 2..].chars().next();
+            state != Some('Z')
+        }
+        Err(_) => false,
+    }
+}
+
+#[test]
+fn no_process_of_the_worker_survives_a_sigkill_of_the_host() {
+    let dir = tempfile::tempdir().unwrap();
+    let pids = dir.path().join("pids");
+    let cells = dir.path().join("cells.py");
+    std::fs::write(
+        &cells,
+        format!(
+            "import os, subprocess, time\nchild = subprocess.Popen(['sleep', '600'])\nescaped = subprocess.Popen(['sleep', '601'], start_new_session=True)\nopen({:?}, 'w').write(f'{{os.getpid()}} {{child.pid}} {{escaped.pid}}')\ntime.sleep(600)\n",
+            pids.display().to_string()
+        ),
+    )
+    .unwrap();
+    let mut host = std::process::Command::new(BIN)
+        .args(["worker", "run", "--file"])
+        .arg(&cells)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let started = Instant::now();
+    let text = loop {
+        if let Ok(text) = std::fs::read_to_string(&pids)
+            && text.split(' ').count() == 3
+        {
+            break text;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "the cell never started"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let pids: Vec<i32> = text.split(' ').map(|p| p.parse().unwrap()).collect();
+    assert!(pids.iter().all(|p| alive(*p)));
+    host.kill().unwrap();
+    host.wait().unwrap();
+    let killed = Instant::now();
+    while pids.iter().any(|p| alive(*p)) {
+        assert!(
+            killed.elapsed() < Duration::from_secs(5),
+            "processes of the worker outlived the host: {:?}",
+            pids.iter().filter(|p| alive(**p)).collect::<Vec<_>>()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
