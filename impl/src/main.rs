@@ -318,7 +318,10 @@ fn worker_run(file: Option<PathBuf>, json: bool, program: Vec<std::ffi::OsString
         }
     };
     runtime.block_on(async move {
-        let mut worker = match Worker::spawn(HostConfig::workbench(program)).await {
+        // The user's cells run where the user runs them (relative paths mean theirs).
+        let mut config = HostConfig::workbench(program);
+        config.cwd = std::env::current_dir().ok();
+        let mut worker = match Worker::spawn(config).await {
             Ok(worker) => worker,
             Err(err) => {
                 eprintln!("error: {err} ({})", err.code());

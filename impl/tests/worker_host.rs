@@ -157,3 +157,48 @@ fn no_process_of_the_worker_survives_a_sigkill_of_the_host() {
         std::thread::sleep(Duration::from_millis(20));
     }
 }
+
+#[test]
+fn an_independent_host_drives_our_worker() {
+    let script = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/independent_worker_host.py"
+    );
+    let out = std::process::Command::new("python3")
+        .args([script, BIN, "worker", "python"])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.trim() == "ok",
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[tokio::test]
+async fn our_host_drives_an_independent_worker() {
+    let script = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/independent_worker.py"
+    );
+    let mut config = python_worker();
+    config.program = vec!["python3".into(), script.into()];
+    let mut worker = Worker::spawn(config).await.unwrap();
+    for (code, want) in [("6 * 7", "42"), ("'ab' * 2", "'abab'")] {
+        let r = worker.execute(code, &mut BasicServices).await.unwrap();
+        assert_eq!(r.status, Some(CellStatus::Ok), "{r:?}");
+        assert_eq!(result_text(&r), want);
+        // runtime.inspect answered ok, hooks.list refused: each reply reached its request.
+        assert_eq!(r.output[0].text, "ok error\n");
+    }
+    let r = worker.execute("1 / 0", &mut BasicServices).await.unwrap();
+    assert_eq!(r.status, Some(CellStatus::Error));
+    assert!(
+        worker
+            .shutdown(Duration::from_secs(5))
+            .await
+            .unwrap()
+            .success()
+    );
+}

@@ -128,6 +128,8 @@ pub struct HostConfig {
     pub cell_timeout: Option<Duration>,
     /// The supervisor binary (`contract-impl`); default the running executable.
     pub supervisor: Option<PathBuf>,
+    /// The worker's working directory; default the private directory.
+    pub cwd: Option<PathBuf>,
 }
 
 impl HostConfig {
@@ -142,6 +144,7 @@ impl HostConfig {
             handshake_timeout: HANDSHAKE_TIMEOUT,
             cell_timeout: None,
             supervisor: None,
+            cwd: None,
         }
     }
 }
@@ -327,7 +330,7 @@ impl Worker {
                     Role::Hooks => "hooks",
                 },
             )
-            .current_dir(&dir.0)
+            .current_dir(config.cwd.as_deref().unwrap_or(&dir.0))
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -347,12 +350,23 @@ impl Worker {
             drain(err, stderr.clone());
         }
         let bound = config.handshake_timeout;
-        let accepted = tokio::time::timeout(bound, async {
+        let accept = async {
             let (watch, _) = watch_listener.accept().await?;
             let (conn, _) = listener.accept().await?;
             Ok::<_, std::io::Error>((watch, conn))
-        })
-        .await;
+        };
+        // A worker that exits before it connects is reported at once, with its stderr.
+        let accepted = tokio::select! {
+            accepted = tokio::time::timeout(bound, accept) => accepted,
+            status = child.wait() => {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                let tail = stderr.lock().map(|t| t.lines().collect::<Vec<_>>().join("\n")).unwrap_or_default();
+                return Err(HostError::Spawn(format!(
+                    "the worker exited before it connected ({}); stderr: {tail}",
+                    status.map_or_else(|e| e.to_string(), |s| s.to_string())
+                )));
+            }
+        };
         let (watch, conn) = match accepted {
             Ok(Ok(pair)) => pair,
             Ok(Err(e)) => return Err(HostError::Io(e.to_string())),
