@@ -14,7 +14,7 @@ JOBS    ?=
 HARNESS_ARGS ?=
 
 .PHONY: check-runtime-contract check setup build test lint fmt fmt-check clippy doc \
-        contract contract-core contract-worker coverage golden-review golden-accept schema clean
+        contract contract-core contract-worker coverage golden-review golden-accept schema bench clean
 
 ## The main job: build everything, replay every scenario against our binaries, print coverage.
 check-runtime-contract: setup build contract contract-core contract-worker coverage
@@ -80,6 +80,12 @@ golden-accept: build
 schema: build
 	$(IMPL) schema core_runtime
 	$(IMPL) schema worker
+
+## Speed against the floor on this machine (never part of the tests): the host ↔ worker
+## round trip of an empty cell and of a host request against a bare framed ping-pong.
+bench:
+	$(CARGO) build --release --workspace --bins
+	$(or $(CARGO_TARGET_DIR),$(CURDIR)/target)/release/contract-impl worker bench
 
 clean:
 	$(CARGO) clean

@@ -131,6 +131,12 @@ enum WorkerCommand {
         #[arg(last = true)]
         program: Vec<std::ffi::OsString>,
     },
+    /// Measure the host ↔ worker round trip against a bare socket ping-pong (`make bench`).
+    Bench {
+        /// Round trips per figure.
+        #[arg(long, default_value_t = 2000)]
+        rounds: usize,
+    },
     /// Run PROGRAM as a supervised worker (what the host spawns; docs/worker-launch-contract.md).
     Supervise {
         /// The worker program and its arguments.
@@ -260,6 +266,9 @@ fn main() -> ExitCode {
                 },
         } => worker_run(file, json, program),
         Command::Worker {
+            what: WorkerCommand::Bench { rounds },
+        } => worker_bench(rounds),
+        Command::Worker {
             what: WorkerCommand::Python,
         } => {
             let err = contract_impl::worker::python::exec();
@@ -272,6 +281,44 @@ fn main() -> ExitCode {
         Command::Runtime(args) => runtime(args),
         Command::Core(args) => contract_impl::core_runtime::gateway::cli::run(args),
     }
+}
+
+/// `worker bench`: the three figures of `contract_impl::worker::bench`, with ratios.
+fn worker_bench(rounds: usize) -> ExitCode {
+    use contract_impl::worker::bench;
+    let Ok(exe) = std::env::current_exe() else {
+        return ExitCode::from(EXIT_FAILURE);
+    };
+    let Ok(runtime) = tokio::runtime::Runtime::new() else {
+        return ExitCode::from(EXIT_FAILURE);
+    };
+    runtime.block_on(async move {
+        let program = vec![exe.into_os_string(), "worker".into(), "python".into()];
+        let floor = bench::floor(rounds).await;
+        let protocol = bench::protocol(program, rounds).await;
+        match (floor, protocol) {
+            (Ok(floor), Ok((cell, request))) => {
+                let f = floor.median_us;
+                println!("worker bench ({rounds} rounds, medians):");
+                println!("  floor: framed ping-pong with a Python echo  {f:9.1} µs");
+                println!(
+                    "  empty cell (execute → completed)           {:9.1} µs   {:5.1}× the floor",
+                    cell.median_us,
+                    cell.median_us / f
+                );
+                println!(
+                    "  host request (host_request → host_reply)   {:9.1} µs   {:5.1}× the floor",
+                    request.median_us,
+                    request.median_us / f
+                );
+                ExitCode::SUCCESS
+            }
+            (Err(e), _) | (_, Err(e)) => {
+                eprintln!("error: {e}");
+                ExitCode::from(EXIT_FAILURE)
+            }
+        }
+    })
 }
 
 /// `worker run`: a workbench, the cells of `file` (or stdin) in order, their outputs.

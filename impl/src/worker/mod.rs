@@ -14,6 +14,7 @@
 //! This module owns the protocol's types and rules; it never decides what a host request
 //! does (that is the host's).
 
+pub mod bench;
 pub mod host;
 pub mod python;
 pub mod supervise;
