@@ -330,12 +330,29 @@ impl Outbound {
         message: Message,
         budget: Duration,
     ) -> bool {
+        self.send_confirmed_then(id, message, budget, || {}).await
+    }
+
+    /// As [`Self::send_confirmed`], calling `queued` as soon as the frame is in the
+    /// writer's queue (before the write completes): state the peer may act on once it
+    /// read the frame (a settled input slot) is released before the peer can read it.
+    pub async fn send_confirmed_then(
+        &self,
+        id: impl Into<String>,
+        message: Message,
+        budget: Duration,
+        queued: impl FnOnce(),
+    ) -> bool {
         let Some(text) = encode(&Frame::new(id, message)) else {
             return false;
         };
         let (done_tx, done_rx) = oneshot::channel();
+        let mut queued = Some(queued);
         let attempt = async {
             let charge = self.budget.acquire(item_bytes(&text)).await?;
+            if let Some(queued) = queued.take() {
+                queued();
+            }
             if !self.push(OutItem::Text(text, Some(done_tx)), charge) {
                 return None;
             }

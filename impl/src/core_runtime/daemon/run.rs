@@ -531,10 +531,14 @@ pub async fn prompt_steer(rt: &Arc<Runtime>, generation: u64, id: String, reques
             receipt,
             error_code,
         });
-        // "each receipt send has its own 5-second budget".
+        // "each receipt send has its own 5-second budget". The input is settled once its
+        // receipt is decided: the slot is free before Core can read the receipt (and so
+        // before it sends the next input); `done` still waits for the send to end.
         if let Some(out) = &run.out
             && !out
-                .send_confirmed(run.run_id.as_str(), ack, timers.receipt_send)
+                .send_confirmed_then(run.run_id.as_str(), ack, timers.receipt_send, || {
+                    run.lock().steer_in_flight = None;
+                })
                 .await
         {
             tracing::warn!(run_id = %run.run_id, input_id = %request.input_id, "receipt send did not complete within its budget");
