@@ -127,6 +127,9 @@ enum WorkerCommand {
         /// One JSON object per cell on stdout instead of text.
         #[arg(long)]
         json: bool,
+        /// Bound of each cell in seconds (past it the worker is stopped).
+        #[arg(long)]
+        cell_timeout: Option<f64>,
         /// The worker program and its arguments (default: this binary's Python worker).
         #[arg(last = true)]
         program: Vec<std::ffi::OsString>,
@@ -262,9 +265,10 @@ fn main() -> ExitCode {
                 WorkerCommand::Run {
                     file,
                     json,
+                    cell_timeout,
                     program,
                 },
-        } => worker_run(file, json, program),
+        } => worker_run(file, json, cell_timeout, program),
         Command::Worker {
             what: WorkerCommand::Bench { rounds },
         } => worker_bench(rounds),
@@ -323,7 +327,12 @@ fn worker_bench(rounds: usize) -> ExitCode {
 
 /// `worker run`: a workbench, the cells of `file` (or stdin) in order, their outputs.
 /// Exit 0 when every cell ended `ok`, 1 otherwise, 2 when the worker cannot start.
-fn worker_run(file: Option<PathBuf>, json: bool, program: Vec<std::ffi::OsString>) -> ExitCode {
+fn worker_run(
+    file: Option<PathBuf>,
+    json: bool,
+    cell_timeout: Option<f64>,
+    program: Vec<std::ffi::OsString>,
+) -> ExitCode {
     use contract_impl::worker::host::{BasicServices, HostConfig, SHUTDOWN_GRACE, Worker};
     use contract_impl::worker::wire::{CellStatus, Stream};
     let source = match &file {
@@ -368,6 +377,9 @@ fn worker_run(file: Option<PathBuf>, json: bool, program: Vec<std::ffi::OsString
         // The user's cells run where the user runs them (relative paths mean theirs).
         let mut config = HostConfig::workbench(program);
         config.cwd = std::env::current_dir().ok();
+        config.cell_timeout = cell_timeout
+            .filter(|s| s.is_finite() && *s > 0.0)
+            .map(std::time::Duration::from_secs_f64);
         let mut worker = match Worker::spawn(config).await {
             Ok(worker) => worker,
             Err(err) => {
@@ -377,8 +389,37 @@ fn worker_run(file: Option<PathBuf>, json: bool, program: Vec<std::ffi::OsString
         };
         let mut all_ok = true;
         let mut services = BasicServices;
-        for code in &cells {
-            let record = match worker.execute(code, &mut services).await {
+        for (index, code) in cells.iter().enumerate() {
+            // SIGINT or SIGTERM: stop the worker (every process of it) and say so.
+            let interrupted = async {
+                let mut term =
+                    tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+                tokio::select! {
+                    _ = tokio::signal::ctrl_c() => {}
+                    _ = async {
+                        match term.as_mut() {
+                            Some(t) => {
+                                t.recv().await;
+                            }
+                            None => std::future::pending::<()>().await,
+                        }
+                    } => {}
+                }
+            };
+            let outcome = tokio::select! {
+                outcome = worker.execute(code, &mut services) => Some(outcome),
+                () = interrupted => None,
+            };
+            let Some(outcome) = outcome else {
+                worker.hard_stop().await;
+                eprintln!(
+                    "interrupted: the worker was stopped; {} cell(s) not run",
+                    cells.len() - index
+                );
+                drop(worker);
+                return ExitCode::from(130);
+            };
+            let record = match outcome {
                 Ok(record) => record,
                 Err(err) => {
                     eprintln!("error: {err} ({})", err.code());
@@ -416,6 +457,10 @@ fn worker_run(file: Option<PathBuf>, json: bool, program: Vec<std::ffi::OsString
                 }
             }
             if record.observed_by_host {
+                let left = cells.len() - index - 1;
+                if left > 0 {
+                    eprintln!("the worker is gone: {left} cell(s) not run");
+                }
                 break;
             }
         }

@@ -539,6 +539,9 @@ impl Worker {
         })
         .await?;
         let mut requests = 0usize;
+        // "A worker cannot claim a committed yield without the host having accepted the
+        // wait."
+        let mut wait_accepted = false;
         let deadline = self
             .config
             .cell_timeout
@@ -574,12 +577,30 @@ impl Worker {
                     } else {
                         handler.handle(&execution_id, &request)
                     };
+                    if matches!(request, HostRequest::RuntimeWait { .. })
+                        && matches!(reply, Reply::Ok { .. })
+                    {
+                        wait_accepted = true;
+                    }
                     self.send(Message::HostReply {
                         id: request_id,
                         execution_id,
                         reply,
                     })
                     .await?;
+                }
+                Message::Completed {
+                    id: done,
+                    result:
+                        Completion::Cell {
+                            status: CellStatus::Yielded,
+                            ..
+                        },
+                } if done == id && !wait_accepted => {
+                    let e = HostError::Handshake(
+                        "the cell claims a yield the host did not accept".into(),
+                    );
+                    return Ok(self.lost(&id, &e).await);
                 }
                 Message::Completed { id: done, result } if done == id => {
                     return Ok(match result {
@@ -621,20 +642,33 @@ impl Worker {
         }
     }
 
-    /// The generation is lost: stop it, and record what the host observed.
+    /// The generation is lost: stop it, and record what the host observed (the worker's
+    /// own exit status when it ended by itself, and its stderr tail).
     async fn lost(&mut self, id: &Identifier, why: &HostError) -> CellRecord {
+        // A worker that is exiting gets a moment to do so, so that its own status (not the
+        // hard stop's) is the one reported.
+        let own = tokio::time::timeout(Duration::from_millis(500), self.child.wait())
+            .await
+            .ok()
+            .and_then(Result::ok);
         self.hard_stop().await;
-        let status = self.child.try_wait().ok().flatten();
+        let status = own.or_else(|| self.child.try_wait().ok().flatten());
+        let tail = self.stderr_tail();
         CellRecord {
             id: id.clone(),
             status: None,
             output: Vec::new(),
             truncated_bytes: 0,
             error: Some(format!(
-                "host observed: {} ({}); worker {}",
+                "host observed: {} ({}); worker {}{}",
                 why,
                 why.code(),
-                status.map_or("stopped".to_string(), |s| format!("ended with {s}"))
+                status.map_or("stopped".to_string(), |s| format!("ended with {s}")),
+                if tail.is_empty() {
+                    String::new()
+                } else {
+                    format!("; its stderr ends:\n{tail}")
+                }
             )),
             observed_by_host: true,
         }

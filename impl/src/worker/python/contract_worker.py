@@ -21,6 +21,7 @@ launch problem (environment, hook sources), 3 for an invalidated connection.
 
 import ast
 import asyncio
+import contextvars
 import dataclasses
 import hashlib
 import importlib
@@ -33,6 +34,7 @@ import re
 import socket
 import struct
 import sys
+import sysconfig
 import traceback
 import types
 
@@ -92,13 +94,33 @@ def parse_json(payload):
                            parse_int=_bounded_int)
     except WireError:
         raise
+    except RecursionError:
+        raise WireError("malformed_json", f"nesting deeper than {NESTING_MAX}") from None
     except ValueError as e:
         raise WireError("malformed_json", str(e)) from None
+    if _too_deep(value):
+        # serde_json's own limit: deeper documents are refused, not read.
+        raise WireError("malformed_json", f"nesting deeper than {NESTING_MAX}")
     if _has_lone_surrogate(value):
         # Python's json keeps an unpaired \ud800 escape; it is no Unicode text.
         raise WireError("malformed_json", "a string holds an unpaired surrogate")
     return json.loads(text, object_pairs_hook=_refuse_duplicates, parse_float=_finite_float,
                       parse_int=_bounded_int)
+
+
+# serde_json's recursion limit: 127 nested arrays/objects are read, the 128th is refused.
+NESTING_MAX = 127
+
+
+def _too_deep(value):
+    stack = [(value, 1)]
+    while stack:
+        v, depth = stack.pop()
+        if isinstance(v, (list, dict)):
+            if depth > NESTING_MAX:
+                return True
+            stack.extend((c, depth + 1) for c in (v.values() if isinstance(v, dict) else v))
+    return False
 
 
 def _finite_float(text):
@@ -109,6 +131,9 @@ def _finite_float(text):
 
 
 def _bounded_int(text):
+    if text == "-0":
+        # serde_json reads `-0` as the float -0.0, not as an integer.
+        return -0.0
     value = int(text)
     if not -(2**63) <= value < 2**64:
         # Beyond the 64-bit integers a JSON number is read as a float: finite or refused.
@@ -228,10 +253,33 @@ HOST_KINDS = {
 WORKER_KINDS = ("hello", "host_request", "completed")
 
 
+def _require_objects(env):
+    """The positions a typed struct or enum holds must be objects (not arrays), checked
+    before typed decoding, at the same positions as the Rust wire."""
+    def obj(value, where):
+        if not isinstance(value, dict):
+            raise WireError("invalid_value", f"{where} is not an object")
+    obj(env, "$")
+    if "message" not in env:
+        return
+    message = env["message"]
+    obj(message, "$.message")
+    for key in ("reply", "result", "request"):
+        if key in message:
+            obj(message[key], f"$.message.{key}")
+    request = message.get("request")
+    if isinstance(request, dict) and "scope" in request:
+        obj(request["scope"], "$.message.request.scope")
+    result = message.get("result")
+    if isinstance(result, dict) and isinstance(result.get("output"), list):
+        for i, record in enumerate(result["output"]):
+            obj(record, f"$.message.result.output[{i}]")
+
+
 def decode_host_frame(payload, session_id, generation):
     """Decodes one frame the host sent; raises WireError with the Rust wire's code, in
     the Rust wire's order: not_utf8, malformed_json, duplicate_key, unknown_kind,
-    wrong_direction, typed decoding in document order, version_mismatch,
+    wrong_direction, object shapes, typed decoding in document order, version_mismatch,
     session_mismatch, generation_mismatch, bound_exceeded."""
     env = parse_json(payload)
     message = env.get("message") if isinstance(env, dict) else None
@@ -241,6 +289,7 @@ def decode_host_frame(payload, session_id, generation):
             raise WireError("unknown_kind", f"unknown message kind `{kind}`")
         if kind in WORKER_KINDS:
             raise WireError("wrong_direction", f"`{kind}` is not sent by the host")
+    _require_objects(env)
     _typed(env, {
         "version": _version,
         "session_id": _identifier,
@@ -365,6 +414,13 @@ class Runtime:
         raise _Yield()
 
 
+# The execution a piece of code runs for: set by the cell, inherited by the tasks it
+# starts. A background task keeps its cell's execution, whose scope ends with the cell
+# ("Background tasks inherit an origin for diagnostics, but that scope expires when the
+# foreground cell ends").
+_EXECUTION = contextvars.ContextVar("execution", default=None)
+
+
 class Worker:
     def __init__(self, sock, session_id, generation):
         self.sock = sock
@@ -429,6 +485,10 @@ class Worker:
                 if self.current is not None:
                     self.current[1].cancel()
                 return EXIT_SHUTDOWN
+            if kind in ("execute", "invoke") and self.current is not None and self.current[0] == message["id"]:
+                # An operation ID reused while it runs would make every later message
+                # about it ambiguous: the identity is broken, the connection invalidated.
+                raise WireError("duplicate_operation", f"operation `{message['id']}` is already running")
             if kind == "execute":
                 await self.start(message["id"], self.run_cell(message["id"], message["code"]))
             elif kind == "invoke":
@@ -471,9 +531,9 @@ class Worker:
             raise asyncio.CancelledError()
 
     async def host_request(self, request):
-        if self.current is None:
-            raise HostError("no_scope", "no live execution")
-        execution_id = self.current[0]
+        execution_id = _EXECUTION.get()
+        if self.current is None or execution_id is None or self.current[0] != execution_id:
+            raise HostError("no_scope", "the cell this code runs for has ended")
         if execution_id in self.yielded:
             raise HostError("no_scope", "the execution yielded")
         self.request_seq += 1
@@ -500,6 +560,7 @@ class Worker:
 
     async def run_cell(self, op_id, code):
         self.output = Output()
+        _EXECUTION.set(op_id)
         status, error = "ok", None
         old = sys.stdout, sys.stderr
         sys.stdout, sys.stderr = _Capture(self, "stdout"), _Capture(self, "stderr")
@@ -518,6 +579,10 @@ class Worker:
             error = bounded_text(_format_exception())
         finally:
             sys.stdout, sys.stderr = old
+        if op_id in self.yielded and status in ("ok", "error"):
+            # The host accepted the wait: the cell yielded, whatever the code did with
+            # the sentinel afterwards.
+            status, error = "yielded", None
         out, self.output = self.output, None
         self.drop_pending(op_id)
         self.current = None
@@ -557,7 +622,8 @@ class Worker:
                 raise ValueError("invoke is for the hooks role; this worker is a workbench")
             value = await self.hooks.invoke(op_id, slot, request)
             result = {"kind": "hook", "value": value}
-            dump_json(result)  # a NaN in the decision fails here, not on the wire
+            # A NaN or an unpaired surrogate in the decision fails here, not on the wire.
+            dump_json(result).encode("utf-8")
         except asyncio.CancelledError:
             result = {"kind": "failed", "error": "interrupted"}
         except BaseException as e:
@@ -571,11 +637,12 @@ def _format_exception():
     nobody's business and change with every edit of the worker)."""
     etype, value, tb = sys.exc_info()
     own = _format_exception.__code__.co_filename
+    stdlib = sysconfig.get_paths().get("stdlib", "\0")
     frames = list(traceback.extract_tb(tb))
     # From the cell's first frame on (a syntax error has none: the compiler's frames are
     # not the cell's), without the worker's own.
     start = next((i for i, f in enumerate(frames) if f.filename == "<cell>"), len(frames))
-    frames = [f for f in frames[start:] if f.filename != own]
+    frames = [f for f in frames[start:] if f.filename != own and not f.filename.startswith(stdlib)]
     lines = ["Traceback (most recent call last):\n"] if frames else []
     lines += traceback.format_list(frames)
     lines += traceback.format_exception_only(etype, value)
@@ -712,7 +779,7 @@ def _positive_int(v, low):
 
 def decision(slot, value):
     if slot == "attention.plan":
-        if isinstance(value, SDK.Wake) and _positive_int(value.priority, 0):
+        if isinstance(value, SDK.Wake) and _positive_int(value.priority, 0) and value.priority < 2**32:
             return {"action": "wake", "priority": value.priority}
         if isinstance(value, SDK.Defer) and isinstance(value.seconds, (int, float)) \
                 and not isinstance(value.seconds, bool) and math.isfinite(value.seconds) \
@@ -779,6 +846,8 @@ async def amain():
         status = EXIT_INVALID
     if worker.current is not None:
         worker.current[1].cancel()
+    # Tasks still running (a request pending at shutdown) end with the socket: quietly.
+    asyncio.get_running_loop().set_exception_handler(lambda loop, context: None)
     sock.close()
     return status
 

@@ -111,8 +111,30 @@ fn mutate(rng: &mut rand::rngs::StdRng, payload: &[u8]) -> Vec<u8> {
     if p.is_empty() {
         return vec![b'{'];
     }
+    const NUMBERS: &[&[u8]] = &[
+        b"-0",
+        b"1e308",
+        b"1.7976931348623158e308",
+        b"1.7976931348623159e308",
+        b"18446744073709551615",
+        b"18446744073709551616",
+        b"-9223372036854775809",
+        b"0.1e-400",
+        b"[[[[[[[[]]]]]]]]",
+        b"[",
+    ];
     let i = rng.random_range(0..p.len());
-    match rng.random_range(0..5) {
+    match rng.random_range(0..7) {
+        5 => {
+            let n = NUMBERS[rng.random_range(0..NUMBERS.len())];
+            p.splice(i..i, n.iter().copied());
+        }
+        6 => {
+            // Wrap a span in an array: a struct written positionally.
+            let j = rng.random_range(i..=p.len());
+            p.insert(j, b']');
+            p.insert(i, b'[');
+        }
         0 => p[i] = SIGNIFICANT[rng.random_range(0..SIGNIFICANT.len())],
         1 => {
             p.remove(i);

@@ -350,7 +350,7 @@ pub fn decode_value(
     expect: Option<&Expect<'_>>,
 ) -> Result<Envelope, WorkerWireError> {
     // The order of the verdicts, the same in the Python worker's decoder: unknown kind,
-    // wrong direction, then typed decoding in document order (a field the type does not
+    // wrong direction, object shapes, then typed decoding in document order (a field the type does not
     // define or a bad value where it stands, missing fields after), then version,
     // session, generation, bounds.
     if let Some(kind) = value
@@ -366,6 +366,7 @@ pub fn decode_value(
             Some(_) => {}
         }
     }
+    require_objects(&value)?;
     let envelope: Envelope = from_value_with_nulls(value)?;
     if envelope.version != PROTOCOL_VERSION {
         return Err(WorkerWireError::VersionMismatch(envelope.version));
@@ -386,6 +387,42 @@ pub fn decode_value(
     }
     check_bounds(&envelope.message)?;
     Ok(envelope)
+}
+
+/// serde reads a struct or a tagged enum from a JSON array too (`[1,"root","g-1",…]`);
+/// the wire's are objects. Refuses an array (or any non-object) at every position a
+/// typed struct or enum holds, where the type would otherwise take it.
+///
+/// # Errors
+/// [`WireError::InvalidValue`] naming the position.
+fn require_objects(value: &Value) -> Result<(), WorkerWireError> {
+    fn object(value: Option<&Value>, path: &str) -> Result<(), WorkerWireError> {
+        match value {
+            None | Some(Value::Object(_)) => Ok(()),
+            Some(_) => Err(WorkerWireError::Json(WireError::invalid(
+                path,
+                "expected an object",
+            ))),
+        }
+    }
+    object(Some(value), "$")?;
+    let message = value.get("message");
+    object(message, "$.message")?;
+    let Some(message) = message else {
+        return Ok(());
+    };
+    for key in ["reply", "result", "request"] {
+        object(message.get(key), &format!("$.message.{key}"))?;
+    }
+    if let Some(scope) = message.get("request").and_then(|r| r.get("scope")) {
+        object(Some(scope), "$.message.request.scope")?;
+    }
+    if let Some(Value::Array(records)) = message.get("result").and_then(|r| r.get("output")) {
+        for (i, record) in records.iter().enumerate() {
+            object(Some(record), &format!("$.message.result.output[{i}]"))?;
+        }
+    }
+    Ok(())
 }
 
 /// The spec's bounds on one message that typed decoding cannot express.
