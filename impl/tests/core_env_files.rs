@@ -25,7 +25,7 @@ fn sha256_hex(bytes: &[u8]) -> String {
 }
 
 async fn post(base: &str, env: &str, body: Value) -> (u16, Value) {
-    let resp = reqwest::Client::new()
+    let resp = common::api_client()
         .post(format!("{base}/v1/environments/{env}/files"))
         .json(&body)
         .send()

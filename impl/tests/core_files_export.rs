@@ -8,7 +8,11 @@ use common::Core;
 use serde_json::Value;
 
 async fn get(base: &str, path: &str) -> (u16, Value) {
-    let resp = reqwest::get(format!("{base}/v1{path}")).await.unwrap();
+    let resp = common::api_client()
+        .get(format!("{base}/v1{path}"))
+        .send()
+        .await
+        .unwrap();
     let status = resp.status().as_u16();
     (status, resp.json().await.unwrap_or(Value::Null))
 }

@@ -27,7 +27,7 @@ fn sha256_hex(bytes: &[u8]) -> String {
 /// `PUT /v1/sessions/{sid}/files/content?path=…` with a raw body → (status, body);
 /// status 0 when the connection ended without an answer.
 async fn put_raw(base: &str, sid: &str, path: &str, body: String) -> (u16, Value) {
-    let Ok(resp) = reqwest::Client::new()
+    let Ok(resp) = common::api_client()
         .put(format!(
             "{base}/v1/sessions/{sid}/files/content?path={path}"
         ))

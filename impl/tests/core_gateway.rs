@@ -66,7 +66,7 @@ async fn post(
     (status, resp.json().await.unwrap_or(Value::Null))
 }
 
-// Stays a Rust test: the harness's bootstrap step always presents the launch credential, so no scenario can send a wrong or missing one.
+// Stays a Rust test: the harness's bootstrap step presents the launch credential or the API key (`credential: api_key`), never a wrong or missing one.
 #[tokio::test(flavor = "multi_thread")]
 async fn refuses_bad_credentials() {
     let core = start_core();
@@ -91,4 +91,43 @@ async fn refuses_bad_credentials() {
     assert_eq!(status, 200);
     assert!(body["connection_url"].is_string(), "{body}");
     assert_eq!(body["heartbeat_interval_ms"], 3_600_000);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_public_api_needs_the_minted_project_api_key() {
+    use std::os::unix::fs::PermissionsExt;
+    // Started without CONTRACT_API_KEY: Core mints one into its data directory.
+    let core = start_core();
+    let key_file = core._dir.path().join("data").join("api-key");
+    let meta = std::fs::metadata(&key_file).unwrap();
+    assert_eq!(meta.permissions().mode() & 0o777, 0o600);
+    let key = std::fs::read_to_string(&key_file)
+        .unwrap()
+        .trim()
+        .to_string();
+    let client = reqwest::Client::new();
+    let url = format!("{}/v1/devices/{DEVICE}", core.base);
+    for bearer in [None, Some("cpk-wrong"), Some(SECRET)] {
+        let mut req = client.get(&url);
+        if let Some(b) = bearer {
+            req = req.bearer_auth(b);
+        }
+        let resp = req.send().await.unwrap();
+        assert_eq!(resp.status().as_u16(), 401, "{bearer:?}");
+        let body: Value = resp.json().await.unwrap();
+        assert_eq!(body["error"], "unauthorized");
+    }
+    // A key in the URL is no key.
+    let resp = client
+        .get(format!("{url}?api_key={key}"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 401);
+    let resp = client.get(&url).bearer_auth(&key).send().await.unwrap();
+    assert_eq!(resp.status().as_u16(), 200);
+    // The API key is not a daemon credential.
+    let boot = format!("{}/api/v1/agent-daemon/bootstrap", core.base);
+    let (status, _) = post(&client, boot, json!({"device_id": DEVICE}), Some(&key)).await;
+    assert_eq!(status, 401);
 }

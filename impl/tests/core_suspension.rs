@@ -9,7 +9,7 @@ use common::Core;
 use serde_json::{Value, json};
 
 async fn post(base: &str, path: &str, body: Value) -> (u16, Value) {
-    let resp = reqwest::Client::new()
+    let resp = common::api_client()
         .post(format!("{base}/v1{path}"))
         .json(&body)
         .send()

@@ -240,7 +240,9 @@ async fn core_runtime_and_a_command_harness_end_to_end() {
     let dir = tempfile::tempdir().unwrap();
     let (_core, base) = start_core(dir.path());
     let _runtime = start_runtime(dir.path(), &base);
-    let api = Api::new(&base);
+    // As the README says: Core minted the Project API key into its data directory.
+    let key = std::fs::read_to_string(dir.path().join("data").join("api-key")).unwrap();
+    let api = Api::with_key(&base, key.trim());
 
     // The Runtime's own Environment binding, registered through the public API.
     register_environment(&api).await;
@@ -318,7 +320,9 @@ async fn sigterm_closes_the_runtimes_executors_before_it_exits() {
     let dir = tempfile::tempdir().unwrap();
     let (_core, base) = start_core(dir.path());
     let mut runtime = start_runtime(dir.path(), &base);
-    let api = Api::new(&base);
+    // As the README says: Core minted the Project API key into its data directory.
+    let key = std::fs::read_to_string(dir.path().join("data").join("api-key")).unwrap();
+    let api = Api::with_key(&base, key.trim());
     register_environment(&api).await;
     let agent_id = agent(&api).await;
     let (_, _, pid) = sleeping_turn(&api, &agent_id).await;

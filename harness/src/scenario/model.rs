@@ -303,6 +303,11 @@ pub struct BootstrapStep {
     /// Core's answer; default `200` with the harness's defaults.
     #[serde(default)]
     pub response: Option<HttpResponseSpec>,
+    /// With Core as the target: the Bearer the harness presents, `daemon` (the device's
+    /// daemon credential, the default) or `api_key` (Core's Project API key, which is not
+    /// a Runtime credential).
+    #[serde(default)]
+    pub credential: Option<String>,
 }
 
 /// `connect:` — the Runtime's WebSocket upgrade request and Core's answer.

@@ -78,6 +78,7 @@ impl Core {
             .env("CONTRACT_DATA_DIR", self.data_dir())
             .env("CONTRACT_DEVICE_ID", DEVICE)
             .env("CONTRACT_DAEMON_CREDENTIAL", SECRET)
+            .env("CONTRACT_API_KEY", API_KEY)
             .env("CONTRACT_CORE_CONFIG", &self.config)
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
@@ -124,11 +125,29 @@ impl Core {
 
     /// The public-API client of this Core.
     pub fn api(&self) -> Api {
-        Api {
-            client: reqwest::Client::new(),
-            v1: format!("{}/v1", self.base),
-        }
+        Api::new(&self.base)
     }
+}
+
+/// The Project API key the test Cores are started with (`CONTRACT_API_KEY`).
+pub const API_KEY: &str = "cpk-test-key";
+
+/// A client that presents [`API_KEY`] on every request.
+pub fn api_client() -> reqwest::Client {
+    client_with_key(API_KEY)
+}
+
+/// A client that presents `key` on every request.
+pub fn client_with_key(key: &str) -> reqwest::Client {
+    let mut headers = reqwest::header::HeaderMap::new();
+    headers.insert(
+        reqwest::header::AUTHORIZATION,
+        reqwest::header::HeaderValue::from_str(&format!("Bearer {key}")).unwrap(),
+    );
+    reqwest::Client::builder()
+        .default_headers(headers)
+        .build()
+        .unwrap()
 }
 
 /// Public-API client.
@@ -147,7 +166,15 @@ impl Api {
     /// The public-API client of the Core at `base` (`http://127.0.0.1:<port>`).
     pub fn new(base: &str) -> Api {
         Api {
-            client: reqwest::Client::new(),
+            client: api_client(),
+            v1: format!("{base}/v1"),
+        }
+    }
+
+    /// The public-API client of the Core at `base`, presenting `key`.
+    pub fn with_key(base: &str, key: &str) -> Api {
+        Api {
+            client: client_with_key(key),
             v1: format!("{base}/v1"),
         }
     }

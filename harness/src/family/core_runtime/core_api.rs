@@ -163,7 +163,13 @@ impl ScriptedRuntimePeer {
             let left = deadline.saturating_duration_since(Instant::now());
             let answer = self
                 .http
-                .request(&api.call.method, &url, None, body.clone(), left)
+                .request(
+                    &api.call.method,
+                    &url,
+                    Some(&self.launcher.api_key),
+                    body.clone(),
+                    left,
+                )
                 .await
                 .map_err(|e| fail::transport(format!("{what}: the request failed: {e}")))?;
             let retry = api.poll
@@ -208,8 +214,9 @@ impl ScriptedRuntimePeer {
         }
         let http = self.http.clone();
         let method = api.call.method.clone();
+        let key = self.launcher.api_key.clone();
         let handle = tokio::spawn(async move {
-            http.request(&method, &url, None, body, API_ASYNC_CALL_TIMEOUT)
+            http.request(&method, &url, Some(&key), body, API_ASYNC_CALL_TIMEOUT)
                 .await
         });
         self.in_flight.insert(

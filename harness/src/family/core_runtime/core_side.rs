@@ -150,6 +150,9 @@ pub struct Launcher {
     run_dir: RunDir,
     spec: LaunchSpec,
     credential: String,
+    /// The Project API key Core is launched with (`CONTRACT_API_KEY`); every `api:` call
+    /// presents it.
+    pub(super) api_key: String,
 }
 
 impl Launcher {
@@ -169,7 +172,9 @@ impl Launcher {
         let text = serde_json::to_string_pretty(&config).map_err(|e| e.to_string())?;
         let config_path = run_dir.write_config(&text).map_err(|e| e.to_string())?;
         let credential = fresh_credential();
+        let api_key = format!("cpk-{}", uuid::Uuid::new_v4().simple());
         let env = vec![
+            ("CONTRACT_API_KEY".to_string(), api_key.clone()),
             ("CONTRACT_LISTEN".to_string(), "127.0.0.1:0".to_string()),
             (
                 "CONTRACT_DATA_DIR".to_string(),
@@ -193,6 +198,7 @@ impl Launcher {
             run_dir,
             spec,
             credential,
+            api_key,
         })
     }
 
@@ -252,7 +258,7 @@ pub async fn start(
 
 /// The scripted Runtime (and user) the harness plays against a target Core.
 pub struct ScriptedRuntimePeer {
-    launcher: Launcher,
+    pub(super) launcher: Launcher,
     pub(super) base_url: String,
     pub(super) http: HttpClient,
     ws: Link,
@@ -370,7 +376,7 @@ impl ScriptedRuntimePeer {
             let left = deadline.saturating_duration_since(Instant::now());
             let answer = self
                 .http
-                .request("GET", &url, None, None, left)
+                .request("GET", &url, Some(&self.launcher.api_key), None, left)
                 .await
                 .map_err(|e| {
                     fail::transport(format!(
@@ -412,12 +418,21 @@ impl CoreRuntimePeer for ScriptedRuntimePeer {
             .substitute(&request, true)
             .map_err(|e| fail::scenario(format!("cannot build the bootstrap request: {e}")))?;
         let url = format!("{}{BOOTSTRAP_PATH}", self.base_url);
+        let bearer = match spec.credential.as_deref() {
+            None | Some("daemon") => self.launcher.credential.clone(),
+            Some("api_key") => self.launcher.api_key.clone(),
+            Some(other) => {
+                return Err(fail::scenario(format!(
+                    "bootstrap.credential is `daemon` or `api_key`, not `{other}`"
+                )));
+            }
+        };
         let answer = self
             .http
             .request(
                 "POST",
                 &url,
-                Some(&self.launcher.credential),
+                Some(&bearer),
                 Some(request.to_string().into_bytes()),
                 run.step_timeout,
             )

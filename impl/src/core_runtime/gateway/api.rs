@@ -141,6 +141,46 @@ fn accepted(value: Value) -> ApiResult {
     Ok((StatusCode::ACCEPTED, Json(value)).into_response())
 }
 
+/// SHA-256 of an API key (what Core keeps; the key itself is compared by digest, in
+/// constant time).
+pub fn key_digest(key: &str) -> [u8; 32] {
+    use sha2::Digest;
+    sha2::Sha256::digest(key.as_bytes()).into()
+}
+
+/// Every public route requires the Project API key as `Authorization: Bearer <key>`
+/// ("Credentials checked on every route and never in a URL"): anything else is `401
+/// unauthorized`. The daemon credential is not an API key, and an API key is not a
+/// daemon credential (bootstrap and the upgrade check the device's credential only).
+pub async fn require_api_key(
+    State(core): State<Arc<Core>>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let presented = request
+        .headers()
+        .get(axum::http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(key_digest);
+    let ok = presented.is_some_and(|d| {
+        d.iter()
+            .zip(core.api_key_digest.iter())
+            .fold(0u8, |acc, (a, b)| acc | (a ^ b))
+            == 0
+    });
+    if ok {
+        next.run(request).await
+    } else {
+        ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "unauthorized",
+            "the public API needs `Authorization: Bearer <Project API key>`",
+        )
+        .into_response()
+    }
+}
+
 /// The public routes.
 pub fn routes() -> Router<Arc<Core>> {
     Router::new()

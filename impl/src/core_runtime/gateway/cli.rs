@@ -36,6 +36,46 @@ use crate::core_runtime::store::{CoreStore, SqliteStore, StoreError, WriteState}
 pub const DEVICE_ENV: &str = "CONTRACT_DEVICE_ID";
 /// Environment variable of the daemon credential provisioned at start-up (secret).
 pub const CREDENTIAL_ENV: &str = "CONTRACT_DAEMON_CREDENTIAL";
+
+/// The Project API key of the public `/v1` API (no flag: it never shows in a process
+/// listing). Absent: Core keeps one in [`API_KEY_FILE`] of its data directory, minted on
+/// first start (mode 0600), and logs the file's path, never the key.
+pub const API_KEY_ENV: &str = "CONTRACT_API_KEY";
+
+/// The file of the minted Project API key, in the data directory.
+pub const API_KEY_FILE: &str = "api-key";
+
+/// The Project API key: [`API_KEY_ENV`], else the data directory's [`API_KEY_FILE`]
+/// (minted, 0600, when missing).
+///
+/// # Errors
+/// The key file cannot be read or written.
+pub fn api_key(data_dir: &std::path::Path) -> Result<String, String> {
+    if let Ok(key) = std::env::var(API_KEY_ENV)
+        && !key.is_empty()
+    {
+        return Ok(key);
+    }
+    let path = data_dir.join(API_KEY_FILE);
+    match std::fs::read_to_string(&path) {
+        Ok(key) if !key.trim().is_empty() => return Ok(key.trim().to_string()),
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(format!("{}: {e}", path.display())),
+    }
+    let key = format!("cpk-{}", uuid::Uuid::new_v4().simple());
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&path)
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    writeln!(file, "{key}").map_err(|e| format!("{}: {e}", path.display()))?;
+    tracing::info!(path = %path.display(), "minted the Project API key of the public API");
+    Ok(key)
+}
 /// Default listen address.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:0";
 
@@ -284,6 +324,13 @@ fn serve(args: ServeArgs) -> ExitCode {
         );
         return ExitCode::from(EXIT_USAGE);
     }
+    let key = match api_key(&args.data_dir) {
+        Ok(key) => key,
+        Err(e) => {
+            eprintln!("error: cannot read or mint the Project API key: {e}");
+            return ExitCode::from(EXIT_FAILURE);
+        }
+    };
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(r) => r,
         Err(e) => {
@@ -295,6 +342,7 @@ fn serve(args: ServeArgs) -> ExitCode {
         &args.listen,
         Box::new(store),
         config,
+        &key,
         |base_url| {
             use std::io::Write;
             let mut out = std::io::stdout();

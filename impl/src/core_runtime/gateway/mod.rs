@@ -139,6 +139,9 @@ pub struct Core {
     pub wake: Notify,
     /// Base URL (`http://127.0.0.1:<port>`), known once bound.
     pub base_url: String,
+    /// SHA-256 of the Project API key every public `/v1` request presents as
+    /// `Authorization: Bearer <key>` ([`api::require_api_key`]).
+    pub api_key_digest: [u8; 32],
 }
 
 impl Core {
@@ -178,6 +181,7 @@ pub async fn serve(
     listen: &str,
     store: Box<dyn CoreStore>,
     config: CoreConfig,
+    api_key: &str,
     ready: impl FnOnce(&str),
 ) -> Result<(), String> {
     let listener = tokio::net::TcpListener::bind(listen)
@@ -206,10 +210,16 @@ pub async fn serve(
         writes_in_flight: Mutex::new(HashSet::new()),
         wake: Notify::new(),
         base_url: format!("http://{addr}"),
+        api_key_digest: api::key_digest(api_key),
     });
     tokio::spawn(turn::scheduler(core.clone()));
     let app = connection::routes()
-        .merge(api::routes())
+        .merge(
+            api::routes().route_layer(axum::middleware::from_fn_with_state(
+                core.clone(),
+                api::require_api_key,
+            )),
+        )
         .with_state(core.clone());
     ready(&core.base_url);
     serve_http(listener, app, HTTP_HEADER_READ_TIMEOUT).await;
