@@ -51,6 +51,7 @@
 //! A permanent connection rejection (`incompatible_version`, 401, 403) does not exit:
 //! the daemon logs it once and idles until killed, as the launch contract expects.
 
+use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -228,13 +229,15 @@ enum WireProfileArg {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
-        Command::Schema {
-            family: Family::CoreRuntime,
-        } => {
-            let schema = contract_impl::core_runtime::wire::json_schema();
+        Command::Schema { family } => {
+            let schema = match family {
+                Family::CoreRuntime => contract_impl::core_runtime::wire::json_schema(),
+                Family::Worker => contract_impl::worker::wire::json_schema(),
+            };
             match serde_json::to_string_pretty(&schema) {
                 Ok(text) => {
-                    println!("{text}");
+                    // A closed stdout (`| head`) is not an error of ours.
+                    let _ = writeln!(std::io::stdout(), "{text}");
                     ExitCode::SUCCESS
                 }
                 Err(err) => {
@@ -243,18 +246,6 @@ fn main() -> ExitCode {
                 }
             }
         }
-        Command::Schema {
-            family: Family::Worker,
-        } => match serde_json::to_string_pretty(&contract_impl::worker::wire::json_schema()) {
-            Ok(text) => {
-                println!("{text}");
-                ExitCode::SUCCESS
-            }
-            Err(err) => {
-                eprintln!("cannot render the schema: {err}");
-                ExitCode::from(EXIT_FAILURE)
-            }
-        },
         Command::Worker {
             what: WorkerCommand::Supervise { program },
         } => ExitCode::from(
@@ -287,14 +278,23 @@ fn main() -> ExitCode {
     }
 }
 
+/// The Tokio runtime of a command, or the exit code after saying why there is none.
+fn async_runtime() -> Result<tokio::runtime::Runtime, ExitCode> {
+    tokio::runtime::Runtime::new().map_err(|err| {
+        eprintln!("error: cannot start the async runtime: {err}");
+        ExitCode::from(EXIT_FAILURE)
+    })
+}
+
 /// `worker bench`: the three figures of `contract_impl::worker::bench`, with ratios.
 fn worker_bench(rounds: usize) -> ExitCode {
     use contract_impl::worker::bench;
     let Ok(exe) = std::env::current_exe() else {
         return ExitCode::from(EXIT_FAILURE);
     };
-    let Ok(runtime) = tokio::runtime::Runtime::new() else {
-        return ExitCode::from(EXIT_FAILURE);
+    let runtime = match async_runtime() {
+        Ok(runtime) => runtime,
+        Err(code) => return code,
     };
     runtime.block_on(async move {
         let program = vec![exe.into_os_string(), "worker".into(), "python".into()];
@@ -366,12 +366,9 @@ fn worker_run(
     } else {
         program
     };
-    let runtime = match tokio::runtime::Runtime::new() {
+    let runtime = match async_runtime() {
         Ok(runtime) => runtime,
-        Err(err) => {
-            eprintln!("error: cannot start the async runtime: {err}");
-            return ExitCode::from(EXIT_FAILURE);
-        }
+        Err(code) => return code,
     };
     runtime.block_on(async move {
         // The user's cells run where the user runs them (relative paths mean theirs).
@@ -437,15 +434,17 @@ fn worker_run(
                     "error": record.error,
                     "observed_by_host": record.observed_by_host,
                 });
-                println!("{line}");
+                let _ = writeln!(std::io::stdout(), "{line}");
             } else {
+                let mut stdout = std::io::stdout();
                 for out in &record.output {
-                    match out.stream {
-                        Stream::Stdout => print!("{}", out.text),
-                        Stream::Stderr => eprint!("{}", out.text),
-                        Stream::Result => println!("{}", out.text),
-                    }
+                    let _ = match out.stream {
+                        Stream::Stdout => write!(stdout, "{}", out.text),
+                        Stream::Stderr => write!(std::io::stderr(), "{}", out.text),
+                        Stream::Result => writeln!(stdout, "{}", out.text),
+                    };
                 }
+                let _ = stdout.flush();
                 if record.truncated_bytes > 0 {
                     eprintln!("[{} bytes of output discarded]", record.truncated_bytes);
                 }
@@ -512,12 +511,9 @@ fn runtime(args: RuntimeArgs) -> ExitCode {
             return ExitCode::from(EXIT_FAILURE);
         }
     };
-    let runtime = match tokio::runtime::Runtime::new() {
+    let runtime = match async_runtime() {
         Ok(runtime) => runtime,
-        Err(err) => {
-            eprintln!("error: cannot start the async runtime: {err}");
-            return ExitCode::from(EXIT_FAILURE);
-        }
+        Err(code) => return code,
     };
     runtime.block_on(async move {
         let adapter: Arc<dyn HarnessAdapter> = match args.adapter {

@@ -614,41 +614,34 @@ impl Run {
             }
             Step::Silence(d) => self.silence(peer, *d).await,
             Step::AnyOrder(steps) => self.any_order(peer, steps).await,
-            Step::Optional(inner) => match &**inner {
-                Step::Frame { party, frame } if *party == peer.role().target => {
-                    self.optional.push(PendingOptional {
-                        pattern: frame.clone(),
-                        requirement: None,
-                        step: self.step,
-                    });
-                    Ok(())
+            // A typical frame (`optional:`): our reference, played by the harness, sends
+            // it; another conformant target may send a `tolerated:` one, which ours
+            // (played by the harness) does not.
+            Step::Optional(inner) | Step::Tolerated(inner) => {
+                let sends = matches!(step, Step::Optional(_));
+                match &**inner {
+                    Step::Frame { party, frame } if *party == peer.role().target => {
+                        self.optional.push(PendingOptional {
+                            pattern: frame.clone(),
+                            requirement: None,
+                            step: self.step,
+                        });
+                        Ok(())
+                    }
+                    Step::Frame { party, frame } if peer.role().plays.contains(party) => {
+                        if !sends {
+                            return Ok(());
+                        }
+                        let sent = self.send_frame(peer, frame).await?;
+                        peer.frame_sent(self, &sent).await
+                    }
+                    other => Err(fail::scenario(format!(
+                        "{} holds one frame step, found {}",
+                        step.keyword(),
+                        other.describe()
+                    ))),
                 }
-                Step::Frame { party, frame } if peer.role().plays.contains(party) => {
-                    let sent = self.send_frame(peer, frame).await?;
-                    peer.frame_sent(self, &sent).await
-                }
-                other => Err(fail::scenario(format!(
-                    "optional holds one frame step, found {}",
-                    other.describe()
-                ))),
-            },
-            // Another conformant target may send it; our reference, played by the
-            // harness, does not.
-            Step::Tolerated(inner) => match &**inner {
-                Step::Frame { party, frame } if *party == peer.role().target => {
-                    self.optional.push(PendingOptional {
-                        pattern: frame.clone(),
-                        requirement: None,
-                        step: self.step,
-                    });
-                    Ok(())
-                }
-                Step::Frame { party, .. } if peer.role().plays.contains(party) => Ok(()),
-                other => Err(fail::scenario(format!(
-                    "tolerated holds one frame step, found {}",
-                    other.describe()
-                ))),
-            },
+            }
             Step::Disconnect => {
                 if peer.connection().abort() {
                     Ok(())

@@ -209,15 +209,7 @@ pub fn from_value_strict<T: DeserializeOwned>(value: Value) -> Result<T, WireErr
     if let Some(path) = find_null(&value, "$") {
         return Err(WireError::NullValue { path });
     }
-    serde_path_to_error::deserialize(value).map_err(|err| {
-        let path = err.path().to_string();
-        let path = if path == "." || path.is_empty() {
-            "$".to_string()
-        } else {
-            format!("$.{path}")
-        };
-        classify(path, err.into_inner().to_string())
-    })
+    from_value_with_nulls(value)
 }
 
 /// Decodes an already strictly parsed value into `T` where `null` is a value of the
