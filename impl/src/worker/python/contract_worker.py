@@ -101,7 +101,7 @@ def parse_json(payload):
     if _too_deep(value):
         # serde_json's own limit: deeper documents are refused, not read.
         raise WireError("malformed_json", f"nesting deeper than {NESTING_MAX}")
-    if _has_lone_surrogate(value):
+    if _SURROGATE_ESCAPE.search(text) and _has_lone_surrogate(value):
         # Python's json keeps an unpaired \ud800 escape; it is no Unicode text.
         raise WireError("malformed_json", "a string holds an unpaired surrogate")
     return json.loads(text, object_pairs_hook=_refuse_duplicates, parse_float=_finite_float,
@@ -142,6 +142,11 @@ def _bounded_int(text):
         except OverflowError:
             raise WireError("malformed_json", f"number {text[:32]}… is out of range") from None
     return value
+
+
+# Only a `\ud800`-style escape can put a surrogate into decoded text (the payload itself
+# is valid UTF-8): the walk runs only when the text holds one.
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 
 
 def _has_lone_surrogate(value):
