@@ -808,7 +808,22 @@ def log(text):
     sys.__stderr__.flush()
 
 
+async def _guarded(coro):
+    """A task's body: KeyboardInterrupt or SystemExit raised in a background task would
+    end the event loop (asyncio re-raises them), and so the worker; it ends that task
+    instead, as an ordinary exception."""
+    try:
+        return await coro
+    except (KeyboardInterrupt, SystemExit) as e:
+        raise RuntimeError(f"{type(e).__name__} raised in a task") from e
+
+
+def _task_factory(loop, coro, context=None):
+    return asyncio.Task(_guarded(coro), loop=loop, context=context)
+
+
 async def amain():
+    asyncio.get_running_loop().set_task_factory(_task_factory)
     env = os.environ
     try:
         path = env["CONTRACT_WORKER_SOCKET"]
