@@ -35,7 +35,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::net::{UnixListener, UnixStream};
 use tokio::process::{Child, Command};
 
-use super::wire::frame::{FrameDecoder, encode_frame};
+use super::wire::frame::{FrameDecoder, decoder, encode_frame};
 use super::wire::limits::{DIAGNOSTIC_TAIL_BYTES, REQUESTS_PER_CELL_MAX, SOCKET_PATH_MAX_BYTES};
 use super::wire::{
     CellStatus, Completion, Direction, Envelope, Expect, HostRequest, Identifier, Message,
@@ -381,7 +381,7 @@ impl Worker {
             child,
             conn: Some(conn),
             watch: Some(watch),
-            decoder: FrameDecoder::new(),
+            decoder: decoder(),
             pending: std::collections::VecDeque::new(),
             stdout,
             stderr,
@@ -495,11 +495,14 @@ impl Worker {
                     Ok(()) => HostError::Eof,
                 });
             }
-            let frames = self
+            self.decoder.push(&buf[..n]);
+            while let Some(payload) = self
                 .decoder
-                .push(&buf[..n])
-                .map_err(|e| HostError::Wire(e.into()))?;
-            self.pending.extend(frames);
+                .next_frame()
+                .map_err(|e| HostError::Wire(e.into()))?
+            {
+                self.pending.push_back(payload);
+            }
         }
     }
 

@@ -462,7 +462,7 @@ class Worker:
             if not chunk:
                 if not buf and not inside:
                     return None
-                raise WireError("frame_truncated", "the stream ended inside a frame")
+                raise WireError("truncated_body" if inside else "truncated_header", "the stream ended inside a frame")
             buf += chunk
         return buf
 
@@ -472,9 +472,9 @@ class Worker:
             return None
         (length,) = struct.unpack(">I", prefix)
         if length == 0:
-            raise WireError("frame_empty", "a frame of length 0")
+            raise WireError("zero_length", "a frame of length 0")
         if length > FRAME_MAX_BYTES:
-            raise WireError("frame_too_large", f"a frame of {length} bytes exceeds {FRAME_MAX_BYTES}")
+            raise WireError("frame_too_long", f"a frame of {length} bytes exceeds {FRAME_MAX_BYTES}")
         return await self.read_exact(length, inside=True)
 
     # -- the reader

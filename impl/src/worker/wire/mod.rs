@@ -499,7 +499,11 @@ pub fn encode_envelope(envelope: &Envelope) -> Result<Vec<u8>, WorkerWireError> 
     let text = serde_json::to_string(envelope)
         .map_err(|e| WorkerWireError::Json(WireError::invalid("$", e.to_string())))?;
     if text.len() > limits::FRAME_MAX_BYTES {
-        return Err(frame::FrameError::TooLarge(text.len()).into());
+        return Err(frame::FrameError::TooLong {
+            len: text.len() as u64,
+            max: limits::FRAME_MAX_BYTES,
+        }
+        .into());
     }
     Ok(text.into_bytes())
 }
