@@ -18,6 +18,7 @@
 //! and never panic on what a peer sends: a target may send anything.
 
 pub mod client;
+pub mod control;
 pub mod framed;
 pub mod http;
 pub mod relay;

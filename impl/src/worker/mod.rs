@@ -8,14 +8,20 @@
 //!   by `contract-impl worker python`.
 //! * [`host`]: the worker host: private directory and socket, token, handshake, cells,
 //!   request routing, invalidation, hard stop.
+//! * [`policy`]: the host's side of the decision slots (budget, operator rule, holds).
+//! * [`activation`]: the SQLite epoch and the active hook generation.
+//! * [`source`]: the source identity of a hook snapshot.
 //! * [`supervise`]: the process the host spawns around a worker so that no process of
 //!   it outlives the host (`contract-impl worker supervise`).
 //!
 //! This module owns the protocol's types and rules; it never decides what a host request
 //! does (that is the host's).
 
+pub mod activation;
 pub mod bench;
 pub mod host;
+pub mod policy;
 pub mod python;
+pub mod source;
 pub mod supervise;
 pub mod wire;

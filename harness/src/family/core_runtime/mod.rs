@@ -13,7 +13,6 @@
 //! renders or compares goldens and never prints.
 
 pub mod codec;
-pub mod control;
 pub mod core_api;
 pub mod core_side;
 pub mod link;

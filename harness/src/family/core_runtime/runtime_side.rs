@@ -29,7 +29,6 @@ use serde_json::{Map, Value, json};
 use tokio::time::Instant;
 
 use super::codec::RUNTIME_ROLE;
-use super::control::{ControlChannel, ControlListener};
 use super::link::{Link, Seen};
 use super::steps::{Bootstrap, CoreRuntimePeer, Native, family_step};
 use super::{
@@ -45,6 +44,7 @@ use crate::matcher::match_frame;
 use crate::scenario::model::{ApiStep, ConnectStep, HttpResponseSpec, Scenario, Step};
 use crate::target::{LaunchSpec, RunDir, Startup, Target, contains_secret};
 use crate::transport::TransportError;
+use crate::transport::control::{CONTROLLED_ADAPTER, ControlChannel, ControlListener};
 use crate::transport::http::{IncomingRequest, RequestBody, ScriptedServer};
 use crate::transport::ws::truncate;
 
@@ -132,11 +132,11 @@ pub async fn start(
     let mut target = Target::spawn(&spec).map_err(|e| e.to_string())?;
     let started = if exit_allowed {
         target
-            .await_ready_or_exit(listener.accept(), opts.startup_timeout)
+            .await_ready_or_exit(listener.accept(CONTROLLED_ADAPTER), opts.startup_timeout)
             .await
     } else {
         target
-            .await_ready(listener.accept(), opts.startup_timeout)
+            .await_ready(listener.accept(CONTROLLED_ADAPTER), opts.startup_timeout)
             .await
             .map(Startup::Ready)
     };

@@ -1,15 +1,17 @@
-//! The harness side of the controlled Harness adapter's control channel
-//! (`docs/control-channel.md`).
+//! The harness side of a target's control channel: the core_runtime family's controlled
+//! Harness adapter (`docs/control-channel.md`) and the worker family's controlled host
+//! (`docs/worker-host-control.md`) speak the same line protocol.
 //!
-//! [`ControlListener::bind`] listens on `CONTRACT_CONTROL_SOCKET`;
-//! [`ControlListener::accept`] takes the Runtime's one connection and checks its hello
-//! line (`{"hello": {"adapter": "controlled", "protocol": 1}}`), which is the target's
-//! readiness signal. [`ControlChannel::request`] sends `{"seq", "op", ...args}` and
+//! [`ControlListener::bind`] listens on the socket the target is told about;
+//! [`ControlListener::accept`] takes the target's one connection and checks its hello
+//! line (`{"hello": {"adapter": <the flavor's name>, "protocol": 1}}`), which is the
+//! target's readiness signal. [`ControlChannel::request`] sends `{"seq", "op", ...args}` and
 //! awaits the response with that `seq`; a reader task routes responses (they may come in
 //! any order), so a request that timed out never confuses a later one.
 //!
 //! Framing: one strict JSON object per `\n`-terminated line, at most
-//! [`CONTROL_LINE_MAX_BYTES`]; duplicate keys and `null` are protocol errors.
+//! [`CONTROL_LINE_MAX_BYTES`]; duplicate keys are protocol errors, and so is `null`
+//! unless the [`Flavor`] allows it.
 //!
 //! This module never interprets results (matching `expect:` is the driver's job) and
 //! never panics on what the adapter sends: every violation becomes a
@@ -28,7 +30,36 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
 use crate::target::check_socket_path;
-use contract_impl::wire::parse_strict;
+use contract_impl::wire::{parse_strict, parse_strict_with_nulls};
+
+/// Which control channel: the adapter name of its hello and whether `null` is a value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Flavor {
+    /// The `adapter` of the hello line.
+    pub adapter: &'static str,
+    /// Whether results may hold `null` (the worker wire has `revision: null`).
+    pub nulls: bool,
+}
+
+/// The core_runtime family's controlled Harness adapter (`docs/control-channel.md`).
+pub const CONTROLLED_ADAPTER: Flavor = Flavor {
+    adapter: "controlled",
+    nulls: false,
+};
+
+/// The worker family's controlled host (`docs/worker-host-control.md`).
+pub const WORKER_HOST: Flavor = Flavor {
+    adapter: "worker-host",
+    nulls: true,
+};
+
+fn parse(line: &[u8], nulls: bool) -> Result<Value, contract_impl::wire::WireError> {
+    if nulls {
+        parse_strict_with_nulls(line)
+    } else {
+        parse_strict(line)
+    }
+}
 
 /// Longest control line in either direction (bytes, without the `\n`).
 pub const CONTROL_LINE_MAX_BYTES: usize = 4 * 1024 * 1024;
@@ -146,7 +177,7 @@ impl ControlListener {
     ///
     /// # Errors
     /// [`ControlError::Accept`], [`ControlError::BadHello`], [`ControlError::Closed`].
-    pub async fn accept(self) -> Result<ControlChannel, ControlError> {
+    pub async fn accept(self, flavor: Flavor) -> Result<ControlChannel, ControlError> {
         let (stream, _) = self
             .listener
             .accept()
@@ -160,14 +191,14 @@ impl ControlListener {
             Err(e) => return Err(ControlError::BadHello(e)),
         };
         let hello = parse_strict(&line).map_err(|e| ControlError::BadHello(e.to_string()))?;
-        let expected = json!({"hello": {"adapter": "controlled", "protocol": CONTROL_PROTOCOL}});
+        let expected = json!({"hello": {"adapter": flavor.adapter, "protocol": CONTROL_PROTOCOL}});
         if hello != expected {
             return Err(ControlError::BadHello(format!(
                 "expected {expected}, got {}",
                 crate::transport::ws::truncate(&hello.to_string(), 200)
             )));
         }
-        Ok(ControlChannel::start(reader, write))
+        Ok(ControlChannel::start(reader, write, flavor.nulls))
     }
 }
 
@@ -196,9 +227,9 @@ pub struct ControlChannel {
 }
 
 impl ControlChannel {
-    fn start(reader: BufReader<OwnedReadHalf>, writer: OwnedWriteHalf) -> Self {
+    fn start(reader: BufReader<OwnedReadHalf>, writer: OwnedWriteHalf, nulls: bool) -> Self {
         let shared = Arc::new(Mutex::new(Shared::default()));
-        let reader = tokio::spawn(route_responses(reader, shared.clone()));
+        let reader = tokio::spawn(route_responses(reader, shared.clone(), nulls));
         Self {
             writer,
             shared,
@@ -321,14 +352,18 @@ async fn read_line<R: AsyncRead + Unpin>(
 
 /// Reader task: routes each response to the waiting request; any violation breaks the
 /// channel for good.
-async fn route_responses(mut reader: BufReader<OwnedReadHalf>, shared: Arc<Mutex<Shared>>) {
+async fn route_responses(
+    mut reader: BufReader<OwnedReadHalf>,
+    shared: Arc<Mutex<Shared>>,
+    nulls: bool,
+) {
     let failure = loop {
         let line = match read_line(&mut reader).await {
             Ok(Some(line)) => line,
             Ok(None) => break ControlError::Closed,
             Err(e) => break ControlError::Protocol(e),
         };
-        let (seq, result) = match parse_response(&line) {
+        let (seq, result) = match parse_response(&line, nulls) {
             Ok(parsed) => parsed,
             Err(e) => break ControlError::Protocol(e),
         };
@@ -348,8 +383,8 @@ async fn route_responses(mut reader: BufReader<OwnedReadHalf>, shared: Arc<Mutex
 }
 
 /// Parses one response line into its `seq` and outcome.
-fn parse_response(line: &[u8]) -> Result<(u64, Result<Value, ControlError>), String> {
-    let value = parse_strict(line).map_err(|e| format!("invalid response line: {e}"))?;
+fn parse_response(line: &[u8], nulls: bool) -> Result<(u64, Result<Value, ControlError>), String> {
+    let value = parse(line, nulls).map_err(|e| format!("invalid response line: {e}"))?;
     let Value::Object(mut map) = value else {
         return Err("a response must be a JSON object".into());
     };
@@ -408,7 +443,7 @@ mod tests {
             .write_all(b"{\"hello\": {\"adapter\": \"controlled\", \"protocol\": 1}}\n")
             .await
             .unwrap();
-        let mut channel = listener.accept().await.unwrap();
+        let mut channel = listener.accept(CONTROLLED_ADAPTER).await.unwrap();
         let adapter = tokio::spawn(async move {
             let mut reader = BufReader::new(read);
             let first: Value =
@@ -451,14 +486,21 @@ mod tests {
             .write_all(b"{\"hello\": {\"adapter\": \"other\", \"protocol\": 1}}\n")
             .await
             .unwrap();
-        let err = listener.accept().await.unwrap_err();
+        let err = listener.accept(CONTROLLED_ADAPTER).await.unwrap_err();
         assert_eq!(err.code(), "bad_hello");
         let (_run, listener, mut client) = pair().await;
         client
             .write_all(b"{\"hello\": 1, \"hello\": 2}\n")
             .await
             .unwrap();
-        assert_eq!(listener.accept().await.unwrap_err().code(), "bad_hello");
+        assert_eq!(
+            listener
+                .accept(CONTROLLED_ADAPTER)
+                .await
+                .unwrap_err()
+                .code(),
+            "bad_hello"
+        );
     }
 
     #[tokio::test]
@@ -469,7 +511,7 @@ mod tests {
             .write_all(b"{\"hello\": {\"adapter\": \"controlled\", \"protocol\": 1}}\n")
             .await
             .unwrap();
-        let mut channel = listener.accept().await.unwrap();
+        let mut channel = listener.accept(CONTROLLED_ADAPTER).await.unwrap();
         let adapter = tokio::spawn(async move {
             let mut reader = BufReader::new(read);
             let _ = read_line(&mut reader).await;
@@ -501,7 +543,7 @@ mod tests {
             .write_all(b"{\"hello\": {\"adapter\": \"controlled\", \"protocol\": 1}}\n")
             .await
             .unwrap();
-        let mut channel = listener.accept().await.unwrap();
+        let mut channel = listener.accept(CONTROLLED_ADAPTER).await.unwrap();
         let (go_tx, go_rx) = oneshot::channel::<()>();
         let adapter = tokio::spawn(async move {
             let mut reader = BufReader::new(read);

@@ -30,24 +30,33 @@ use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use async_trait::async_trait;
 use serde_json::json;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::net::{UnixListener, UnixStream};
 use tokio::process::{Child, Command};
+use tokio::sync::Notify;
 
 use super::wire::frame::{FrameDecoder, decoder, encode_frame};
-use super::wire::limits::{DIAGNOSTIC_TAIL_BYTES, REQUESTS_PER_CELL_MAX, SOCKET_PATH_MAX_BYTES};
+use super::wire::limits::{DIAGNOSTIC_TAIL_BYTES, SOCKET_PATH_MAX_BYTES};
 use super::wire::{
-    CellStatus, Completion, Direction, Envelope, Expect, HostRequest, Identifier, Message,
-    OutputRecord, Reply, Role, Slot, WorkerWireError, decode_envelope, encode_envelope,
+    CellStatus, Direction, Envelope, Expect, HostRequest, Identifier, Message, OutputRecord, Reply,
+    Role, Slot, WorkerWireError, decode_envelope, encode_envelope,
 };
 use crate::process::tail::OutputTail;
+
+mod cell;
 
 /// Default bound of the handshake: spawn to `hello`.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Default grace between `shutdown` and the hard stop.
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+
+/// Default grace between `interrupt` and the hard stop of a cell that does not end
+/// ("Rust retains the final hard-stop authority when code blocks or catches
+/// cancellation").
+pub const INTERRUPT_GRACE: Duration = Duration::from_secs(5);
 
 /// Why the host refused or lost a worker. Every variant has a stable [`code`](Self::code).
 #[derive(Debug, thiserror::Error)]
@@ -68,6 +77,9 @@ pub enum HostError {
     /// The worker program could not be started.
     #[error("cannot start the worker: {0}")]
     Spawn(String),
+    /// The hook snapshot has no source identity (a refused file, a bound).
+    #[error("the hook snapshot is refused: {0}")]
+    Snapshot(String),
     /// No hello within the bound (or the worker exited first).
     #[error("the worker did not say hello within {0:?}")]
     HandshakeTimeout(Duration),
@@ -98,6 +110,7 @@ impl HostError {
             HostError::Setup(_) => "setup_failed",
             HostError::SocketPathTooLong { .. } => "socket_path_too_long",
             HostError::Spawn(_) => "spawn_failed",
+            HostError::Snapshot(_) => "snapshot_refused",
             HostError::HandshakeTimeout(_) => "handshake_timeout",
             HostError::Handshake(_) => "handshake_refused",
             HostError::Wire(e) => e.code(),
@@ -130,6 +143,8 @@ pub struct HostConfig {
     pub supervisor: Option<PathBuf>,
     /// The worker's working directory; default the private directory.
     pub cwd: Option<PathBuf>,
+    /// Interrupt-to-hard-stop grace of a cell ([`INTERRUPT_GRACE`]).
+    pub interrupt_grace: Duration,
 }
 
 impl HostConfig {
@@ -145,14 +160,25 @@ impl HostConfig {
             cell_timeout: None,
             supervisor: None,
             cwd: None,
+            interrupt_grace: INTERRUPT_GRACE,
+        }
+    }
+
+    /// A hook worker running `program` on the snapshot `hooks_dir`.
+    pub fn hooks(program: Vec<OsString>, hooks_dir: PathBuf) -> Self {
+        Self {
+            role: Role::Hooks,
+            hooks_dir: Some(hooks_dir),
+            ..Self::workbench(program)
         }
     }
 }
 
 /// Answers a worker's host requests.
+#[async_trait]
 pub trait RequestHandler: Send {
     /// The reply to `request` of execution `execution_id`.
-    fn handle(&mut self, execution_id: &Identifier, request: &HostRequest) -> Reply;
+    async fn handle(&mut self, execution_id: &Identifier, request: &HostRequest) -> Reply;
 }
 
 /// The services available without the host-services layer: `runtime.inspect` (`now`,
@@ -160,8 +186,9 @@ pub trait RequestHandler: Send {
 #[derive(Debug, Default)]
 pub struct BasicServices;
 
+#[async_trait]
 impl RequestHandler for BasicServices {
-    fn handle(&mut self, _execution_id: &Identifier, request: &HostRequest) -> Reply {
+    async fn handle(&mut self, _execution_id: &Identifier, request: &HostRequest) -> Reply {
         match request {
             HostRequest::RuntimeInspect {} => {
                 let now = std::time::SystemTime::now()
@@ -234,8 +261,21 @@ pub struct Worker {
     stderr: Arc<Mutex<OutputTail>>,
     next_op: u64,
     valid: bool,
+    interrupt: Arc<Notify>,
     /// The hooks revision the worker announced.
     pub revision: Option<String>,
+}
+
+/// Interrupts the running cell of a [`Worker`] from another task ([`Worker::interrupter`]).
+#[derive(Debug, Clone)]
+pub struct Interrupter(Arc<Notify>);
+
+impl Interrupter {
+    /// Sends `interrupt` for the cell running now, or for the next one to start; past
+    /// the configured grace the host stops the generation hard.
+    pub fn interrupt(&self) {
+        self.0.notify_one();
+    }
 }
 
 /// A directory removed when dropped.
@@ -302,6 +342,17 @@ impl Worker {
     /// # Errors
     /// [`HostError`]: setup, spawn, handshake timeout or refusal (the worker is stopped).
     pub async fn spawn(config: HostConfig) -> Result<Self, HostError> {
+        // A hook worker must announce the source identity of its snapshot.
+        let expected_revision = match (&config.role, &config.hooks_dir) {
+            (Role::Hooks, Some(dir)) => Some(
+                super::source::source_identity(dir)
+                    .map_err(|e| HostError::Snapshot(e.to_string()))?,
+            ),
+            (Role::Hooks, None) => {
+                return Err(HostError::Snapshot("a hook worker needs a snapshot".into()));
+            }
+            _ => None,
+        };
         let dir = private_dir()?;
         let socket = dir.0.join("worker.sock");
         let listener = bind_private(&socket)?;
@@ -387,6 +438,7 @@ impl Worker {
             stderr,
             next_op: 0,
             valid: true,
+            interrupt: Arc::new(Notify::new()),
             revision: None,
         };
         let hello = tokio::time::timeout(bound, worker.read_message()).await;
@@ -417,6 +469,13 @@ impl Worker {
                         "a hook worker implements exactly attention.plan and delivery.review"
                             .into(),
                     )
+                } else if role == Role::Workbench && !slots.is_empty() {
+                    Some("a workbench has no slots".into())
+                } else if revision.0 != expected_revision {
+                    Some(format!(
+                        "revision {:?}, expected {:?}",
+                        revision.0, expected_revision
+                    ))
                 } else {
                     None
                 };
@@ -435,6 +494,16 @@ impl Worker {
                 )))
             }
         }
+    }
+
+    /// A handle that interrupts this worker's running cell from another task.
+    pub fn interrupter(&self) -> Interrupter {
+        Interrupter(self.interrupt.clone())
+    }
+
+    /// Whether the generation is still valid (not invalidated, stopped or shut down).
+    pub fn is_valid(&self) -> bool {
+        self.valid
     }
 
     /// The private directory of this generation.
@@ -515,134 +584,6 @@ impl Worker {
         decode_envelope(payload, Some(&expect))
             .map(|e| e.message)
             .map_err(HostError::Wire)
-    }
-
-    /// Runs one cell: `execute`, the cell's host requests through `handler` (at most
-    /// [`REQUESTS_PER_CELL_MAX`]; the next ones answered `request_limit`), until its
-    /// `completed`. A refused frame, a frame of another operation, the end of the
-    /// stream or the cell bound invalidates the generation: the worker is stopped and
-    /// the record is the host's own (`observed_by_host`).
-    ///
-    /// # Errors
-    /// [`HostError::Invalidated`] when the generation was invalidated before; a send
-    /// failure.
-    pub async fn execute(
-        &mut self,
-        code: &str,
-        handler: &mut dyn RequestHandler,
-    ) -> Result<CellRecord, HostError> {
-        if !self.valid {
-            return Err(HostError::Invalidated);
-        }
-        self.next_op += 1;
-        let id = Identifier::new(format!("c{}", self.next_op)).expect("a valid identifier");
-        self.send(Message::Execute {
-            id: id.clone(),
-            code: code.to_string(),
-        })
-        .await?;
-        let mut requests = 0usize;
-        // "A worker cannot claim a committed yield without the host having accepted the
-        // wait."
-        let mut wait_accepted = false;
-        let deadline = self
-            .config
-            .cell_timeout
-            .map(|t| tokio::time::Instant::now() + t);
-        loop {
-            let next = match deadline {
-                Some(at) => match tokio::time::timeout_at(at, self.read_message()).await {
-                    Ok(next) => next,
-                    Err(_) => Err(HostError::Timeout(
-                        self.config.cell_timeout.unwrap_or_default(),
-                    )),
-                },
-                None => self.read_message().await,
-            };
-            let message = match next {
-                Ok(message) => message,
-                Err(e) => return Ok(self.lost(&id, &e).await),
-            };
-            match message {
-                Message::HostRequest {
-                    id: request_id,
-                    execution_id,
-                    request,
-                } if execution_id == id => {
-                    requests += 1;
-                    let reply = if requests > REQUESTS_PER_CELL_MAX {
-                        Reply::Error {
-                            code: "request_limit".into(),
-                            message: format!(
-                                "at most {REQUESTS_PER_CELL_MAX} requests per foreground cell"
-                            ),
-                        }
-                    } else {
-                        handler.handle(&execution_id, &request)
-                    };
-                    if matches!(request, HostRequest::RuntimeWait { .. })
-                        && matches!(reply, Reply::Ok { .. })
-                    {
-                        wait_accepted = true;
-                    }
-                    self.send(Message::HostReply {
-                        id: request_id,
-                        execution_id,
-                        reply,
-                    })
-                    .await?;
-                }
-                Message::Completed {
-                    id: done,
-                    result:
-                        Completion::Cell {
-                            status: CellStatus::Yielded,
-                            ..
-                        },
-                } if done == id && !wait_accepted => {
-                    let e = HostError::Handshake(
-                        "the cell claims a yield the host did not accept".into(),
-                    );
-                    return Ok(self.lost(&id, &e).await);
-                }
-                Message::Completed { id: done, result } if done == id => {
-                    return Ok(match result {
-                        Completion::Cell {
-                            status,
-                            output,
-                            truncated_bytes,
-                            error,
-                        } => CellRecord {
-                            id,
-                            status: Some(status),
-                            output,
-                            truncated_bytes,
-                            error: error.0,
-                            observed_by_host: false,
-                        },
-                        Completion::Failed { error } => CellRecord {
-                            id,
-                            status: None,
-                            output: Vec::new(),
-                            truncated_bytes: 0,
-                            error: Some(error),
-                            observed_by_host: false,
-                        },
-                        Completion::Hook { .. } => {
-                            let e = HostError::Handshake("a hook completion for a cell".into());
-                            self.lost(&id, &e).await
-                        }
-                    });
-                }
-                other => {
-                    let e = HostError::Handshake(format!(
-                        "{} for another operation or execution",
-                        other.kind()
-                    ));
-                    return Ok(self.lost(&id, &e).await);
-                }
-            }
-        }
     }
 
     /// The generation is lost: stop it, and record what the host observed (the worker's

@@ -1,0 +1,223 @@
+//! One foreground operation of a generation ("Message vocabulary"): a cell (`execute`,
+//! its host requests, `interrupt`, its `completed`) or a hook call (`invoke`). The
+//! connection, the handshake and the hard stop are [`super`]'s.
+
+use std::time::Duration;
+
+use serde_json::Value;
+
+use super::{CellRecord, HostError, RequestHandler, Worker};
+use crate::worker::wire::limits::REQUESTS_PER_CELL_MAX;
+use crate::worker::wire::{CellStatus, Completion, HostRequest, Identifier, Message, Reply, Slot};
+
+impl Worker {
+    /// Runs one cell: `execute`, the cell's host requests through `handler` (at most
+    /// [`REQUESTS_PER_CELL_MAX`]; the next ones answered `request_limit`), until its
+    /// `completed`. A refused frame, a frame of another operation, the end of the
+    /// stream or the cell bound invalidates the generation: the worker is stopped and
+    /// the record is the host's own (`observed_by_host`).
+    ///
+    /// # Errors
+    /// [`HostError::Invalidated`] when the generation was invalidated before; a send
+    /// failure.
+    pub async fn execute(
+        &mut self,
+        code: &str,
+        handler: &mut (dyn RequestHandler + Send),
+    ) -> Result<CellRecord, HostError> {
+        if !self.valid {
+            return Err(HostError::Invalidated);
+        }
+        self.next_op += 1;
+        let id = Identifier::new(format!("c{}", self.next_op)).expect("a valid identifier");
+        self.send(Message::Execute {
+            id: id.clone(),
+            code: code.to_string(),
+        })
+        .await?;
+        let mut requests = 0usize;
+        let mut interrupted_at: Option<tokio::time::Instant> = None;
+        // "A worker cannot claim a committed yield without the host having accepted the
+        // wait."
+        let mut wait_accepted = false;
+        let deadline = self
+            .config
+            .cell_timeout
+            .map(|t| tokio::time::Instant::now() + t);
+        loop {
+            let far = tokio::time::Instant::now() + Duration::from_secs(86_400 * 365);
+            let bound = match (deadline, interrupted_at) {
+                (Some(a), Some(b)) => a.min(b + self.config.interrupt_grace),
+                (Some(a), None) => a,
+                (None, Some(b)) => b + self.config.interrupt_grace,
+                (None, None) => far,
+            };
+            let interrupt = self.interrupt.clone();
+            let next = tokio::select! {
+                next = tokio::time::timeout_at(bound, self.read_message()) => match next {
+                    Ok(next) => next,
+                    Err(_) if interrupted_at.is_some() && deadline.is_none_or(|d| d > bound) => {
+                        // "Rust retains the final hard-stop authority when code blocks or
+                        // catches cancellation."
+                        let mut record = self.lost(&id, &HostError::Timeout(self.config.interrupt_grace)).await;
+                        record.status = Some(CellStatus::Interrupted);
+                        return Ok(record);
+                    }
+                    Err(_) => Err(HostError::Timeout(
+                        self.config.cell_timeout.unwrap_or_default(),
+                    )),
+                },
+                () = interrupt.notified(), if interrupted_at.is_none() => {
+                    interrupted_at = Some(tokio::time::Instant::now());
+                    self.send(Message::Interrupt { id: id.clone() }).await?;
+                    continue;
+                }
+            };
+            let message = match next {
+                Ok(message) => message,
+                Err(e) => return Ok(self.lost(&id, &e).await),
+            };
+            match message {
+                Message::HostRequest {
+                    id: request_id,
+                    execution_id,
+                    request,
+                } if execution_id == id => {
+                    requests += 1;
+                    let reply = if requests > REQUESTS_PER_CELL_MAX {
+                        Reply::Error {
+                            code: "request_limit".into(),
+                            message: format!(
+                                "at most {REQUESTS_PER_CELL_MAX} requests per foreground cell"
+                            ),
+                        }
+                    } else {
+                        handler.handle(&execution_id, &request).await
+                    };
+                    if matches!(request, HostRequest::RuntimeWait { .. })
+                        && matches!(reply, Reply::Ok { .. })
+                    {
+                        wait_accepted = true;
+                    }
+                    self.send(Message::HostReply {
+                        id: request_id,
+                        execution_id,
+                        reply,
+                    })
+                    .await?;
+                }
+                Message::Completed {
+                    id: done,
+                    result:
+                        Completion::Cell {
+                            status: CellStatus::Yielded,
+                            ..
+                        },
+                } if done == id && !wait_accepted => {
+                    let e = HostError::Handshake(
+                        "the cell claims a yield the host did not accept".into(),
+                    );
+                    return Ok(self.lost(&id, &e).await);
+                }
+                Message::Completed { id: done, result } if done == id => {
+                    return Ok(match result {
+                        Completion::Cell {
+                            status,
+                            output,
+                            truncated_bytes,
+                            error,
+                        } => CellRecord {
+                            id,
+                            status: Some(status),
+                            output,
+                            truncated_bytes,
+                            error: error.0,
+                            observed_by_host: false,
+                        },
+                        Completion::Failed { error } => CellRecord {
+                            id,
+                            status: None,
+                            output: Vec::new(),
+                            truncated_bytes: 0,
+                            error: Some(error),
+                            observed_by_host: false,
+                        },
+                        Completion::Hook { .. } => {
+                            let e = HostError::Handshake("a hook completion for a cell".into());
+                            self.lost(&id, &e).await
+                        }
+                    });
+                }
+                other => {
+                    let e = HostError::Handshake(format!(
+                        "{} for another operation or execution",
+                        other.kind()
+                    ));
+                    return Ok(self.lost(&id, &e).await);
+                }
+            }
+        }
+    }
+
+    /// Calls hook `slot` with `input` and returns the worker's completion (`hook` or
+    /// `failed`). A host request during the call is refused `no_scope` ("No host-effect
+    /// scope is given to a hook"). The caller bounds the call (the two-second budget) and
+    /// invalidates the generation when it runs out ([`Worker::hard_stop`]).
+    ///
+    /// # Errors
+    /// [`HostError::Invalidated`] before the call; any refused frame, frame of another
+    /// operation or end of stream (the generation is then stopped).
+    pub async fn invoke(&mut self, slot: Slot, input: Value) -> Result<Completion, HostError> {
+        if !self.valid {
+            return Err(HostError::Invalidated);
+        }
+        self.next_op += 1;
+        let id = Identifier::new(format!("h{}", self.next_op)).expect("a valid identifier");
+        self.send(Message::Invoke {
+            id: id.clone(),
+            slot,
+            input,
+        })
+        .await?;
+        loop {
+            let message = match self.read_message().await {
+                Ok(message) => message,
+                Err(e) => {
+                    self.hard_stop().await;
+                    return Err(e);
+                }
+            };
+            match message {
+                Message::HostRequest {
+                    id: request_id,
+                    execution_id,
+                    ..
+                } if execution_id == id => {
+                    self.send(Message::HostReply {
+                        id: request_id,
+                        execution_id,
+                        reply: Reply::Error {
+                            code: "no_scope".into(),
+                            message: "a hook has no host-effect scope".into(),
+                        },
+                    })
+                    .await?;
+                }
+                Message::Completed { id: done, result } if done == id => match result {
+                    Completion::Cell { .. } => {
+                        self.hard_stop().await;
+                        return Err(HostError::Handshake("a cell completion for a hook".into()));
+                    }
+                    other => return Ok(other),
+                },
+                other => {
+                    self.hard_stop().await;
+                    return Err(HostError::Handshake(format!(
+                        "{} for another operation",
+                        other.kind()
+                    )));
+                }
+            }
+        }
+    }
+}
