@@ -11,6 +11,7 @@
 //! contract-impl worker python              (see docs/worker-launch-contract.md)
 //! contract-impl worker run [--file CELLS] [--json] [-- PROGRAM…]
 //! contract-impl worker supervise -- PROGRAM…
+//! contract-impl worker host [--data-dir DIR]   (see docs/worker-host-control.md)
 //! contract-impl core serve|credential …   (see docs/core-api.md)
 //! ```
 //!
@@ -141,6 +142,13 @@ enum WorkerCommand {
         #[arg(long, default_value_t = 2000)]
         rounds: usize,
     },
+    /// The controlled host: driven over `CONTRACT_HOST_CONTROL_SOCKET`, its workers run
+    /// `CONTRACT_WORKER_PROGRAM` (docs/worker-host-control.md).
+    Host {
+        /// Where the activation epoch and the operator lane live (made 0700).
+        #[arg(long, default_value = "worker-host-data")]
+        data_dir: PathBuf,
+    },
     /// Run PROGRAM as a supervised worker (what the host spawns; docs/worker-launch-contract.md).
     Supervise {
         /// The worker program and its arguments.
@@ -264,6 +272,9 @@ fn main() -> ExitCode {
             what: WorkerCommand::Bench { rounds },
         } => worker_bench(rounds),
         Command::Worker {
+            what: WorkerCommand::Host { data_dir },
+        } => worker_host(&data_dir),
+        Command::Worker {
             what: WorkerCommand::Python,
         } => {
             let err = contract_impl::worker::python::exec();
@@ -284,6 +295,19 @@ fn async_runtime() -> Result<tokio::runtime::Runtime, ExitCode> {
         eprintln!("error: cannot start the async runtime: {err}");
         ExitCode::from(EXIT_FAILURE)
     })
+}
+
+/// `worker host`: the controlled host until its control channel ends or SIGTERM.
+fn worker_host(data_dir: &std::path::Path) -> ExitCode {
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("contract-impl worker host: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let code = runtime.block_on(contract_impl::worker::controlled::run(data_dir));
+    ExitCode::from(u8::try_from(code).unwrap_or(1))
 }
 
 /// `worker bench`: the three figures of `contract_impl::worker::bench`, with ratios.

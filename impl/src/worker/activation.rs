@@ -204,7 +204,7 @@ pub struct Activated {
 pub struct Policies {
     store: ActivationStore,
     program: Vec<OsString>,
-    budget: Duration,
+    budget_ms: std::sync::atomic::AtomicU64,
     active: Mutex<Option<Arc<Policy>>>,
     /// Serialises activations of this host (the database still arbitrates between hosts).
     activating: tokio::sync::Mutex<()>,
@@ -228,7 +228,9 @@ impl Policies {
         let policies = Self {
             store,
             program,
-            budget,
+            budget_ms: std::sync::atomic::AtomicU64::new(
+                u64::try_from(budget.as_millis()).unwrap_or(u64::MAX),
+            ),
             active: Mutex::new(None),
             activating: tokio::sync::Mutex::new(()),
         };
@@ -259,9 +261,22 @@ impl Policies {
 
     async fn candidate(&self, snapshot: &Path) -> Result<Arc<Policy>, ActivationError> {
         let config = HostConfig::hooks(self.program.clone(), snapshot.to_path_buf());
-        Policy::start(config, self.budget)
+        Policy::start(config, self.budget())
             .await
             .map_err(|e| ActivationError::Candidate(format!("{e} ({})", e.code())))
+    }
+
+    /// The invocation budget of generations started from now on.
+    pub fn budget(&self) -> Duration {
+        Duration::from_millis(self.budget_ms.load(std::sync::atomic::Ordering::Relaxed))
+    }
+
+    /// Sets the invocation budget of generations started from now on (scenario timers).
+    pub fn set_budget(&self, budget: Duration) {
+        self.budget_ms.store(
+            u64::try_from(budget.as_millis()).unwrap_or(u64::MAX),
+            std::sync::atomic::Ordering::Relaxed,
+        );
     }
 
     /// The epoch row.

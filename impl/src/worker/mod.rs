@@ -10,6 +10,8 @@
 //!   request routing, invalidation, hard stop.
 //! * [`policy`]: the host's side of the decision slots (budget, operator rule, holds).
 //! * [`activation`]: the SQLite epoch and the active hook generation.
+//! * [`lane`]: the operator lane reviewed sends land in, with their receipts.
+//! * [`controlled`]: the host driven over a control channel (`contract-impl worker host`).
 //! * [`source`]: the source identity of a hook snapshot.
 //! * [`supervise`]: the process the host spawns around a worker so that no process of
 //!   it outlives the host (`contract-impl worker supervise`).
@@ -19,7 +21,9 @@
 
 pub mod activation;
 pub mod bench;
+pub mod controlled;
 pub mod host;
+pub mod lane;
 pub mod policy;
 pub mod python;
 pub mod source;

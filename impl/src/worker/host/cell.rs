@@ -92,7 +92,7 @@ impl Worker {
                             ),
                         }
                     } else {
-                        handler.handle(&execution_id, &request).await
+                        handler.handle(&execution_id, &request_id, &request).await
                     };
                     if matches!(request, HostRequest::RuntimeWait { .. })
                         && matches!(reply, Reply::Ok { .. })

@@ -177,8 +177,13 @@ impl HostConfig {
 /// Answers a worker's host requests.
 #[async_trait]
 pub trait RequestHandler: Send {
-    /// The reply to `request` of execution `execution_id`.
-    async fn handle(&mut self, execution_id: &Identifier, request: &HostRequest) -> Reply;
+    /// The reply to request `request_id` of execution `execution_id`.
+    async fn handle(
+        &mut self,
+        execution_id: &Identifier,
+        request_id: &Identifier,
+        request: &HostRequest,
+    ) -> Reply;
 }
 
 /// The services available without the host-services layer: `runtime.inspect` (`now`,
@@ -188,7 +193,12 @@ pub struct BasicServices;
 
 #[async_trait]
 impl RequestHandler for BasicServices {
-    async fn handle(&mut self, _execution_id: &Identifier, request: &HostRequest) -> Reply {
+    async fn handle(
+        &mut self,
+        _execution_id: &Identifier,
+        _request_id: &Identifier,
+        request: &HostRequest,
+    ) -> Reply {
         match request {
             HostRequest::RuntimeInspect {} => {
                 let now = std::time::SystemTime::now()
@@ -499,6 +509,11 @@ impl Worker {
     /// A handle that interrupts this worker's running cell from another task.
     pub fn interrupter(&self) -> Interrupter {
         Interrupter(self.interrupt.clone())
+    }
+
+    /// The generation's identifier.
+    pub fn generation(&self) -> &Identifier {
+        &self.config.generation
     }
 
     /// Whether the generation is still valid (not invalidated, stopped or shut down).

@@ -1,0 +1,165 @@
+//! The operator lane a reviewed `local.send` lands in ("Scope, waiting and receipts"):
+//! "Local send receipt is `effect_id`, `status` (`confirmed` or `held`), `event_id`
+//! (nullable), and `reason` (nullable). Confirmed means a durable operator-lane event
+//! exists. [...] A retry with the same execution/request identity returns the existing
+//! receipt; a deliberately new request can send identical text again."
+//!
+//! One SQLite table keyed by the effect ID (which the caller derives from the
+//! generation, execution and request identity): a receipt is written once, in the same
+//! transaction as its event, and read back on a retry. This module never reviews a send
+//! (that is [`super::policy`]'s) and never delivers one anywhere else.
+
+use std::path::Path;
+use std::sync::Mutex;
+
+use rusqlite::{Connection, OptionalExtension, params};
+use serde::Serialize;
+
+/// A local send receipt.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Receipt {
+    /// The effect.
+    pub effect_id: String,
+    /// `confirmed` or `held`.
+    pub status: ReceiptStatus,
+    /// The operator-lane event, when confirmed.
+    pub event_id: Option<u64>,
+    /// Why it was held, when held.
+    pub reason: Option<String>,
+}
+
+/// A receipt's status.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ReceiptStatus {
+    /// A durable operator-lane event exists.
+    Confirmed,
+    /// Not sent ("Held is not approval, queue-success or proof anyone received the
+    /// message").
+    Held,
+}
+
+/// The lane's database (in the host's data directory, beside the activation epoch).
+#[derive(Debug)]
+pub struct OperatorLane {
+    conn: Mutex<Connection>,
+}
+
+impl OperatorLane {
+    /// Opens (creating) `dir/lane.db` (0600, WAL, `synchronous=FULL`).
+    ///
+    /// # Errors
+    /// The SQLite error, as text.
+    pub fn open(dir: &Path) -> Result<Self, String> {
+        use std::os::unix::fs::PermissionsExt;
+        let path = dir.join("lane.db");
+        let conn = Connection::open(&path).map_err(|e| e.to_string())?;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))
+            .map_err(|e| e.to_string())?;
+        conn.pragma_update(None, "journal_mode", "WAL")
+            .map_err(|e| e.to_string())?;
+        conn.pragma_update(None, "synchronous", "FULL")
+            .map_err(|e| e.to_string())?;
+        conn.execute_batch(
+            "CREATE TABLE IF NOT EXISTS receipts (
+                 effect_id TEXT PRIMARY KEY,
+                 held_reason TEXT
+             );
+             CREATE TABLE IF NOT EXISTS operator_events (
+                 event_id INTEGER PRIMARY KEY AUTOINCREMENT,
+                 effect_id TEXT NOT NULL UNIQUE REFERENCES receipts(effect_id),
+                 text TEXT NOT NULL
+             );",
+        )
+        .map_err(|e| e.to_string())?;
+        Ok(Self {
+            conn: Mutex::new(conn),
+        })
+    }
+
+    /// The receipt already written for `effect_id`, if any.
+    ///
+    /// # Errors
+    /// The SQLite error, as text.
+    pub fn existing(&self, effect_id: &str) -> Result<Option<Receipt>, String> {
+        let conn = self.conn.lock().map_err(|_| "poisoned".to_string())?;
+        conn.query_row(
+            "SELECT r.held_reason, e.event_id FROM receipts r
+             LEFT JOIN operator_events e ON e.effect_id = r.effect_id
+             WHERE r.effect_id = ?1",
+            params![effect_id],
+            |row| {
+                let reason: Option<String> = row.get(0)?;
+                let event: Option<i64> = row.get(1)?;
+                Ok(Receipt {
+                    effect_id: effect_id.to_string(),
+                    status: if reason.is_some() {
+                        ReceiptStatus::Held
+                    } else {
+                        ReceiptStatus::Confirmed
+                    },
+                    event_id: event.map(|e| e as u64),
+                    reason,
+                })
+            },
+        )
+        .optional()
+        .map_err(|e| e.to_string())
+    }
+
+    /// Records the outcome of a reviewed send: `held` with `reason`, or (`None`) a
+    /// confirmed operator-lane event holding `text`, in one transaction. A second call
+    /// for the same effect returns the first receipt.
+    ///
+    /// # Errors
+    /// The SQLite error, as text.
+    pub fn record(
+        &self,
+        effect_id: &str,
+        text: &str,
+        held: Option<&str>,
+    ) -> Result<Receipt, String> {
+        {
+            let mut conn = self.conn.lock().map_err(|_| "poisoned".to_string())?;
+            let tx = conn.transaction().map_err(|e| e.to_string())?;
+            let inserted = tx
+                .execute(
+                    "INSERT OR IGNORE INTO receipts (effect_id, held_reason) VALUES (?1, ?2)",
+                    params![effect_id, held],
+                )
+                .map_err(|e| e.to_string())?;
+            if inserted == 1 && held.is_none() {
+                tx.execute(
+                    "INSERT INTO operator_events (effect_id, text) VALUES (?1, ?2)",
+                    params![effect_id, text],
+                )
+                .map_err(|e| e.to_string())?;
+            }
+            tx.commit().map_err(|e| e.to_string())?;
+        }
+        self.existing(effect_id)?
+            .ok_or_else(|| "the receipt vanished".to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_retry_returns_the_first_receipt_and_a_new_effect_sends_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let lane = OperatorLane::open(dir.path()).unwrap();
+        let first = lane.record("g.c1.r1", "hi", None).unwrap();
+        assert_eq!(first.status, ReceiptStatus::Confirmed);
+        assert_eq!(first.event_id, Some(1));
+        assert_eq!(lane.record("g.c1.r1", "hi", Some("late hold")).unwrap(), first);
+        let again = lane.record("g.c1.r2", "hi", None).unwrap();
+        assert_eq!(again.event_id, Some(2));
+        let held = lane.record("g.c1.r3", "secret", Some("policy")).unwrap();
+        assert_eq!(
+            (held.status, held.event_id, held.reason.as_deref()),
+            (ReceiptStatus::Held, None, Some("policy"))
+        );
+    }
+}
