@@ -2,7 +2,7 @@
 //! how each side is driven on the step engine ([`crate::drive`]).
 //!
 //! * [`core_runtime`]: the Core ↔ Runtime family (sides `runtime` and `core`).
-//! * [`worker`]: the host ↔ worker family (side `worker`).
+//! * [`worker`]: the host ↔ worker family (sides `worker` and `host`).
 //!
 //! `--family`/`--side`, the runner, `contract-harness list` and the contract test are all
 //! driven from [`FAMILIES`]. A new family adds a folder here, its scenarios and goldens,
@@ -75,11 +75,18 @@ pub const FAMILIES: &[FamilyInfo] = &[
     FamilyInfo {
         name: worker::FAMILY,
         spec: "worker-protocol",
-        sides: &[SideInfo {
-            side: Side::Worker,
-            harness_plays: "the host (private socket, startup token, spawn)",
-            impl_args: "worker python",
-        }],
+        sides: &[
+            SideInfo {
+                side: Side::Worker,
+                harness_plays: "the host (private socket, startup token, spawn)",
+                impl_args: "worker python",
+            },
+            SideInfo {
+                side: Side::Host,
+                harness_plays: "every worker the host launches (relay), host control channel",
+                impl_args: "worker host",
+            },
+        ],
     },
 ];
 

@@ -40,6 +40,14 @@ pub struct FamilyTable {
     pub steps: &'static [&'static str],
     /// The `config:` keys the family's launch contracts read.
     pub config_keys: &'static [&'static str],
+    /// The ops of `native:` steps (the target's control channel), when the family has
+    /// that step.
+    pub native_ops: &'static [&'static str],
+    /// The side whose control channel performs `native:` steps.
+    pub native_side: Option<Side>,
+    /// Placeholders the launch contract binds before the first step (from `config:`), so
+    /// a single use of one is no typo.
+    pub prebound: fn(&str) -> bool,
     /// Checks a frame `party` writes against the family's wire (message type, direction);
     /// the reason when it does not fit.
     pub check_frame: fn(Party, &Value) -> Result<(), String>,
@@ -115,6 +123,19 @@ pub const CORE_RUNTIME: FamilyTable = FamilyTable {
         "api_result",
     ],
     config_keys: &["runtime", "core", "workspace"],
+    native_ops: &[
+        "emit",
+        "settle",
+        "accept_input",
+        "settle_cancel",
+        "fail",
+        "hold",
+        "release",
+        "await",
+        "report",
+    ],
+    native_side: Some(Side::Runtime),
+    prebound: |_| false,
     check_frame: core_runtime_frame,
     nulls: false,
 };
@@ -146,10 +167,25 @@ fn worker_frame(party: Party, frame: &Value) -> Result<(), String> {
 /// The host ↔ worker family.
 pub const WORKER: FamilyTable = FamilyTable {
     family: "worker",
-    sides: &[Side::Worker],
+    sides: &[Side::Worker, Side::Host],
     parties: &[Party::Host, Party::Worker],
-    steps: &[],
+    steps: &["native", "launch"],
     config_keys: &["worker"],
+    native_ops: &[
+        "configure",
+        "start_workbench",
+        "execute",
+        "interrupt",
+        "attention",
+        "review",
+        "activate",
+        "epoch",
+        "shutdown",
+        "await",
+    ],
+    native_side: Some(Side::Host),
+    // The snapshot paths side host writes from `config.worker` (`hooks`, `snapshots`).
+    prebound: |name| name == "hooks_dir" || name.starts_with("snapshot_"),
     check_frame: worker_frame,
     nulls: true,
 };
@@ -162,6 +198,9 @@ pub const DEMO: FamilyTable = FamilyTable {
     parties: &[Party::Core],
     steps: &[],
     config_keys: &[],
+    native_ops: &[],
+    native_side: None,
+    prebound: |_| false,
     check_frame: |_, _| Ok(()),
     nulls: false,
 };

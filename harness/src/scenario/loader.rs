@@ -212,6 +212,7 @@ enum RawStep {
     Host(Map<String, Value>),
     Worker(Map<String, Value>),
     Native(Spanned<Map<String, Value>>),
+    Launch(Map<String, Value>),
     Bootstrap(BootstrapStep),
     Connect(ConnectStep),
     Handshake(RawHandshake),
@@ -585,6 +586,9 @@ impl Converter<'_> {
                 let (op, args) = map.into_iter().next()?;
                 Step::Native { op, args, expect }
             }
+            RawStep::Launch(args) => Step::Launch {
+                args: Value::Object(args),
+            },
             RawStep::Bootstrap(b) => Step::Bootstrap(b),
             RawStep::Connect(c) => Step::Connect(c),
             RawStep::Handshake(h) => Step::Handshake {

@@ -423,6 +423,14 @@ pub enum Step {
         /// Optional pattern the op's result must match.
         expect: Option<Value>,
     },
+    /// `launch:` — the target host launches a worker (worker family, side `host`): the
+    /// harness takes that launch, checks it and dials the worker's socket; `args`
+    /// (`role`, `token`, `revision`) say what to check and bind. Where the harness
+    /// itself launched the worker (side `worker`) it is a no-op.
+    Launch {
+        /// The step's mapping.
+        args: Value,
+    },
     /// `bootstrap:` — the HTTP bootstrap exchange.
     Bootstrap(BootstrapStep),
     /// `connect:` — the WebSocket upgrade exchange.
@@ -549,6 +557,7 @@ impl Step {
         match self {
             Step::Frame { party, .. } => party.as_str(),
             Step::Native { .. } => "native",
+            Step::Launch { .. } => "launch",
             Step::Bootstrap(_) => "bootstrap",
             Step::Connect(_) => "connect",
             Step::Handshake { .. } => "handshake",
@@ -573,7 +582,11 @@ impl Step {
     pub fn describe(&self) -> String {
         match self {
             Step::Frame { party, frame } => {
-                let kind = frame.get("type").and_then(Value::as_str).unwrap_or("?");
+                let kind = frame
+                    .get("type")
+                    .or_else(|| frame.get("kind"))
+                    .and_then(Value::as_str)
+                    .unwrap_or("?");
                 format!("{party} frame {kind}")
             }
             Step::Native { op, .. } => format!("native {op}"),

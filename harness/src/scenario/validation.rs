@@ -25,19 +25,6 @@ use super::model::{
 use crate::bind::malformed_placeholders;
 use crate::matcher::{ComparePattern, GENERATED_MARKER, GeneratedPattern};
 
-/// Control-channel operations a `native:` step may name (`docs/control-channel.md`).
-pub const NATIVE_OPS: &[&str] = &[
-    "emit",
-    "settle",
-    "accept_input",
-    "settle_cancel",
-    "fail",
-    "hold",
-    "release",
-    "await",
-    "report",
-];
-
 /// Longest `expect_exit.stderr` substring (bytes): the harness keeps a bounded stderr
 /// tail, so a longer needle could never be found.
 pub const EXPECT_EXIT_STDERR_MAX_BYTES: usize = 1024;
@@ -266,12 +253,13 @@ impl Checker<'_> {
         match step {
             Step::Frame { party, frame } => self.frame(location, *party, frame),
             Step::Native { op, args, expect } => {
-                if !NATIVE_OPS.contains(&op.as_str()) {
+                let ops = self.table.map_or(&[][..], |t| t.native_ops);
+                if !ops.contains(&op.as_str()) {
                     self.issue(
                         Some(location),
                         format!(
                             "unknown native op `{op}`, expected one of {}",
-                            NATIVE_OPS.join(", ")
+                            ops.join(", ")
                         ),
                     );
                 }
@@ -641,6 +629,8 @@ fn sight_step(
         );
     };
     let (rt, core) = (Some(Side::Runtime), Some(Side::Core));
+    // The side whose control channel performs `native:` (and `launch:`) steps.
+    let native = families::table(&scenario.family).and_then(|t| t.native_side);
     match s {
         Step::Frame { party, frame } => {
             let target = party.side();
@@ -652,11 +642,18 @@ fn sight_step(
                 Some(target),
             );
         }
-        // Performed only when the Runtime is the target.
+        // Performed only when the side with the control channel is the target.
         Step::Native { op, args, expect } => {
-            add(&format!("native `{op}`"), args, rt, None);
+            add(&format!("native `{op}`"), args, native, None);
             if let Some(expect) = expect {
-                add(&format!("native `{op}` expect"), expect, None, rt);
+                add(&format!("native `{op}` expect"), expect, None, native);
+            }
+        }
+        // Binds its placeholders from what the target launched.
+        Step::Launch { args } => {
+            add("launch", args, None, native);
+            if args.get("token").is_none() {
+                add("launch", &Value::String("$token".into()), None, native);
             }
         }
         Step::Bootstrap(b) => {
@@ -724,8 +721,13 @@ fn single_use_placeholders(scenario: &Scenario, spans: &Spans, issues: &mut Vec<
             .map_or((spans.steps, &[][..]), |s| (s.location, &s.children[..]));
         sight_step(scenario, &mut sightings, loc, children, i + 1, step);
     }
+    let prebound: fn(&str) -> bool =
+        families::table(&scenario.family).map_or(|_| false, |t| t.prebound);
     for (name, seen) in sightings {
         let [only] = &seen[..] else { continue };
+        if prebound(&name) {
+            continue;
+        }
         if only.sent_on.is_empty() || !only.expected_on.is_empty() {
             continue;
         }

@@ -203,7 +203,10 @@ impl Host {
         let Some(seq) = args.remove("seq").and_then(|s| s.as_u64()) else {
             return error_line(None, &bad("a request needs an unsigned `seq`"));
         };
-        let Some(op) = args.remove("op").and_then(|o| o.as_str().map(str::to_string)) else {
+        let Some(op) = args
+            .remove("op")
+            .and_then(|o| o.as_str().map(str::to_string))
+        else {
             return error_line(Some(seq), &bad("a request needs a string `op`"));
         };
         match self.op(&op, args).await {
@@ -238,11 +241,15 @@ impl Host {
         match op {
             "configure" => {
                 if let Some(ms) = args.get("invoke_budget_ms") {
-                    let ms = ms.as_u64().ok_or_else(|| bad("`invoke_budget_ms` must be an integer"))?;
+                    let ms = ms
+                        .as_u64()
+                        .ok_or_else(|| bad("`invoke_budget_ms` must be an integer"))?;
                     self.policies.set_budget(Duration::from_millis(ms));
                 }
                 if let Some(ms) = args.get("interrupt_grace_ms") {
-                    let ms = ms.as_u64().ok_or_else(|| bad("`interrupt_grace_ms` must be an integer"))?;
+                    let ms = ms
+                        .as_u64()
+                        .ok_or_else(|| bad("`interrupt_grace_ms` must be an integer"))?;
                     if let Ok(mut g) = self.interrupt_grace.lock() {
                         *g = Duration::from_millis(ms);
                     }
@@ -265,7 +272,10 @@ impl Host {
                 Ok(json!({}))
             }
             "attention" | "review" => {
-                let input = args.get("input").cloned().ok_or_else(|| bad("`input` is required"))?;
+                let input = args
+                    .get("input")
+                    .cloned()
+                    .ok_or_else(|| bad("`input` is required"))?;
                 let pinned = self.policies.pin();
                 let review = op == "review";
                 self.spawn_outcome(name, async move {
@@ -292,16 +302,20 @@ impl Host {
                 let policies = self.policies.clone();
                 self.spawn_outcome(name, async move {
                     match policies.activate(&path, expected).await {
-                        Ok(a) => json!({"status": "activated", "epoch": a.epoch, "revision": a.revision}),
-                        Err(e) => json!({"status": "refused", "code": e.code(), "message": e.to_string()}),
+                        Ok(a) => {
+                            json!({"status": "activated", "epoch": a.epoch, "revision": a.revision})
+                        }
+                        Err(e) => {
+                            json!({"status": "refused", "code": e.code(), "message": e.to_string()})
+                        }
                     }
                 })
             }
             "epoch" => {
-                let current = self
-                    .policies
-                    .current()
-                    .map_err(|e| OpError { code: "store_failed", message: e.to_string() })?;
+                let current = self.policies.current().map_err(|e| OpError {
+                    code: "store_failed",
+                    message: e.to_string(),
+                })?;
                 Ok(json!({"epoch": current.epoch, "revision": current.revision}))
             }
             "shutdown" => {
@@ -351,8 +365,11 @@ impl Host {
         let mut config = HostConfig::workbench(self.program.clone());
         // A generation identifier of its own per start, so that effects of different
         // generations never share an identity in the durable lane.
-        config.generation = Identifier::new(format!("g-{}", &uuid::Uuid::new_v4().simple().to_string()[..12]))
-            .expect("a valid identifier");
+        config.generation = Identifier::new(format!(
+            "g-{}",
+            &uuid::Uuid::new_v4().simple().to_string()[..12]
+        ))
+        .expect("a valid identifier");
         config.interrupt_grace = self
             .interrupt_grace
             .lock()

@@ -153,7 +153,10 @@ mod tests {
         let first = lane.record("g.c1.r1", "hi", None).unwrap();
         assert_eq!(first.status, ReceiptStatus::Confirmed);
         assert_eq!(first.event_id, Some(1));
-        assert_eq!(lane.record("g.c1.r1", "hi", Some("late hold")).unwrap(), first);
+        assert_eq!(
+            lane.record("g.c1.r1", "hi", Some("late hold")).unwrap(),
+            first
+        );
         let again = lane.record("g.c1.r2", "hi", None).unwrap();
         assert_eq!(again.event_id, Some(2));
         let held = lane.record("g.c1.r3", "secret", Some("policy")).unwrap();

@@ -41,6 +41,12 @@ impl MessageCodec {
         outgoing: Direction::HostToWorker,
     };
 
+    /// The host is the target.
+    pub const HOST_TARGET: Self = Self {
+        emitted: Direction::HostToWorker,
+        outgoing: Direction::WorkerToHost,
+    };
+
     fn check(&self, message: &Value, direction: Direction) -> Result<(), WireFault> {
         let expect = Expect {
             session_id: SESSION_ID,
@@ -113,6 +119,19 @@ pub static WORKER_ROLE: Role = Role {
     refuses: &[(
         "crash",
         "crash restarts a target Core; the worker is the target here",
+    )],
+};
+
+/// Side `host`: the harness plays the workers.
+pub static HOST_ROLE: Role = Role {
+    codec: &MessageCodec::HOST_TARGET,
+    target: Party::Host,
+    plays: &[Party::Worker],
+    emitted_label: "host message",
+    target_name: "the host",
+    refuses: &[(
+        "crash",
+        "crash restarts a target Core; the host is the target here",
     )],
 };
 

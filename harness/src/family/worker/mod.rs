@@ -3,11 +3,14 @@
 //!
 //! * Side `worker` ([`worker_side`]): the worker under test; the harness plays the host
 //!   (private directory, socket, token, spawn).
+//! * Side `host` ([`host_side`]): the host under test, driven over its control channel;
+//!   the harness plays every worker it launches, through the relay.
 //!
 //! Both run on the step engine ([`crate::drive`]); this module holds only what is the
 //! worker protocol's. It never renders or compares goldens and never prints.
 
 pub mod codec;
+pub mod host_side;
 pub mod worker_side;
 
 use crate::drive::{self, DriveOptions, DriveOutcome};
@@ -37,6 +40,7 @@ pub async fn drive(scenario: &Scenario, side: Side, opts: &DriveOptions) -> Driv
             )
             .await
         }
+        Side::Host => drive::drive(scenario, opts, host_side::start(scenario, opts)).await,
         other => DriveOutcome::failed(drive::Failure::outside(
             &scenario.id(),
             drive::Phase::Launch,

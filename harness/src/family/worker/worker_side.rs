@@ -10,6 +10,7 @@
 //! | `send_bytes: {text}` / `{text_base64}` | one frame of those payload bytes (a bad envelope, bad JSON, bad UTF-8) |
 //! | `send_bytes: {base64}` | those bytes as they are, length prefix included (framing faults) |
 //! | `half_close` / end of run | the harness closes its write side (the worker reads the end of the stream) |
+//! | `native:` / `launch:` | nothing: they are the host's actions, and the harness is the host |
 //!
 //! The startup token is bound as `$token` before the first step. The socket, token and
 //! environment are the host's choices of our reference; the spec fixes only that the
@@ -299,7 +300,12 @@ impl Peer for ScriptedHostPeer {
         match other {}
     }
 
+    /// `native` (a host action) and `launch` are the host's: with the worker as the
+    /// target the harness is the host and has launched it, so both are no-ops.
     async fn family_step(&mut self, _run: &mut Run, step: &Step) -> StepResult {
+        if matches!(step, Step::Native { .. } | Step::Launch { .. }) {
+            return Ok(());
+        }
         Err(fail::unsupported(format!(
             "`{}` is not a step of the worker family",
             step.keyword()

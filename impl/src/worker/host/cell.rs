@@ -25,7 +25,7 @@ impl Worker {
         code: &str,
         handler: &mut (dyn RequestHandler + Send),
     ) -> Result<CellRecord, HostError> {
-        if !self.valid {
+        if !self.is_valid() {
             return Err(HostError::Invalidated);
         }
         self.next_op += 1;
@@ -168,7 +168,7 @@ impl Worker {
     /// [`HostError::Invalidated`] before the call; any refused frame, frame of another
     /// operation or end of stream (the generation is then stopped).
     pub async fn invoke(&mut self, slot: Slot, input: Value) -> Result<Completion, HostError> {
-        if !self.valid {
+        if !self.is_valid() {
             return Err(HostError::Invalidated);
         }
         self.next_op += 1;

@@ -37,15 +37,16 @@ use tokio::net::{UnixListener, UnixStream};
 use tokio::process::{Child, Command};
 use tokio::sync::Notify;
 
-use super::wire::frame::{FrameDecoder, decoder, encode_frame};
+use super::wire::frame::encode_frame;
 use super::wire::limits::{DIAGNOSTIC_TAIL_BYTES, SOCKET_PATH_MAX_BYTES};
 use super::wire::{
-    CellStatus, Direction, Envelope, Expect, HostRequest, Identifier, Message, OutputRecord, Reply,
-    Role, Slot, WorkerWireError, decode_envelope, encode_envelope,
+    CellStatus, Envelope, HostRequest, Identifier, Message, OutputRecord, Reply, Role, Slot,
+    WorkerWireError, encode_envelope,
 };
 use crate::process::tail::OutputTail;
 
 mod cell;
+mod reader;
 
 /// Default bound of the handshake: spawn to `hello`.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -263,10 +264,11 @@ pub struct Worker {
     config: HostConfig,
     dir: PrivateDir,
     child: Child,
-    conn: Option<UnixStream>,
-    watch: Option<UnixStream>,
-    decoder: FrameDecoder,
-    pending: std::collections::VecDeque<Vec<u8>>,
+    writer: Option<tokio::net::unix::OwnedWriteHalf>,
+    reader: Option<reader::Reader>,
+    /// The supervisor's watch connection: dropping it stops every process of the
+    /// generation. Shared with the reader, which drops it after a fault.
+    watch: Arc<Mutex<Option<UnixStream>>>,
     stdout: Arc<Mutex<OutputTail>>,
     stderr: Arc<Mutex<OutputTail>>,
     next_op: u64,
@@ -436,14 +438,21 @@ impl Worker {
                 return Err(HostError::HandshakeTimeout(bound));
             }
         };
+        let watch = Arc::new(Mutex::new(Some(watch)));
+        let (read, write) = conn.into_split();
+        let reader = reader::start(
+            read,
+            watch.clone(),
+            config.session_id.clone(),
+            config.generation.clone(),
+        );
         let mut worker = Self {
             config,
             dir,
             child,
-            conn: Some(conn),
-            watch: Some(watch),
-            decoder: decoder(),
-            pending: std::collections::VecDeque::new(),
+            writer: Some(write),
+            reader: Some(reader),
+            watch,
             stdout,
             stderr,
             next_op: 0,
@@ -519,6 +528,10 @@ impl Worker {
     /// Whether the generation is still valid (not invalidated, stopped or shut down).
     pub fn is_valid(&self) -> bool {
         self.valid
+            && self
+                .reader
+                .as_ref()
+                .is_some_and(|r| r.valid.load(std::sync::atomic::Ordering::SeqCst))
     }
 
     /// The private directory of this generation.
@@ -556,49 +569,21 @@ impl Worker {
         };
         let payload = encode_envelope(&envelope).map_err(HostError::Wire)?;
         let frame = encode_frame(&payload).map_err(|e| HostError::Wire(e.into()))?;
-        let conn = self.conn.as_mut().ok_or(HostError::Invalidated)?;
-        conn.write_all(&frame)
+        let writer = self.writer.as_mut().ok_or(HostError::Invalidated)?;
+        writer
+            .write_all(&frame)
             .await
             .map_err(|e| HostError::Io(e.to_string()))
     }
 
+    /// The next message of the worker, in order (the reader decoded and checked it).
     async fn read_message(&mut self) -> Result<Message, HostError> {
-        let mut buf = vec![0u8; 64 * 1024];
-        loop {
-            if let Some(payload) = self.pending.pop_front() {
-                return self.decode(&payload);
-            }
-            let conn = self.conn.as_mut().ok_or(HostError::Invalidated)?;
-            let n = conn
-                .read(&mut buf)
-                .await
-                .map_err(|e| HostError::Io(e.to_string()))?;
-            if n == 0 {
-                return Err(match self.decoder.finish() {
-                    Err(e) => HostError::Wire(e.into()),
-                    Ok(()) => HostError::Eof,
-                });
-            }
-            self.decoder.push(&buf[..n]);
-            while let Some(payload) = self
-                .decoder
-                .next_frame()
-                .map_err(|e| HostError::Wire(e.into()))?
-            {
-                self.pending.push_back(payload);
-            }
-        }
-    }
-
-    fn decode(&self, payload: &[u8]) -> Result<Message, HostError> {
-        let expect = Expect {
-            session_id: self.config.session_id.as_str(),
-            generation: self.config.generation.as_str(),
-            direction: Direction::WorkerToHost,
-        };
-        decode_envelope(payload, Some(&expect))
-            .map(|e| e.message)
-            .map_err(HostError::Wire)
+        let reader = self.reader.as_mut().ok_or(HostError::Invalidated)?;
+        reader
+            .inbox
+            .recv()
+            .await
+            .unwrap_or(Err(HostError::Invalidated))
     }
 
     /// The generation is lost: stop it, and record what the host observed (the worker's
@@ -633,6 +618,16 @@ impl Worker {
         }
     }
 
+    /// Drops the connection and the watch (the supervisor then stops every process).
+    fn release(&mut self) {
+        self.valid = false;
+        self.writer = None;
+        self.reader = None;
+        if let Ok(mut watch) = self.watch.lock() {
+            watch.take();
+        }
+    }
+
     /// Asks the worker to exit, waits `grace`, then stops it hard. Returns the exit
     /// status the host observed.
     pub async fn shutdown(&mut self, grace: Duration) -> Option<std::process::ExitStatus> {
@@ -640,9 +635,7 @@ impl Worker {
             && self.send(Message::Shutdown {}).await.is_ok()
             && let Ok(Ok(status)) = tokio::time::timeout(grace, self.child.wait()).await
         {
-            self.valid = false;
-            self.conn = None;
-            self.watch = None;
+            self.release();
             return Some(status);
         }
         self.hard_stop().await;
@@ -653,9 +646,7 @@ impl Worker {
     /// process of the worker (its group and every descendant, wherever it moved), and
     /// reaps the supervisor (SIGKILL after [`super::supervise::SWEEP_BOUND`] more).
     pub async fn hard_stop(&mut self) {
-        self.valid = false;
-        self.conn = None;
-        self.watch = None;
+        self.release();
         let bound = super::supervise::SWEEP_BOUND + Duration::from_secs(1);
         if tokio::time::timeout(bound, self.child.wait())
             .await

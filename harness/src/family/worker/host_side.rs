@@ -1,0 +1,774 @@
+//! Side `host` of the worker family: the host under test is launched per
+//! `docs/worker-host-control.md` and the harness plays **every worker it starts**.
+//!
+//! The host is told to run this harness's own binary in relay mode
+//! (`contract-harness peer relay --socket PATH`, [`crate::transport::relay`]) as its
+//! worker program (`CONTRACT_WORKER_PROGRAM`); each worker it starts connects back to the
+//! harness with its launch environment, and the harness dials the host's socket through
+//! it. Host actions are asked for on the control channel (`CONTRACT_HOST_CONTROL_SOCKET`,
+//! the host's hello line is its readiness). Steps:
+//!
+//! | step | what the harness does |
+//! |---|---|
+//! | `native: {op: args}` | one control request; `expect:` matches its result |
+//! | `launch: {role, token, revision}` | awaits the host's next worker launch, checks its private directory (no group/other access) and socket (a socket, no group/other access, path within the address bound), a fresh token, the role; dials the socket; binds `token` (default `$token`) and, for `revision`, the snapshot's source identity |
+//! | `worker:` | sent as that worker: `hello` to the launched worker that has not said hello, `completed`/`host_request` to the worker whose operation or execution it names, else the last worker the host spoke to; the envelope carries that worker's `session_id`/`generation` |
+//! | `host:` | the next frame of any worker the host runs (its envelope identity checked against that worker's launch environment) |
+//! | `send_bytes` | raw to the last worker the host spoke to |
+//! | `half_close` | ends that worker's write side; `disconnect`: that worker process exits (it dies) |
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use contract_impl::wire::framing::FrameDecoder;
+use contract_impl::worker::wire::limits::{FRAME_MAX_BYTES, SOCKET_PATH_MAX_BYTES};
+use serde_json::{Map, Value, json};
+use tokio::sync::mpsc;
+
+use super::codec::HOST_ROLE;
+use super::{GENERATION, SESSION_ID};
+use crate::drive::{
+    Connection, DriveOptions, Event, FailureCode, NoOther, Outgoing, Peer, Role, Run, Started,
+    StepError, StepResult, fail, show,
+};
+use crate::matcher::match_frame;
+use crate::scenario::model::{Scenario, Step};
+use crate::target::{LaunchSpec, RunDir, Target};
+use crate::transport::control::{ControlChannel, ControlListener, WORKER_HOST};
+use crate::transport::relay::{Hello, RelayEvent, RelayListener, RelayMsg};
+
+/// The channel of every worker's protocol socket on its relay.
+const CHANNEL: u32 = 1;
+
+/// Bound of one relay write.
+const RELAY_SEND_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// What the relay tasks report.
+enum Inbound {
+    /// A worker the host started connected back.
+    Launched {
+        idx: usize,
+        hello: Hello,
+        tx: mpsc::Sender<RelayMsg>,
+    },
+    /// Something that worker's relay reported.
+    Relay { idx: usize, event: RelayEvent },
+}
+
+/// One worker the host started.
+struct WorkerConn {
+    tx: mpsc::Sender<RelayMsg>,
+    env: HashMap<String, String>,
+    decoder: FrameDecoder,
+    /// `Some(Ok)`: the socket is connected; `Some(Err)`: dialling failed.
+    opened: Option<Result<(), String>>,
+    /// The host ended the connection (or the worker is gone).
+    ended: bool,
+    helloed: bool,
+}
+
+impl WorkerConn {
+    fn var(&self, name: &str) -> Option<&str> {
+        self.env.get(name).map(String::as_str)
+    }
+}
+
+/// The workers the harness plays against a target host, and the control channel.
+pub struct ScriptedWorkerPeer {
+    control: Option<ControlChannel>,
+    events: mpsc::Receiver<Inbound>,
+    conns: Vec<WorkerConn>,
+    /// Launched workers no `launch` step took yet.
+    launched: VecDeque<usize>,
+    /// Which worker an operation or execution ID belongs to.
+    routes: HashMap<String, usize>,
+    /// The worker the host last spoke to (or last launched).
+    current: Option<usize>,
+    ready: VecDeque<Event<NoOther>>,
+    tokens: HashSet<String>,
+    accept_task: tokio::task::JoinHandle<()>,
+    _run_dir: RunDir,
+}
+
+impl Drop for ScriptedWorkerPeer {
+    fn drop(&mut self) {
+        self.accept_task.abort();
+    }
+}
+
+/// Writes every `config.worker.snapshots` entry (and `hooks`) under the run directory;
+/// returns the placeholders naming their paths (`$snapshot_<name>`, `$hooks_dir`).
+fn write_snapshots(scenario: &Scenario, run_dir: &RunDir) -> Result<Vec<(String, Value)>, String> {
+    let mut bound = Vec::new();
+    let Some(Value::Object(config)) = &scenario.config.worker else {
+        return Ok(bound);
+    };
+    let mut sets: Vec<(String, PathBuf, &Value)> = Vec::new();
+    if let Some(hooks) = config.get("hooks").and_then(|h| h.get("files")) {
+        sets.push(("hooks_dir".into(), run_dir.path().join("hooks"), hooks));
+    }
+    if let Some(Value::Object(snapshots)) = config.get("snapshots") {
+        for (name, files) in snapshots {
+            let files = files.get("files").unwrap_or(files);
+            sets.push((
+                format!("snapshot_{name}"),
+                run_dir.path().join("snapshots").join(name),
+                files,
+            ));
+        }
+    }
+    for (placeholder, dir, files) in sets {
+        std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        let Value::Object(files) = files else {
+            return Err(format!("{placeholder}: files must be a mapping"));
+        };
+        for (path, content) in files {
+            let Value::String(content) = content else {
+                return Err(format!("{placeholder}: {path} must be text"));
+            };
+            if path.starts_with('/') || path.split('/').any(|p| p.is_empty() || p == "..") {
+                return Err(format!("{placeholder}: `{path}` is not a relative path"));
+            }
+            let file = dir.join(path);
+            if let Some(parent) = file.parent() {
+                std::fs::create_dir_all(parent)
+                    .map_err(|e| format!("{}: {e}", parent.display()))?;
+            }
+            std::fs::write(&file, content).map_err(|e| format!("{}: {e}", file.display()))?;
+        }
+        bound.push((placeholder, Value::String(dir.display().to_string())));
+    }
+    Ok(bound)
+}
+
+/// Launches the host with the control socket and the relay as its worker program, and
+/// waits for its hello line.
+///
+/// # Errors
+/// The launch failed (the text names why, with the target's stderr tail).
+pub async fn start(
+    scenario: &Scenario,
+    opts: &DriveOptions,
+) -> Result<Started<ScriptedWorkerPeer>, String> {
+    let run_dir = RunDir::new().map_err(|e| e.to_string())?;
+    let prebound = write_snapshots(scenario, &run_dir)?;
+    let control = ControlListener::bind(&run_dir.control_socket()).map_err(|e| e.to_string())?;
+    let relay_path = run_dir.path().join("relay.sock");
+    let relays = RelayListener::bind(&relay_path).map_err(|e| e.to_string())?;
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let program = json!([
+        exe.display().to_string(),
+        "peer",
+        "relay",
+        "--socket",
+        relay_path.display().to_string()
+    ]);
+    let spec = LaunchSpec {
+        command: opts.target_cmd.clone(),
+        env: vec![
+            (
+                contract_impl::worker::controlled::CONTROL_ENV.to_string(),
+                run_dir.control_socket().display().to_string(),
+            ),
+            (
+                contract_impl::worker::controlled::PROGRAM_ENV.to_string(),
+                program.to_string(),
+            ),
+        ],
+        cwd: run_dir.cwd(),
+        secret: String::new(),
+        capture_stdout: false,
+    };
+    let mut target = Target::spawn(&spec).map_err(|e| e.to_string())?;
+    let channel = match target
+        .await_ready(control.accept(WORKER_HOST), opts.startup_timeout)
+        .await
+    {
+        Ok(channel) => channel,
+        Err(e) => {
+            target.shutdown().await;
+            return Err(e.to_string());
+        }
+    };
+    let (events_tx, events) = mpsc::channel(256);
+    let accept_task = tokio::spawn(accept_relays(relays, events_tx));
+    Ok(Started {
+        ready: true,
+        peer: ScriptedWorkerPeer {
+            control: Some(channel),
+            events,
+            conns: Vec::new(),
+            launched: VecDeque::new(),
+            routes: HashMap::new(),
+            current: None,
+            ready: VecDeque::new(),
+            tokens: HashSet::new(),
+            accept_task,
+            _run_dir: run_dir,
+        },
+        process: Box::new(target),
+        secret: String::new(),
+        normalize: Value::clone,
+        prebound,
+    })
+}
+
+/// Accepts every relay peer (each worker the host starts) and runs one task per relay.
+async fn accept_relays(listener: RelayListener, events: mpsc::Sender<Inbound>) {
+    let mut next = 0usize;
+    loop {
+        let Ok((mut relay, hello)) = listener.accept(Duration::from_secs(3600)).await else {
+            continue;
+        };
+        let idx = next;
+        next += 1;
+        let (tx, mut rx) = mpsc::channel::<RelayMsg>(64);
+        if events
+            .send(Inbound::Launched { idx, hello, tx })
+            .await
+            .is_err()
+        {
+            return;
+        }
+        let events = events.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    event = relay.recv() => {
+                        let gone = matches!(event, RelayEvent::Gone | RelayEvent::Error(_));
+                        if events.send(Inbound::Relay { idx, event }).await.is_err() || gone {
+                            return;
+                        }
+                    }
+                    msg = rx.recv() => match msg {
+                        Some(msg) => {
+                            if relay.send(msg, RELAY_SEND_TIMEOUT).await.is_err() {
+                                let _ = events.send(Inbound::Relay { idx, event: RelayEvent::Gone }).await;
+                                return;
+                            }
+                        }
+                        // The harness is done with this worker: dropping the link ends it.
+                        None => return,
+                    },
+                }
+            }
+        });
+    }
+}
+
+fn framed(payload: &[u8]) -> Vec<u8> {
+    let mut frame = u32::try_from(payload.len())
+        .unwrap_or(u32::MAX)
+        .to_be_bytes()
+        .to_vec();
+    frame.extend_from_slice(payload);
+    frame
+}
+
+impl ScriptedWorkerPeer {
+    fn absorb(&mut self, inbound: Inbound) {
+        match inbound {
+            Inbound::Launched { idx, hello, tx } => {
+                let env = hello.env.into_iter().collect();
+                debug_assert_eq!(idx, self.conns.len());
+                self.conns.push(WorkerConn {
+                    tx,
+                    env,
+                    decoder: FrameDecoder::new(FRAME_MAX_BYTES),
+                    opened: None,
+                    ended: false,
+                    helloed: false,
+                });
+                self.launched.push_back(idx);
+            }
+            Inbound::Relay { idx, event } => self.relay_event(idx, event),
+        }
+    }
+
+    fn relay_event(&mut self, idx: usize, event: RelayEvent) {
+        let Some(conn) = self.conns.get_mut(idx) else {
+            return;
+        };
+        match event {
+            RelayEvent::Msg(RelayMsg::Opened(CHANNEL)) => conn.opened = Some(Ok(())),
+            RelayEvent::Msg(RelayMsg::OpenFailed { reason, .. }) => conn.opened = Some(Err(reason)),
+            RelayEvent::Msg(RelayMsg::Data { bytes, .. }) => {
+                conn.decoder.push(&bytes);
+                let mut frames = Vec::new();
+                let mut fault = None;
+                loop {
+                    match conn.decoder.next_frame() {
+                        Ok(Some(payload)) => frames.push(payload),
+                        Ok(None) => break,
+                        Err(e) => {
+                            fault = Some(e);
+                            break;
+                        }
+                    }
+                }
+                for payload in frames {
+                    let event = self.incoming(idx, payload);
+                    self.ready.push_back(event);
+                }
+                if let Some(e) = fault {
+                    // Nothing after a framing fault is a frame ("never attempt to resume").
+                    self.conns[idx].ended = true;
+                    self.ready.push_back(Event::Error {
+                        code: e.code(),
+                        detail: e.to_string(),
+                    });
+                }
+            }
+            RelayEvent::Msg(RelayMsg::Eof(_)) | RelayEvent::Gone | RelayEvent::Error(_) => {
+                if conn.opened == Some(Ok(())) && !conn.ended {
+                    conn.ended = true;
+                    let truncated = conn.decoder.finish().err();
+                    self.ready.push_back(match truncated {
+                        Some(e) => Event::Error {
+                            code: e.code(),
+                            detail: e.to_string(),
+                        },
+                        None => Event::Eof,
+                    });
+                }
+            }
+            RelayEvent::Msg(_) => {}
+        }
+    }
+
+    /// A frame of worker `idx`: its envelope identity checked against its launch
+    /// environment and replaced by the family's fixed one, so the codec sees one
+    /// identity; the operation it opens routed to `idx`.
+    fn incoming(&mut self, idx: usize, payload: Vec<u8>) -> Event<NoOther> {
+        let text = match String::from_utf8(payload) {
+            Ok(text) => text,
+            Err(e) => {
+                return Event::Error {
+                    code: "not_utf8",
+                    detail: format!(
+                        "a frame that is not UTF-8 (byte {})",
+                        e.utf8_error().valid_up_to()
+                    ),
+                };
+            }
+        };
+        let Ok(Value::Object(mut envelope)) =
+            contract_impl::wire::parse_strict_with_nulls(text.as_bytes())
+        else {
+            return Event::Text(text);
+        };
+        let conn = &self.conns[idx];
+        for (field, var, fixed, code) in [
+            (
+                "session_id",
+                "CONTRACT_WORKER_SESSION_ID",
+                SESSION_ID,
+                "session_mismatch",
+            ),
+            (
+                "generation",
+                "CONTRACT_WORKER_GENERATION",
+                GENERATION,
+                "generation_mismatch",
+            ),
+        ] {
+            let got = envelope.get(field).and_then(Value::as_str);
+            if got.is_some() && got != conn.var(var) {
+                return Event::Error {
+                    code,
+                    detail: format!(
+                        "the host sent {field} {:?} to the worker it launched with {var}={:?}",
+                        got.unwrap_or_default(),
+                        conn.var(var).unwrap_or_default()
+                    ),
+                };
+            }
+            if got.is_some() {
+                envelope.insert(field.into(), Value::String(fixed.into()));
+            }
+        }
+        if let Some(message) = envelope.get("message")
+            && let (Some(kind), Some(id)) = (
+                message.get("kind").and_then(Value::as_str),
+                message.get("id").and_then(Value::as_str),
+            )
+            && (kind == "execute" || kind == "invoke")
+        {
+            self.routes.insert(id.to_string(), idx);
+        }
+        self.current = Some(idx);
+        Event::Text(Value::Object(envelope).to_string())
+    }
+
+    /// Which worker a frame the harness sends as a worker goes to.
+    fn route(&self, message: &Value) -> Option<usize> {
+        let kind = message
+            .get("kind")
+            .and_then(Value::as_str)
+            .unwrap_or_default();
+        let by = |key: &str| {
+            message
+                .get(key)
+                .and_then(Value::as_str)
+                .and_then(|id| self.routes.get(id).copied())
+        };
+        match kind {
+            "hello" => self
+                .conns
+                .iter()
+                .position(|c| c.opened == Some(Ok(())) && !c.helloed && !c.ended)
+                .or(self.current),
+            "completed" => by("id").or(self.current),
+            "host_request" => by("execution_id").or(self.current),
+            _ => self.current,
+        }
+    }
+
+    async fn to_worker(&mut self, idx: usize, msg: RelayMsg) -> StepResult {
+        let conn = self
+            .conns
+            .get(idx)
+            .ok_or_else(|| not_connected("no such worker"))?;
+        conn.tx
+            .send(msg)
+            .await
+            .map_err(|_| StepError::new(FailureCode::TransportFailed, "the worker's relay is gone"))
+    }
+
+    /// Waits (until `deadline`) for `ready` to hold an event or `done` to hold.
+    async fn pump_until(
+        &mut self,
+        deadline: tokio::time::Instant,
+        done: impl Fn(&Self) -> bool,
+    ) -> bool {
+        loop {
+            if done(self) {
+                return true;
+            }
+            match tokio::time::timeout_at(deadline, self.events.recv()).await {
+                Ok(Some(inbound)) => self.absorb(inbound),
+                Ok(None) | Err(_) => return done(self),
+            }
+        }
+    }
+
+    async fn native(
+        &mut self,
+        run: &mut Run,
+        op: &str,
+        args: &Value,
+        expect: Option<&Value>,
+    ) -> StepResult {
+        let args = run
+            .bindings
+            .substitute(args, true)
+            .map_err(|e| fail::bind(e, "the control request"))?;
+        let wait = args
+            .get("timeout_ms")
+            .and_then(Value::as_u64)
+            .map_or(run.step_timeout, |ms| {
+                run.step_timeout
+                    .max(Duration::from_millis(ms) + Duration::from_secs(5))
+            });
+        let control = self.control.as_mut().ok_or_else(|| {
+            StepError::new(
+                FailureCode::ControlFailed,
+                "the host has no control channel",
+            )
+        })?;
+        let result = control.request(op, &args, wait).await.map_err(|e| {
+            StepError::new(FailureCode::ControlFailed, format!("{e} ({})", e.code()))
+        })?;
+        if let Some(pattern) = expect {
+            match_frame(pattern, &result, &mut run.bindings).map_err(|m| {
+                fail::mismatch(format!(
+                    "result of `{op}` does not match: {m}\n  result: {}",
+                    show(&result)
+                ))
+            })?;
+        }
+        Ok(())
+    }
+
+    async fn launch(&mut self, run: &mut Run, args: &Map<String, Value>) -> StepResult {
+        let deadline = tokio::time::Instant::now() + run.step_timeout;
+        if !self.pump_until(deadline, |p| !p.launched.is_empty()).await {
+            return Err(fail::mismatch(format!(
+                "the host launched no worker within {}",
+                crate::drive::show_duration(run.step_timeout)
+            )));
+        }
+        let idx = self.launched.pop_front().unwrap_or_default();
+        let conn = &self.conns[idx];
+        let var = |name: &str| {
+            conn.var(name)
+                .map(str::to_string)
+                .ok_or_else(|| fail::mismatch(format!("the host launched a worker without {name}")))
+        };
+        let socket = PathBuf::from(var("CONTRACT_WORKER_SOCKET")?);
+        let token = var("CONTRACT_WORKER_TOKEN")?;
+        let role = conn
+            .var("CONTRACT_WORKER_ROLE")
+            .unwrap_or("workbench")
+            .to_string();
+        let hooks_dir = conn.var("CONTRACT_WORKER_HOOKS_DIR").map(PathBuf::from);
+        for name in ["CONTRACT_WORKER_SESSION_ID", "CONTRACT_WORKER_GENERATION"] {
+            let value = var(name)?;
+            if contract_impl::worker::wire::Identifier::new(value.clone()).is_err() {
+                return Err(fail::mismatch(format!(
+                    "{name}={value:?} is not an identifier"
+                )));
+            }
+        }
+        check_private(&socket)?;
+        if contract_impl::worker::wire::Identifier::new(token.clone()).is_err() {
+            return Err(fail::mismatch(
+                "the startup token is not an identifier".to_string(),
+            ));
+        }
+        if !self.tokens.insert(token.clone()) {
+            return Err(fail::mismatch(
+                "the startup token of an earlier worker was given again (it must be random)"
+                    .to_string(),
+            ));
+        }
+        if let Some(want) = args.get("role").and_then(Value::as_str)
+            && want != role
+        {
+            return Err(fail::mismatch(format!(
+                "the host launched a {role} worker, expected {want}"
+            )));
+        }
+        self.to_worker(
+            idx,
+            RelayMsg::Dial {
+                channel: CHANNEL,
+                path: socket.display().to_string(),
+            },
+        )
+        .await?;
+        if !self
+            .pump_until(deadline, |p| p.conns[idx].opened.is_some())
+            .await
+        {
+            return Err(fail::transport(format!(
+                "dialling {} did not finish",
+                socket.display()
+            )));
+        }
+        if let Some(Err(reason)) = &self.conns[idx].opened {
+            return Err(fail::transport(format!(
+                "cannot connect to the host's socket {}: {reason}",
+                socket.display()
+            )));
+        }
+        self.current = Some(idx);
+        let bind = |run: &mut Run, key: &str, default: &str, value: Value| -> StepResult {
+            let name = match args.get(key) {
+                Some(Value::String(p)) => p.strip_prefix('$').unwrap_or(p).to_string(),
+                None if default.is_empty() => return Ok(()),
+                None => default.to_string(),
+                Some(other) => {
+                    return Err(fail::unsupported(format!(
+                        "launch `{key}` must be a placeholder, not {other}"
+                    )));
+                }
+            };
+            run.bindings
+                .bind(&name, value)
+                .map_err(|e| fail::bind(e, "the launch"))
+        };
+        bind(run, "token", "token", Value::String(token))?;
+        if args.contains_key("revision") {
+            let dir = hooks_dir.ok_or_else(|| {
+                fail::mismatch(
+                    "a hook worker was launched without CONTRACT_WORKER_HOOKS_DIR".to_string(),
+                )
+            })?;
+            let revision = contract_impl::worker::source::source_identity(&dir).map_err(|e| {
+                fail::mismatch(format!("the host's snapshot {}: {e}", dir.display()))
+            })?;
+            bind(run, "revision", "", Value::String(revision))?;
+        }
+        Ok(())
+    }
+}
+
+fn not_connected(what: &str) -> StepError {
+    fail::not_connected(what)
+}
+
+/// "One dedicated Unix-domain stream socket per worker, located in a private temporary
+/// directory created by the host": the directory and the socket are this user's, with
+/// no access for group or others; the path fits a socket address.
+fn check_private(socket: &Path) -> StepResult {
+    let me = nix::unistd::getuid().as_raw();
+    let len = socket.as_os_str().len();
+    if !socket.is_absolute() || len > SOCKET_PATH_MAX_BYTES {
+        return Err(fail::mismatch(format!(
+            "the worker socket {} is not an absolute path of at most {SOCKET_PATH_MAX_BYTES} bytes ({len})",
+            socket.display()
+        )));
+    }
+    let dir = socket.parent().unwrap_or(Path::new("/"));
+    for (what, path, socket_kind) in [("directory", dir, false), ("socket", socket, true)] {
+        let meta = std::fs::symlink_metadata(path)
+            .map_err(|e| fail::mismatch(format!("the worker {what} {}: {e}", path.display())))?;
+        let mode = meta.permissions().mode() & 0o777;
+        let kind_ok = if socket_kind {
+            meta.file_type().is_socket()
+        } else {
+            meta.is_dir()
+        };
+        if !kind_ok || meta.uid() != me || mode & 0o077 != 0 {
+            return Err(fail::mismatch(format!(
+                "the worker {what} {} is not private (mode {mode:03o}, owner {}, {})",
+                path.display(),
+                meta.uid(),
+                if kind_ok { "kind ok" } else { "wrong kind" }
+            )));
+        }
+    }
+    Ok(())
+}
+
+#[async_trait]
+impl Connection for ScriptedWorkerPeer {
+    fn is_open(&self) -> bool {
+        self.current
+            .and_then(|i| self.conns.get(i))
+            .is_some_and(|c| c.opened == Some(Ok(())) && !c.ended)
+    }
+
+    /// `disconnect`: the current worker process exits, as if it died.
+    fn abort(&mut self) -> bool {
+        let Some(conn) = self.current.and_then(|i| self.conns.get_mut(i)) else {
+            return false;
+        };
+        conn.ended = true;
+        conn.tx.try_send(RelayMsg::Exit(1)).is_ok()
+    }
+
+    async fn send(&mut self, message: Outgoing, _timeout: Duration) -> StepResult {
+        let (idx, bytes) = match message {
+            Outgoing::Text(text) => {
+                let parsed = contract_impl::wire::parse_strict_with_nulls(text.as_bytes()).ok();
+                // Frames in the family's fixed envelope identity (everything the codec
+                // encodes, and `send_bytes: {frame}`) go to the worker their identity
+                // names, in that worker's envelope; any other text goes as it is.
+                let fixed = parsed.as_ref().is_some_and(|v| {
+                    v.get("session_id").and_then(Value::as_str) == Some(SESSION_ID)
+                        && v.get("generation").and_then(Value::as_str) == Some(GENERATION)
+                });
+                match parsed {
+                    Some(mut envelope) if fixed => {
+                        let message = envelope.get("message").cloned().unwrap_or(Value::Null);
+                        let idx = self.route(&message).ok_or_else(|| {
+                            not_connected(
+                                "no launched worker to send this as (a `launch` step first?)",
+                            )
+                        })?;
+                        let conn = &mut self.conns[idx];
+                        if message.get("kind").and_then(Value::as_str) == Some("hello") {
+                            conn.helloed = true;
+                        }
+                        for (field, var) in [
+                            ("session_id", "CONTRACT_WORKER_SESSION_ID"),
+                            ("generation", "CONTRACT_WORKER_GENERATION"),
+                        ] {
+                            if let Some(value) = conn.var(var) {
+                                envelope[field] = Value::String(value.to_string());
+                            }
+                        }
+                        (idx, framed(envelope.to_string().as_bytes()))
+                    }
+                    _ => (
+                        self.current
+                            .ok_or_else(|| not_connected("no worker is connected"))?,
+                        framed(text.as_bytes()),
+                    ),
+                }
+            }
+            Outgoing::TextBytes(bytes) => (
+                self.current
+                    .ok_or_else(|| not_connected("no worker is connected"))?,
+                framed(&bytes),
+            ),
+            Outgoing::Binary(bytes) => (
+                self.current
+                    .ok_or_else(|| not_connected("no worker is connected"))?,
+                bytes,
+            ),
+        };
+        self.to_worker(
+            idx,
+            RelayMsg::Data {
+                channel: CHANNEL,
+                bytes,
+            },
+        )
+        .await
+    }
+
+    async fn send_close(&mut self, _code: u16, _reason: &str, _timeout: Duration) -> StepResult {
+        let idx = self
+            .current
+            .ok_or_else(|| not_connected("no worker is connected"))?;
+        self.to_worker(idx, RelayMsg::Eof(CHANNEL)).await
+    }
+
+    async fn end(&mut self, _timeout: Duration) {
+        self.conns.clear();
+        self.current = None;
+    }
+}
+
+#[async_trait]
+impl Peer for ScriptedWorkerPeer {
+    type Other = NoOther;
+
+    const ROLE: &'static Role = &HOST_ROLE;
+
+    async fn recv(&mut self, timeout: Duration) -> StepResult<Option<Event<NoOther>>> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        self.pump_until(deadline, |p| !p.ready.is_empty()).await;
+        Ok(self.ready.pop_front())
+    }
+
+    fn leak_in_other(&self, other: &NoOther, _secret: &str) -> Option<String> {
+        match *other {}
+    }
+
+    fn connection(&mut self) -> &mut dyn Connection {
+        self
+    }
+
+    fn trailing_other(&mut self, other: NoOther) -> StepResult {
+        match other {}
+    }
+
+    async fn family_step(&mut self, run: &mut Run, step: &Step) -> StepResult {
+        match step {
+            Step::Native { op, args, expect } => self.native(run, op, args, expect.as_ref()).await,
+            Step::Launch { args } => {
+                let Value::Object(args) = args else {
+                    return Err(fail::unsupported("launch arguments must be a mapping"));
+                };
+                self.launch(run, args).await
+            }
+            other => Err(fail::unsupported(format!(
+                "`{}` is not a step of the worker family",
+                other.keyword()
+            ))),
+        }
+    }
+
+    fn release(&mut self) {
+        self.conns.clear();
+        self.current = None;
+        self.control = None;
+    }
+}
