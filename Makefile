@@ -14,10 +14,10 @@ JOBS    ?=
 HARNESS_ARGS ?=
 
 .PHONY: check-runtime-contract check setup build test lint fmt fmt-check clippy doc \
-        contract contract-core contract-worker coverage golden-review golden-accept schema bench clean
+        contract contract-core contract-worker contract-worker-host coverage golden-review golden-accept schema bench clean
 
 ## The main job: build everything, replay every scenario against our binaries, print coverage.
-check-runtime-contract: setup build contract contract-core contract-worker coverage
+check-runtime-contract: setup build contract contract-core contract-worker contract-worker-host coverage
 
 ## What CI runs (.ci/run): formatting, lints, docs, unit tests and the contract suite.
 check: setup fmt-check clippy doc test
@@ -43,6 +43,12 @@ contract-core: build
 contract-worker: build
 	$(HARNESS) run --family worker --side worker \
 	  --target-cmd '$(IMPL) worker python' $(if $(JOBS),--jobs $(JOBS)) $(HARNESS_ARGS)
+
+## The worker family with our host as the target (the harness plays every worker it
+## launches and drives it over its control channel, docs/worker-host-control.md).
+contract-worker-host: build
+	$(HARNESS) run --family worker --side host \
+	  --target-cmd '$(IMPL) worker host' $(if $(JOBS),--jobs $(JOBS)) $(HARNESS_ARGS)
 
 ## Requirement coverage of every family.
 coverage: build

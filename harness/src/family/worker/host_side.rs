@@ -16,6 +16,10 @@
 //! | `host:` | the next frame of any worker the host runs (its envelope identity checked against that worker's launch environment) |
 //! | `send_bytes` | raw to the last worker the host spoke to |
 //! | `half_close` | ends that worker's write side; `disconnect`: that worker process exits (it dies) |
+//!
+//! The end of a connection is an event only for the worker the harness last spoke with
+//! (sent to or heard from); the end of another one (a retired hook generation the host
+//! stops) is not, and a later frame to it fails the step.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
@@ -211,9 +215,25 @@ pub async fn start(
         },
         process: Box::new(target),
         secret: String::new(),
-        normalize: Value::clone,
+        normalize: mask_clock,
         prebound,
     })
+}
+
+/// Masks the host's clock in goldens: `now`/`now_ms` of a `host_reply` value (what
+/// `runtime.inspect` answers) are the time of the run.
+fn mask_clock(body: &Value) -> Value {
+    let mut body = body.clone();
+    if body.get("kind").and_then(Value::as_str) == Some("host_reply")
+        && let Some(Value::Object(value)) = body.pointer_mut("/reply/value")
+    {
+        for (key, mask) in [("now", "<now>"), ("now_ms", "<now_ms>")] {
+            if let Some(v) = value.get_mut(key) {
+                *v = Value::String(mask.into());
+            }
+        }
+    }
+    body
 }
 
 /// Accepts every relay peer (each worker the host starts) and runs one task per relay.
@@ -323,8 +343,14 @@ impl ScriptedWorkerPeer {
                 }
             }
             RelayEvent::Msg(RelayMsg::Eof(_)) | RelayEvent::Gone | RelayEvent::Error(_) => {
+                // The end of a connection the harness is not speaking on (a retired
+                // generation the host stopped) is no event; a later send to it fails.
+                let quiet = self.current != Some(idx);
                 if conn.opened == Some(Ok(())) && !conn.ended {
                     conn.ended = true;
+                    if quiet {
+                        return;
+                    }
                     let truncated = conn.decoder.finish().err();
                     self.ready.push_back(match truncated {
                         Some(e) => Event::Error {

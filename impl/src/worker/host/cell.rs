@@ -148,11 +148,25 @@ impl Worker {
                         }
                     });
                 }
+                // "Host effects require the current live execution": a request of another
+                // execution (a finished cell's background task) is refused, not served.
+                Message::HostRequest {
+                    id: request_id,
+                    execution_id,
+                    ..
+                } => {
+                    self.send(Message::HostReply {
+                        id: request_id,
+                        execution_id,
+                        reply: Reply::Error {
+                            code: "no_scope".into(),
+                            message: "the execution is not the current live one".into(),
+                        },
+                    })
+                    .await?;
+                }
                 other => {
-                    let e = HostError::Handshake(format!(
-                        "{} for another operation or execution",
-                        other.kind()
-                    ));
+                    let e = HostError::Handshake(format!("{} for another operation", other.kind()));
                     return Ok(self.lost(&id, &e).await);
                 }
             }
