@@ -169,7 +169,7 @@ pub const WORKER: FamilyTable = FamilyTable {
     family: "worker",
     sides: &[Side::Worker, Side::Host],
     parties: &[Party::Host, Party::Worker],
-    steps: &["native", "launch"],
+    steps: &["native", "launch", "worker_stdio"],
     config_keys: &["worker"],
     native_ops: &[
         "configure",
@@ -180,6 +180,7 @@ pub const WORKER: FamilyTable = FamilyTable {
         "review",
         "activate",
         "epoch",
+        "diagnostics",
         "shutdown",
         "await",
     ],

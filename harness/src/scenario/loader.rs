@@ -213,6 +213,7 @@ enum RawStep {
     Worker(Map<String, Value>),
     Native(Spanned<Map<String, Value>>),
     Launch(Map<String, Value>),
+    WorkerStdio(Map<String, Value>),
     Bootstrap(BootstrapStep),
     Connect(ConnectStep),
     Handshake(RawHandshake),
@@ -587,6 +588,9 @@ impl Converter<'_> {
                 Step::Native { op, args, expect }
             }
             RawStep::Launch(args) => Step::Launch {
+                args: Value::Object(args),
+            },
+            RawStep::WorkerStdio(args) => Step::WorkerStdio {
                 args: Value::Object(args),
             },
             RawStep::Bootstrap(b) => Step::Bootstrap(b),

@@ -431,6 +431,13 @@ pub enum Step {
         /// The step's mapping.
         args: Value,
     },
+    /// `worker_stdio:` — the worker the harness plays (worker family, side `host`) writes
+    /// `stdout`/`stderr` (text, or `{$text: …}`) on its own standard streams, which the
+    /// host must drain; a worker that is the target writes its own.
+    WorkerStdio {
+        /// The step's mapping (`stdout`, `stderr`).
+        args: Value,
+    },
     /// `bootstrap:` — the HTTP bootstrap exchange.
     Bootstrap(BootstrapStep),
     /// `connect:` — the WebSocket upgrade exchange.
@@ -558,6 +565,7 @@ impl Step {
             Step::Frame { party, .. } => party.as_str(),
             Step::Native { .. } => "native",
             Step::Launch { .. } => "launch",
+            Step::WorkerStdio { .. } => "worker_stdio",
             Step::Bootstrap(_) => "bootstrap",
             Step::Connect(_) => "connect",
             Step::Handshake { .. } => "handshake",

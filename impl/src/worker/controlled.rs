@@ -311,6 +311,14 @@ impl Host {
                     }
                 })
             }
+            "diagnostics" => {
+                let guard = self.workbench.lock().await;
+                let worker = guard.as_ref().ok_or_else(|| OpError {
+                    code: "no_workbench",
+                    message: "no workbench is running".into(),
+                })?;
+                Ok(worker.diagnostics())
+            }
             "epoch" => {
                 let current = self.policies.current().map_err(|e| OpError {
                     code: "store_failed",

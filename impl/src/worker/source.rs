@@ -71,7 +71,7 @@ fn unreadable(path: &Path, e: &std::io::Error) -> SourceError {
 }
 
 /// Collects the POSIX relative names of every file under `root`.
-fn walk(root: &Path, dir: &Path, prefix: &str, out: &mut Vec<String>) -> Result<(), SourceError> {
+fn walk(dir: &Path, prefix: &str, out: &mut Vec<String>) -> Result<(), SourceError> {
     let entries = std::fs::read_dir(dir).map_err(|e| unreadable(dir, &e))?;
     for entry in entries {
         let entry = entry.map_err(|e| unreadable(dir, &e))?;
@@ -90,7 +90,7 @@ fn walk(root: &Path, dir: &Path, prefix: &str, out: &mut Vec<String>) -> Result<
             if name == "__pycache__" {
                 return Err(SourceError::Suffix(rel));
             }
-            walk(root, &entry.path(), &format!("{rel}/"), out)?;
+            walk(&entry.path(), &format!("{rel}/"), out)?;
         } else if !kind.is_file() || !SOURCE_SUFFIXES.iter().any(|s| rel.ends_with(s)) {
             return Err(SourceError::Suffix(rel));
         } else {
@@ -113,7 +113,7 @@ pub fn source_identity(root: &Path) -> Result<String, SourceError> {
         return Err(SourceError::Symlink(root.display().to_string()));
     }
     let mut files = Vec::new();
-    walk(root, root, "", &mut files)?;
+    walk(root, "", &mut files)?;
     files.sort_by(|a, b| a.as_bytes().cmp(b.as_bytes()));
     let mut digest = Sha256::new();
     let mut total: u64 = 0;

@@ -453,7 +453,7 @@ impl ScriptedWorkerPeer {
         }
     }
 
-    async fn to_worker(&mut self, idx: usize, msg: RelayMsg) -> StepResult {
+    async fn relay_to(&mut self, idx: usize, msg: RelayMsg) -> StepResult {
         let conn = self
             .conns
             .get(idx)
@@ -568,7 +568,7 @@ impl ScriptedWorkerPeer {
                 "the host launched a {role} worker, expected {want}"
             )));
         }
-        self.to_worker(
+        self.relay_to(
             idx,
             RelayMsg::Dial {
                 channel: CHANNEL,
@@ -618,6 +618,37 @@ impl ScriptedWorkerPeer {
                 fail::mismatch(format!("the host's snapshot {}: {e}", dir.display()))
             })?;
             bind(run, "revision", "", Value::String(revision))?;
+        }
+        Ok(())
+    }
+}
+
+impl ScriptedWorkerPeer {
+    /// `worker_stdio`: the last launched worker writes on its stdout/stderr.
+    async fn stdio(&mut self, args: &Value) -> StepResult {
+        let args = crate::matcher::expand_text(args).map_err(fail::scenario)?;
+        let idx = self
+            .current
+            .or_else(|| self.conns.len().checked_sub(1))
+            .ok_or_else(|| not_connected("no worker was launched"))?;
+        for (key, stream) in [("stdout", true), ("stderr", false)] {
+            match args.get(key) {
+                None => {}
+                Some(Value::String(text)) => {
+                    let bytes = text.as_bytes().to_vec();
+                    let msg = if stream {
+                        RelayMsg::Stdout(bytes)
+                    } else {
+                        RelayMsg::Stderr(bytes)
+                    };
+                    self.relay_to(idx, msg).await?;
+                }
+                Some(other) => {
+                    return Err(fail::scenario(format!(
+                        "worker_stdio `{key}` must be text, not {other}"
+                    )));
+                }
+            }
         }
         Ok(())
     }
@@ -729,7 +760,7 @@ impl Connection for ScriptedWorkerPeer {
                 bytes,
             ),
         };
-        self.to_worker(
+        self.relay_to(
             idx,
             RelayMsg::Data {
                 channel: CHANNEL,
@@ -743,7 +774,7 @@ impl Connection for ScriptedWorkerPeer {
         let idx = self
             .current
             .ok_or_else(|| not_connected("no worker is connected"))?;
-        self.to_worker(idx, RelayMsg::Eof(CHANNEL)).await
+        self.relay_to(idx, RelayMsg::Eof(CHANNEL)).await
     }
 
     async fn end(&mut self, _timeout: Duration) {
@@ -785,6 +816,7 @@ impl Peer for ScriptedWorkerPeer {
                 };
                 self.launch(run, args).await
             }
+            Step::WorkerStdio { args } => self.stdio(args).await,
             other => Err(fail::unsupported(format!(
                 "`{}` is not a step of the worker family",
                 other.keyword()

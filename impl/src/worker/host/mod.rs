@@ -552,6 +552,19 @@ impl Worker {
             .unwrap_or_default()
     }
 
+    /// What the stdout and stderr tails hold: `{stdout: {bytes, last_line}, stderr: …}`
+    /// (bytes of the lines kept, and the last complete line).
+    pub fn diagnostics(&self) -> serde_json::Value {
+        let one = |tail: &Arc<Mutex<OutputTail>>| match tail.lock() {
+            Ok(t) => json!({
+                "bytes": t.lines().map(str::len).sum::<usize>(),
+                "last_line": t.lines().last(),
+            }),
+            Err(_) => json!({"bytes": 0, "last_line": null}),
+        };
+        json!({"stdout": one(&self.stdout), "stderr": one(&self.stderr)})
+    }
+
     /// The bounded tail of the worker's stdout.
     pub fn stdout_tail(&self) -> String {
         self.stdout
