@@ -3,7 +3,7 @@
 //!
 //! * Side `runtime` ([`runtime_side`]): the Runtime under test; the harness plays Core
 //!   (the scripted Core of [`crate::transport::http`]) and drives the Runtime's
-//!   controlled adapter over the control channel ([`control`]).
+//!   controlled adapter over the control channel ([`crate::transport::control`]).
 //! * Side `core` ([`core_side`], [`core_api`]): Core under test; the harness plays the
 //!   Runtime and the user (`api:` steps).
 //!

@@ -1,6 +1,6 @@
 //! Side `runtime` of the Core ↔ Runtime family: the Runtime under test is launched per
 //! `docs/launch-contract.md` and the harness plays **Core** (a [`crate::transport::http::ScriptedServer`]) and drives the Runtime's controlled adapter over the
-//! control channel ([`super::control`]). The generic steps are the engine's
+//! control channel ([`crate::transport::control`]). The generic steps are the engine's
 //! ([`crate::drive`]); this module adds the scripted Core's transport and these steps:
 //!
 //! | step | what the harness does |

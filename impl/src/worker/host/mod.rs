@@ -15,7 +15,7 @@
 //!   generation: the host stops it and never resumes it. Worker death gives a
 //!   host-observed `failed` record, never an invented completion.
 //! * One foreground operation at a time (`&mut self`); at most
-//!   [`REQUESTS_PER_CELL_MAX`] requests per cell (the 129th is answered
+//!   [`super::wire::limits::REQUESTS_PER_CELL_MAX`] requests per cell (the 129th is answered
 //!   `request_limit`); replies carry the request's own identity.
 //! * The worker's stdout and stderr are drained continuously into separate bounded
 //!   [`DIAGNOSTIC_TAIL_BYTES`] tails, never parsed.
