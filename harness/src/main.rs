@@ -379,6 +379,7 @@ fn run(args: RunArgs) -> ExitCode {
         step_timeout: args.step_timeout,
         startup_timeout: args.startup_timeout,
         mode: args.mode,
+        peer_exe: None,
     };
     let jobs = args.jobs.unwrap_or_else(runner::default_jobs);
     let runtime = match tokio::runtime::Builder::new_multi_thread()

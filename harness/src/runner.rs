@@ -43,6 +43,9 @@ pub struct RunOptions {
     pub startup_timeout: Duration,
     /// Strict (ours) or vendor (a third party's) judgement of `reference:` steps.
     pub mode: Mode,
+    /// The `contract-harness` binary targets run as their relay peer (`None`: this
+    /// executable, which is that binary unless the runner is embedded in a test).
+    pub peer_exe: Option<PathBuf>,
 }
 
 /// What a vendor-mode DIFF names instead of a requirement when the target's frames pass
@@ -92,6 +95,7 @@ async fn run_scenario_reporting_launch(
         step_timeout: opts.step_timeout,
         startup_timeout: opts.startup_timeout,
         vendor: opts.mode == Mode::Vendor,
+        peer_exe: opts.peer_exe.clone(),
     };
     let outcome = family::drive(scenario, side, &drive_opts).await;
     let generated_keys = family::generated_keys(&scenario.family, side);

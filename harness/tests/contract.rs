@@ -155,6 +155,7 @@ fn main() {
                         step_timeout: runner::DEFAULT_STEP_TIMEOUT,
                         startup_timeout: runner::DEFAULT_STARTUP_TIMEOUT,
                         mode: runner::Mode::Strict,
+                        peer_exe: Some(PathBuf::from(env!("CARGO_BIN_EXE_contract-harness"))),
                     };
                     let rt = tokio::runtime::Builder::new_multi_thread()
                         .worker_threads(2)
@@ -203,6 +204,7 @@ fn main() {
                 step_timeout: runner::DEFAULT_STEP_TIMEOUT,
                 startup_timeout: runner::DEFAULT_STARTUP_TIMEOUT,
                 mode: runner::Mode::Vendor,
+                peer_exe: Some(PathBuf::from(env!("CARGO_BIN_EXE_contract-harness"))),
             };
             let runs: Vec<(contract_harness::scenario::Scenario, Side)> = vendor_scenarios
                 .iter()

@@ -119,7 +119,12 @@ enum Family {
 #[derive(Debug, Subcommand)]
 enum WorkerCommand {
     /// Replace this process with the Python worker (docs/worker-launch-contract.md).
-    Python,
+    Python {
+        /// `different`: the worker makes every choice the spec leaves free otherwise
+        /// (exit statuses, texts, record grouping), for vendor-mode trials.
+        #[arg(long, value_enum, default_value_t = WireProfileArg::Reference)]
+        profile: WireProfileArg,
+    },
     /// Start a workbench and run cells: from `--file` (cells separated by lines `# %%`),
     /// else from stdin; print each cell's output (`--json`: one JSON object per cell).
     Run {
@@ -275,9 +280,10 @@ fn main() -> ExitCode {
             what: WorkerCommand::Host { data_dir },
         } => worker_host(&data_dir),
         Command::Worker {
-            what: WorkerCommand::Python,
+            what: WorkerCommand::Python { profile },
         } => {
-            let err = contract_impl::worker::python::exec();
+            let err =
+                contract_impl::worker::python::exec(matches!(profile, WireProfileArg::Different));
             eprintln!(
                 "error: cannot start {}: {err}",
                 contract_impl::worker::python::interpreter().to_string_lossy()

@@ -896,6 +896,7 @@ fn opts() -> DriveOptions {
         step_timeout: STEP,
         startup_timeout: STEP,
         vendor: false,
+        peer_exe: None,
     }
 }
 

@@ -47,6 +47,9 @@ pub struct DriveOptions {
     /// Vendor mode: `{$reference: …}` values the target does not match are recorded as
     /// differences ([`crate::bind::Difference`]) instead of failing the step.
     pub vendor: bool,
+    /// The `contract-harness` binary a target runs as its peer in relay mode (the worker
+    /// program a target host launches); `None`: the running executable.
+    pub peer_exe: Option<std::path::PathBuf>,
 }
 
 /// The outcome of driving one scenario against one side.

@@ -19,11 +19,19 @@ pub fn interpreter() -> OsString {
     std::env::var_os("CONTRACT_PYTHON").unwrap_or_else(|| DEFAULT_PYTHON.into())
 }
 
-/// Replaces this process with the Python worker. Returns only when the exec failed.
-pub fn exec() -> std::io::Error {
-    Command::new(interpreter())
-        .arg("-B")
-        .arg("-c")
-        .arg(SOURCE)
-        .exec()
+/// The variable that selects the worker's profile (`different`: every choice the spec
+/// leaves free made otherwise; see the source's `DIFFERENT`).
+pub const PROFILE_ENV: &str = "CONTRACT_WORKER_PROFILE";
+
+/// Replaces this process with the Python worker (`different`: with the profile that
+/// makes the spec's free choices otherwise). Returns only when the exec failed.
+pub fn exec(different: bool) -> std::io::Error {
+    let mut command = Command::new(interpreter());
+    command.arg("-B").arg("-c").arg(SOURCE);
+    if different {
+        command.env(PROFILE_ENV, "different");
+    } else {
+        command.env_remove(PROFILE_ENV);
+    }
+    command.exec()
 }

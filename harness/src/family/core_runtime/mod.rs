@@ -153,6 +153,7 @@ pub(crate) fn self_as_target(env: &str, test_path: &str) -> DriveOptions {
         step_timeout: std::time::Duration::from_millis(1500),
         startup_timeout: std::time::Duration::from_secs(20),
         vendor: false,
+        peer_exe: None,
     }
 }
 

@@ -162,7 +162,10 @@ pub async fn start(
     let control = ControlListener::bind(&run_dir.control_socket()).map_err(|e| e.to_string())?;
     let relay_path = run_dir.path().join("relay.sock");
     let relays = RelayListener::bind(&relay_path).map_err(|e| e.to_string())?;
-    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let exe = match &opts.peer_exe {
+        Some(exe) => exe.clone(),
+        None => std::env::current_exe().map_err(|e| e.to_string())?,
+    };
     let program = json!([
         exe.display().to_string(),
         "peer",

@@ -53,9 +53,15 @@ MANIFEST = "behavior.json"
 WAIT_SECONDS_MAX = 600.0
 DEFER_SECONDS_MAX = 600.0
 
+# `CONTRACT_WORKER_PROFILE=different`: a worker that makes every choice the spec leaves
+# free otherwise (exit statuses, stderr texts, one record per write, error text without
+# the traceback, a second foreground operation ending the connection), to prove the
+# suite's required steps hold for any conformant worker (`--mode vendor`).
+DIFFERENT = os.environ.get("CONTRACT_WORKER_PROFILE") == "different"
+
 EXIT_SHUTDOWN = 0
-EXIT_LAUNCH = 2
-EXIT_INVALID = 3
+EXIT_LAUNCH = 1 if DIFFERENT else 2
+EXIT_INVALID = 1 if DIFFERENT else 3
 
 
 class WireError(Exception):
@@ -333,7 +339,7 @@ class Output:
             # of what the cell wrote, in order.
             self.truncated += len(data)
             return
-        if self.records and self.records[-1]["stream"] == stream:
+        if self.records and self.records[-1]["stream"] == stream and not DIFFERENT:
             room = RETURNED_TEXT_MAX_BYTES - self.size
             keep = _utf8_prefix(data, room)
             self.records[-1]["text"] += keep.decode("utf-8")
@@ -519,6 +525,9 @@ class Worker:
                     future.set_result(message["reply"])
 
     async def start(self, op_id, coro):
+        if self.current is not None and DIFFERENT:
+            coro.close()
+            raise WireError("bound_exceeded", "one foreground operation per worker: another is running")
         if self.current is not None:
             coro.close()
             await self.send({"kind": "completed", "id": op_id,
@@ -581,7 +590,7 @@ class Worker:
             status = "interrupted"
         except BaseException:  # the cell's own exception, KeyboardInterrupt and SystemExit too
             status = "error"
-            error = bounded_text(_format_exception())
+            error = bounded_text(_format_exception() if not DIFFERENT else "{}: {}".format(*_exception_only()))
         finally:
             sys.stdout, sys.stderr = old
         if op_id in self.yielded and status in ("ok", "error"):
@@ -635,6 +644,11 @@ class Worker:
             result = {"kind": "failed", "error": bounded_text(f"{type(e).__name__}: {e}")}
         self.current = None
         await self.send({"kind": "completed", "id": op_id, "result": result})
+
+
+def _exception_only():
+    etype, value, _ = sys.exc_info()
+    return etype.__name__, value
 
 
 def _format_exception():
@@ -859,7 +873,7 @@ async def amain():
     try:
         status = await worker.serve()
     except WireError as e:
-        log(f"invalid frame: {e.code}: {e}")
+        log(f"protocol violation ({e.code})" if DIFFERENT else f"invalid frame: {e.code}: {e}")
         status = EXIT_INVALID
     except OSError as e:
         log(f"connection failed: {e}")
