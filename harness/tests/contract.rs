@@ -185,81 +185,35 @@ fn main() {
         }
     }
 
-    // A Runtime that makes the spec's free choices differently (revisions from 100 in
-    // steps of 7, heartbeat IDs `beat-<n>`) must pass every scenario in vendor mode, its
-    // differences reported against the reference requirements, never as failures.
-    let vendor_scenarios = load_family(&scenarios_dir, "core_runtime").unwrap_or_default();
-    trials.push(Trial::test(
-        "core_runtime::vendor_mode_passes_a_different_but_correct_runtime",
-        move || {
-            let bin = impl_binary()?;
-            let goldens = tempfile::tempdir().map_err(|e| e.to_string())?;
-            let opts = RunOptions {
-                target_cmd: format!(
-                    "{} runtime --wire-profile different",
-                    shell_words::quote(&bin.display().to_string())
-                ),
-                golden_dir: goldens.path().to_path_buf(),
-                golden_mode: GoldenMode::Accept,
-                step_timeout: runner::DEFAULT_STEP_TIMEOUT,
-                startup_timeout: runner::DEFAULT_STARTUP_TIMEOUT,
-                mode: runner::Mode::Vendor,
-                peer_exe: Some(PathBuf::from(env!("CARGO_BIN_EXE_contract-harness"))),
-            };
-            let runs: Vec<(contract_harness::scenario::Scenario, Side)> = vendor_scenarios
-                .iter()
-                .filter(|s| s.runs_on(Side::Runtime) && s.pending_reason(Side::Runtime).is_none())
-                .map(|s| (s.clone(), Side::Runtime))
-                .collect();
-            let rt = tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(2)
-                .enable_all()
-                .build()
-                .map_err(|e| e.to_string())?;
-            let many = rt.block_on(runner::run_many(runs.clone(), &opts, 2, |_| {}));
-            let failed: Vec<String> = many
-                .results
-                .iter()
-                .filter(|r| !r.passed)
-                .map(console::result_line)
-                .collect();
-            let differ = many.results.iter().filter(|r| r.differs).count();
-            if !failed.is_empty() || many.aborted.is_some() || differ == 0 {
-                return Err(format!(
-                    "{} failed, {differ} differ; {:?}\n{}",
-                    failed.len(),
-                    many.aborted,
-                    failed.join("\n")
-                )
-                .into());
-            }
-            // Strict mode (our reference asserted): the same runs fail exactly where the
-            // profile differs, each failure naming the reference requirement.
-            let strict = RunOptions {
-                mode: runner::Mode::Strict,
-                golden_mode: GoldenMode::Check,
-                ..opts
-            };
-            let many = rt.block_on(runner::run_many(runs, &strict, 2, |_| {}));
-            let unnamed: Vec<String> = many
-                .results
-                .iter()
-                .filter(|r| !r.passed && r.reference.is_none())
-                .map(console::result_line)
-                .collect();
-            let strict_failed = many.results.iter().filter(|r| !r.passed).count();
-            if !unnamed.is_empty() || strict_failed != differ {
-                return Err(format!(
-                    "strict mode: {strict_failed} failed ({differ} differ in vendor mode), {} \
-                     without a reference requirement:\n{}",
-                    unnamed.len(),
-                    unnamed.join("\n")
-                )
-                .into());
-            }
-            Ok(())
-        },
-    ));
+    // An implementation that makes the spec's free choices differently must pass every
+    // scenario of its side in vendor mode, its differences reported against the
+    // reference requirements, never as failures; in strict mode exactly those runs fail,
+    // each naming its requirement.
+    for (name, family, side, args) in [
+        (
+            "core_runtime::vendor_mode_passes_a_different_but_correct_runtime",
+            "core_runtime",
+            Side::Runtime,
+            "runtime --wire-profile different",
+        ),
+        (
+            "worker::vendor_mode_passes_a_different_but_correct_worker",
+            "worker",
+            Side::Worker,
+            "worker python --profile different",
+        ),
+        (
+            "worker::vendor_mode_passes_a_different_but_correct_host",
+            "worker",
+            Side::Host,
+            "worker host --profile different",
+        ),
+    ] {
+        let scenarios = load_family(&scenarios_dir, family).unwrap_or_default();
+        trials.push(Trial::test(name, move || {
+            vendor_trial(&scenarios, side, args)
+        }));
+    }
 
     if !args.list {
         for line in &pending_reasons {
@@ -267,4 +221,75 @@ fn main() {
         }
     }
     libtest_mimic::run(&args, trials).exit();
+}
+
+/// Runs every scenario of `side` against `contract-impl <args>` in vendor mode (all must
+/// pass, some must differ), then in strict mode (exactly the differing ones fail, each
+/// naming a reference requirement).
+fn vendor_trial(
+    scenarios: &[contract_harness::scenario::Scenario],
+    side: Side,
+    args: &str,
+) -> Result<(), libtest_mimic::Failed> {
+    let bin = impl_binary()?;
+    let goldens = tempfile::tempdir().map_err(|e| e.to_string())?;
+    let opts = RunOptions {
+        target_cmd: format!("{} {args}", shell_words::quote(&bin.display().to_string())),
+        golden_dir: goldens.path().to_path_buf(),
+        golden_mode: GoldenMode::Accept,
+        step_timeout: runner::DEFAULT_STEP_TIMEOUT,
+        startup_timeout: runner::DEFAULT_STARTUP_TIMEOUT,
+        mode: runner::Mode::Vendor,
+        peer_exe: Some(PathBuf::from(env!("CARGO_BIN_EXE_contract-harness"))),
+    };
+    let runs: Vec<(contract_harness::scenario::Scenario, Side)> = scenarios
+        .iter()
+        .filter(|s| s.runs_on(side) && s.pending_reason(side).is_none())
+        .map(|s| (s.clone(), side))
+        .collect();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())?;
+    let many = rt.block_on(runner::run_many(runs.clone(), &opts, 2, |_| {}));
+    let failed: Vec<String> = many
+        .results
+        .iter()
+        .filter(|r| !r.passed)
+        .map(console::result_line)
+        .collect();
+    let differ = many.results.iter().filter(|r| r.differs).count();
+    if !failed.is_empty() || many.aborted.is_some() || differ == 0 {
+        return Err(format!(
+            "{} failed, {differ} differ; {:?}\n{}",
+            failed.len(),
+            many.aborted,
+            failed.join("\n")
+        )
+        .into());
+    }
+    let strict = RunOptions {
+        mode: runner::Mode::Strict,
+        golden_mode: GoldenMode::Check,
+        ..opts
+    };
+    let many = rt.block_on(runner::run_many(runs, &strict, 2, |_| {}));
+    let unnamed: Vec<String> = many
+        .results
+        .iter()
+        .filter(|r| !r.passed && r.reference.is_none())
+        .map(console::result_line)
+        .collect();
+    let strict_failed = many.results.iter().filter(|r| !r.passed).count();
+    if !unnamed.is_empty() || strict_failed != differ {
+        return Err(format!(
+            "strict mode: {strict_failed} failed ({differ} differ in vendor mode), {} \
+             without a reference requirement:\n{}",
+            unnamed.len(),
+            unnamed.join("\n")
+        )
+        .into());
+    }
+    Ok(())
 }

@@ -153,6 +153,10 @@ enum WorkerCommand {
         /// Where the activation epoch and the operator lane live (made 0700).
         #[arg(long, default_value = "worker-host-data")]
         data_dir: PathBuf,
+        /// `different`: every choice the spec leaves free made otherwise (operation IDs,
+        /// codes, session and generation names), for vendor-mode trials.
+        #[arg(long, value_enum, default_value_t = WireProfileArg::Reference)]
+        profile: WireProfileArg,
     },
     /// Run PROGRAM as a supervised worker (what the host spawns; docs/worker-launch-contract.md).
     Supervise {
@@ -277,8 +281,8 @@ fn main() -> ExitCode {
             what: WorkerCommand::Bench { rounds },
         } => worker_bench(rounds),
         Command::Worker {
-            what: WorkerCommand::Host { data_dir },
-        } => worker_host(&data_dir),
+            what: WorkerCommand::Host { data_dir, profile },
+        } => worker_host(&data_dir, matches!(profile, WireProfileArg::Different)),
         Command::Worker {
             what: WorkerCommand::Python { profile },
         } => {
@@ -304,7 +308,7 @@ fn async_runtime() -> Result<tokio::runtime::Runtime, ExitCode> {
 }
 
 /// `worker host`: the controlled host until its control channel ends or SIGTERM.
-fn worker_host(data_dir: &std::path::Path) -> ExitCode {
+fn worker_host(data_dir: &std::path::Path, different: bool) -> ExitCode {
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt,
         Err(e) => {
@@ -312,7 +316,7 @@ fn worker_host(data_dir: &std::path::Path) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let code = runtime.block_on(contract_impl::worker::controlled::run(data_dir));
+    let code = runtime.block_on(contract_impl::worker::controlled::run(data_dir, different));
     ExitCode::from(u8::try_from(code).unwrap_or(1))
 }
 

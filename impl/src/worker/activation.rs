@@ -208,6 +208,8 @@ pub struct Policies {
     active: Mutex<Option<Arc<Policy>>>,
     /// Serialises activations of this host (the database still arbitrates between hosts).
     activating: tokio::sync::Mutex<()>,
+    /// The host's free choices for the hook generations it starts.
+    choices: super::host::Choices,
 }
 
 impl Policies {
@@ -222,6 +224,7 @@ impl Policies {
         data_dir: &Path,
         program: Vec<OsString>,
         budget: Duration,
+        choices: super::host::Choices,
     ) -> Result<(Self, Option<String>), ActivationError> {
         let store = ActivationStore::open(data_dir)?;
         let current = store.current()?;
@@ -233,6 +236,7 @@ impl Policies {
             ),
             active: Mutex::new(None),
             activating: tokio::sync::Mutex::new(()),
+            choices,
         };
         let mut problem = None;
         if let (Some(revision), Some(snapshot)) = (&current.revision, &current.snapshot) {
@@ -260,7 +264,8 @@ impl Policies {
     }
 
     async fn candidate(&self, snapshot: &Path) -> Result<Arc<Policy>, ActivationError> {
-        let config = HostConfig::hooks(self.program.clone(), snapshot.to_path_buf());
+        let mut config = HostConfig::hooks(self.program.clone(), snapshot.to_path_buf());
+        config.choices = self.choices;
         Policy::start(config, self.budget())
             .await
             .map_err(|e| ActivationError::Candidate(format!("{e} ({})", e.code())))

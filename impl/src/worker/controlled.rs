@@ -30,7 +30,8 @@ use tokio::sync::{Mutex, mpsc, watch};
 
 use super::activation::Policies;
 use super::host::{
-    BasicServices, CellRecord, HostConfig, Interrupter, RequestHandler, SHUTDOWN_GRACE, Worker,
+    BasicServices, CellRecord, Choices, HostConfig, Interrupter, RequestHandler, SHUTDOWN_GRACE,
+    Worker,
 };
 use super::lane::OperatorLane;
 use super::policy::{INVOKE_BUDGET, Policy};
@@ -77,6 +78,12 @@ struct Host {
     interrupter: std::sync::Mutex<Option<Interrupter>>,
     outcomes: std::sync::Mutex<HashMap<String, Outcome>>,
     interrupt_grace: std::sync::Mutex<Duration>,
+    different: bool,
+}
+
+/// The session every connection of the controlled host carries.
+fn session(different: bool) -> Identifier {
+    Identifier::new(if different { "main-session" } else { "root" }).expect("a valid identifier")
 }
 
 /// Reads the worker program from [`PROGRAM_ENV`] (default: this binary's Python worker).
@@ -102,8 +109,12 @@ pub fn program_from_env() -> Result<Vec<OsString>, String> {
 
 /// Runs the controlled host until the control channel ends or SIGTERM; stops every
 /// worker before it returns. Returns the process exit code.
-pub async fn run(data_dir: &Path) -> i32 {
-    match serve(data_dir).await {
+///
+/// `different`: the host makes every choice the spec leaves free otherwise
+/// ([`Choices::DIFFERENT`], another session and generation naming, other outcome codes,
+/// another wake priority of its own plans), for the vendor-mode trial of the suite.
+pub async fn run(data_dir: &Path, different: bool) -> i32 {
+    match serve(data_dir, different).await {
         Ok(()) => 0,
         Err(e) => {
             eprintln!("contract-impl worker host: {e}");
@@ -112,10 +123,15 @@ pub async fn run(data_dir: &Path) -> i32 {
     }
 }
 
-async fn serve(data_dir: &Path) -> Result<(), String> {
+async fn serve(data_dir: &Path, different: bool) -> Result<(), String> {
     let socket = std::env::var(CONTROL_ENV).map_err(|_| format!("{CONTROL_ENV} is not set"))?;
     let program = program_from_env()?;
-    let (policies, problem) = Policies::open(data_dir, program.clone(), INVOKE_BUDGET)
+    let choices = if different {
+        Choices::DIFFERENT
+    } else {
+        Choices::REFERENCE
+    };
+    let (policies, problem) = Policies::open(data_dir, program.clone(), INVOKE_BUDGET, choices)
         .await
         .map_err(|e| e.to_string())?;
     if let Some(problem) = problem {
@@ -130,6 +146,7 @@ async fn serve(data_dir: &Path) -> Result<(), String> {
         interrupter: std::sync::Mutex::new(None),
         outcomes: std::sync::Mutex::new(HashMap::new()),
         interrupt_grace: std::sync::Mutex::new(super::host::INTERRUPT_GRACE),
+        different,
     });
     let stream = UnixStream::connect(&socket)
         .await
@@ -181,6 +198,15 @@ async fn serve(data_dir: &Path) -> Result<(), String> {
     host.stop().await;
     writer.abort();
     Ok(())
+}
+
+/// An outcome code as this host reports it: ours, or another name for it.
+fn outcome_code(different: bool, ours: &str) -> String {
+    if different {
+        format!("host-{}", ours.replace('_', "-"))
+    } else {
+        ours.to_string()
+    }
 }
 
 fn error_line(seq: Option<u64>, e: &OpError) -> String {
@@ -278,18 +304,19 @@ impl Host {
                     .ok_or_else(|| bad("`input` is required"))?;
                 let pinned = self.policies.pin();
                 let review = op == "review";
+                let different = self.different;
                 self.spawn_outcome(name, async move {
                     let outcome = if review {
                         Policy::review(pinned.as_deref(), &input)
                             .await
                             .map(|r| serde_json::to_value(r).unwrap_or_default())
                     } else {
-                        Policy::attention(pinned.as_deref(), &input)
+                        Policy::attention(pinned.as_deref(), &input, u32::from(different))
                             .await
                             .map(|p| serde_json::to_value(p).unwrap_or_default())
                     };
                     outcome.unwrap_or_else(
-                        |e| json!({"error": {"code": e.code(), "message": e.to_string()}}),
+                        |e| json!({"error": {"code": outcome_code(different, e.code()), "message": e.to_string()}}),
                     )
                 })
             }
@@ -300,13 +327,14 @@ impl Host {
                     .and_then(Value::as_u64)
                     .ok_or_else(|| bad("`expected_epoch` must be an unsigned integer"))?;
                 let policies = self.policies.clone();
+                let different = self.different;
                 self.spawn_outcome(name, async move {
                     match policies.activate(&path, expected).await {
                         Ok(a) => {
                             json!({"status": "activated", "epoch": a.epoch, "revision": a.revision})
                         }
                         Err(e) => {
-                            json!({"status": "refused", "code": e.code(), "message": e.to_string()})
+                            json!({"status": "refused", "code": outcome_code(different, e.code()), "message": e.to_string()})
                         }
                     }
                 })
@@ -371,10 +399,15 @@ impl Host {
 
     async fn start_workbench(self: &Arc<Self>) -> Value {
         let mut config = HostConfig::workbench(self.program.clone());
+        config.session_id = session(self.different);
+        if self.different {
+            config.choices = Choices::DIFFERENT;
+        }
         // A generation identifier of its own per start, so that effects of different
         // generations never share an identity in the durable lane.
+        let prefix = if self.different { "generation-" } else { "g-" };
         config.generation = Identifier::new(format!(
-            "g-{}",
+            "{prefix}{}",
             &uuid::Uuid::new_v4().simple().to_string()[..12]
         ))
         .expect("a valid identifier");
@@ -391,7 +424,9 @@ impl Host {
                 *self.workbench.lock().await = Some(worker);
                 json!({"status": "ready"})
             }
-            Err(e) => json!({"status": "refused", "code": e.code(), "message": e.to_string()}),
+            Err(e) => {
+                json!({"status": "refused", "code": outcome_code(self.different, e.code()), "message": e.to_string()})
+            }
         }
     }
 
@@ -409,7 +444,9 @@ impl Host {
         };
         match worker.execute(&code, &mut services).await {
             Ok(record) => record_json(&record),
-            Err(e) => json!({"error": {"code": e.code(), "message": e.to_string()}}),
+            Err(e) => {
+                json!({"error": {"code": outcome_code(self.different, e.code()), "message": e.to_string()}})
+            }
         }
     }
 

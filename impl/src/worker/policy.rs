@@ -185,16 +185,18 @@ impl Policy {
         }
     }
 
-    /// The attention plan for `input` (a JSON object, checked here first).
+    /// The attention plan for `input` (a JSON object, checked here first); where the
+    /// host decides itself it wakes at `host_priority` ([`HOST_WAKE_PRIORITY`] in ours).
     pub async fn attention(
         policy: Option<&Self>,
         input: &Value,
+        host_priority: u32,
     ) -> Result<AttentionPlan, Unavailable> {
         let typed = check_attention_input(input)?;
         let operator = typed.source == AttentionSource::Operator;
         let host = |detail: String, revision: Option<String>| AttentionPlan {
             decision: AttentionDecision::Wake {
-                priority: HOST_WAKE_PRIORITY,
+                priority: host_priority,
             },
             operator,
             decided_by: DecidedBy::Host,
@@ -230,7 +232,7 @@ impl Policy {
             // Operator attention cannot be suppressed.
             Ok(other) if operator => AttentionPlan {
                 decision: AttentionDecision::Wake {
-                    priority: HOST_WAKE_PRIORITY,
+                    priority: host_priority,
                 },
                 operator,
                 decided_by: DecidedBy::Host,
@@ -324,6 +326,7 @@ mod tests {
         let plan = Policy::attention(
             None,
             &json!({"event_id": 1, "source": "operator", "received_at_ms": 0}),
+            HOST_WAKE_PRIORITY,
         )
         .await
         .unwrap();
@@ -348,7 +351,7 @@ mod tests {
             json!({"event_id": 1, "source": "operator", "received_at_ms": 0, "x": 1}),
         ] {
             assert_eq!(
-                Policy::attention(None, &bad).await.unwrap_err().code(),
+                Policy::attention(None, &bad, 0).await.unwrap_err().code(),
                 "invalid_input",
                 "{bad}"
             );

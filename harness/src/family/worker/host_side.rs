@@ -513,10 +513,14 @@ impl ScriptedWorkerPeer {
         })?;
         if let Some(pattern) = expect {
             match_frame(pattern, &result, &mut run.bindings).map_err(|m| {
-                fail::mismatch(format!(
+                let e = fail::mismatch(format!(
                     "result of `{op}` does not match: {m}\n  result: {}",
                     show(&result)
-                ))
+                ));
+                match &m.reference {
+                    Some(requirement) => e.in_reference(requirement),
+                    None => e,
+                }
             })?;
         }
         Ok(())

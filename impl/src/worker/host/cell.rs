@@ -29,7 +29,11 @@ impl Worker {
             return Err(HostError::Invalidated);
         }
         self.next_op += 1;
-        let id = Identifier::new(format!("c{}", self.next_op)).expect("a valid identifier");
+        let id = Identifier::new(format!(
+            "{}{}",
+            self.config.choices.cell_prefix, self.next_op
+        ))
+        .expect("a valid identifier");
         self.send(Message::Execute {
             id: id.clone(),
             code: code.to_string(),
@@ -60,7 +64,9 @@ impl Worker {
                         // "Rust retains the final hard-stop authority when code blocks or
                         // catches cancellation."
                         let mut record = self.lost(&id, &HostError::Timeout(self.config.interrupt_grace)).await;
-                        record.status = Some(CellStatus::Interrupted);
+                        if self.config.choices.interrupted_record {
+                            record.status = Some(CellStatus::Interrupted);
+                        }
                         return Ok(record);
                     }
                     Err(_) => Err(HostError::Timeout(
@@ -86,7 +92,7 @@ impl Worker {
                     requests += 1;
                     let reply = if requests > REQUESTS_PER_CELL_MAX {
                         Reply::Error {
-                            code: "request_limit".into(),
+                            code: self.config.choices.request_limit.into(),
                             message: format!(
                                 "at most {REQUESTS_PER_CELL_MAX} requests per foreground cell"
                             ),
@@ -159,7 +165,7 @@ impl Worker {
                         id: request_id,
                         execution_id,
                         reply: Reply::Error {
-                            code: "no_scope".into(),
+                            code: self.config.choices.no_scope.into(),
                             message: "the execution is not the current live one".into(),
                         },
                     })
@@ -186,7 +192,11 @@ impl Worker {
             return Err(HostError::Invalidated);
         }
         self.next_op += 1;
-        let id = Identifier::new(format!("h{}", self.next_op)).expect("a valid identifier");
+        let id = Identifier::new(format!(
+            "{}{}",
+            self.config.choices.hook_prefix, self.next_op
+        ))
+        .expect("a valid identifier");
         self.send(Message::Invoke {
             id: id.clone(),
             slot,
@@ -211,7 +221,7 @@ impl Worker {
                         id: request_id,
                         execution_id,
                         reply: Reply::Error {
-                            code: "no_scope".into(),
+                            code: self.config.choices.no_scope.into(),
                             message: "a hook has no host-effect scope".into(),
                         },
                     })

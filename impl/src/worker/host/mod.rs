@@ -146,6 +146,45 @@ pub struct HostConfig {
     pub cwd: Option<PathBuf>,
     /// Interrupt-to-hard-stop grace of a cell ([`INTERRUPT_GRACE`]).
     pub interrupt_grace: Duration,
+    /// The host's free choices: operation IDs and refusal codes.
+    pub choices: Choices,
+}
+
+/// What the spec leaves to the host: how it names operations and refuses requests.
+/// [`Choices::REFERENCE`] is ours; [`Choices::DIFFERENT`] another conformant set (the
+/// vendor-mode trial of the suite).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Choices {
+    /// Prefix of cell operation IDs (`c` → `c1`, `c2`, …).
+    pub cell_prefix: &'static str,
+    /// Prefix of hook operation IDs.
+    pub hook_prefix: &'static str,
+    /// Reply code of a cell's requests past [`super::wire::limits::REQUESTS_PER_CELL_MAX`].
+    pub request_limit: &'static str,
+    /// Reply code of a request without scope (another execution, a hook).
+    pub no_scope: &'static str,
+    /// The record of a cell the host stopped after `interrupt`: `interrupted` (`true`)
+    /// or failed (`false`); the spec allows either ("a failed/interrupted record").
+    pub interrupted_record: bool,
+}
+
+impl Choices {
+    /// Ours.
+    pub const REFERENCE: Self = Self {
+        cell_prefix: "c",
+        hook_prefix: "h",
+        request_limit: "request_limit",
+        no_scope: "no_scope",
+        interrupted_record: true,
+    };
+    /// Another conformant set.
+    pub const DIFFERENT: Self = Self {
+        cell_prefix: "cell-",
+        hook_prefix: "hook-call-",
+        request_limit: "too_many_requests",
+        no_scope: "outside_scope",
+        interrupted_record: false,
+    };
 }
 
 impl HostConfig {
@@ -162,6 +201,7 @@ impl HostConfig {
             supervisor: None,
             cwd: None,
             interrupt_grace: INTERRUPT_GRACE,
+            choices: Choices::REFERENCE,
         }
     }
 
