@@ -1,0 +1,202 @@
+//! Activation is durable across a SIGKILL of the host ("Source revisions and
+//! activation": the database epoch is the authority): the controlled host
+//! (`contract-impl worker host`) activates a hook snapshot with our Python worker, is
+//! killed with SIGKILL, leaves no hook worker behind, and when started again on the same
+//! data directory reports the same epoch and revision and serves reviews from the
+//! recorded revision; a stale activation after the restart is refused.
+
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::os::unix::process::CommandExt;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+const BIN: &str = env!("CARGO_BIN_EXE_contract-impl");
+
+const MANIFEST: &str = r#"{"version":1,"hooks":{"attention.plan":"policy:attention","delivery.review":"policy:delivery"}}"#;
+
+const POLICY: &str = "from contract_hooks import Allow, Hold, Wake\n\n\ndef attention(request, context):\n    return Wake(priority=3)\n\n\ndef delivery(request, context):\n    return Hold(reason='held by the recorded policy')\n";
+
+/// One running controlled host and its control connection.
+struct Host {
+    child: Child,
+    reader: BufReader<UnixStream>,
+    writer: UnixStream,
+    seq: u64,
+}
+
+impl Host {
+    fn start(run: &Path, data: &Path) -> Self {
+        let socket = run.join(format!("control-{}.sock", std::process::id()));
+        let _ = std::fs::remove_file(&socket);
+        let listener = UnixListener::bind(&socket).unwrap();
+        let child = Command::new(BIN)
+            .args(["worker", "host", "--data-dir"])
+            .arg(data)
+            .env("CONTRACT_HOST_CONTROL_SOCKET", &socket)
+            .env_remove("CONTRACT_WORKER_PROGRAM")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .process_group(0)
+            .spawn()
+            .unwrap();
+        let (stream, _) = listener.accept().unwrap();
+        stream
+            .set_read_timeout(Some(Duration::from_secs(30)))
+            .unwrap();
+        let mut reader = BufReader::new(stream.try_clone().unwrap());
+        let mut hello = String::new();
+        reader.read_line(&mut hello).unwrap();
+        assert_eq!(
+            hello.trim(),
+            r#"{"hello":{"adapter":"worker-host","protocol":1}}"#
+        );
+        Self {
+            child,
+            reader,
+            writer: stream,
+            seq: 0,
+        }
+    }
+
+    fn request(&mut self, op: &str, args: Value) -> Value {
+        self.seq += 1;
+        let mut request = args;
+        request["seq"] = json!(self.seq);
+        request["op"] = json!(op);
+        writeln!(self.writer, "{request}").unwrap();
+        let mut line = String::new();
+        self.reader.read_line(&mut line).unwrap();
+        let response: Value = serde_json::from_str(&line).unwrap();
+        assert_eq!(response["seq"], json!(self.seq), "{response}");
+        assert_eq!(response["ok"], json!(true), "{response}");
+        response["result"].clone()
+    }
+
+    fn call(&mut self, op: &str, args: Value) -> Value {
+        self.request(op, args);
+        self.request("await", json!({"as": op}))
+    }
+}
+
+fn alive(pid: i32) -> bool {
+    // A zombie is not alive: it holds nothing.
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map(|s| !s.split(' ').nth(2).is_some_and(|state| state == "Z"))
+        .unwrap_or(false)
+}
+
+/// The PIDs of the children of `parent` whose command line names `needle`.
+fn children_naming(parent: i32, needle: &str) -> Vec<i32> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let ppid = std::fs::read_to_string(entry.path().join("stat"))
+            .ok()
+            .and_then(|s| {
+                s.rsplit(')')
+                    .next()
+                    .and_then(|r| r.split(' ').nth(2))
+                    .and_then(|p| p.parse::<i32>().ok())
+            });
+        if ppid == Some(parent)
+            && let Ok(cmdline) = std::fs::read(entry.path().join("cmdline"))
+            && String::from_utf8_lossy(&cmdline).contains(needle)
+            && alive(pid)
+        {
+            found.push(pid);
+        }
+    }
+    found
+}
+
+#[test]
+fn activation_survives_a_sigkill_of_the_host() {
+    let run = tempfile::tempdir().unwrap();
+    let data = run.path().join("data");
+    let snapshot = run.path().join("releases").join("one");
+    std::fs::create_dir_all(&snapshot).unwrap();
+    std::fs::write(snapshot.join("behavior.json"), MANIFEST).unwrap();
+    std::fs::write(snapshot.join("policy.py"), POLICY).unwrap();
+
+    let mut host = Host::start(run.path(), &data);
+    assert_eq!(
+        host.request("epoch", json!({})),
+        json!({"epoch": 0, "revision": null})
+    );
+    let activated = host.call(
+        "activate",
+        json!({"path": snapshot.display().to_string(), "expected_epoch": 0}),
+    );
+    assert_eq!(activated["status"], "activated", "{activated}");
+    assert_eq!(activated["epoch"], 1);
+    let revision = activated["revision"].clone();
+    let review = host.call(
+        "review",
+        json!({"input": {"effect_id": "e1", "destination": "operator", "text": "hi"}}),
+    );
+    assert_eq!(review["decided_by"], "hook", "{review}");
+
+    // SIGKILL the host alone (not its group), as a crash would: the hook worker's
+    // supervisor notices and stops the worker.
+    let host_pid = i32::try_from(host.child.id()).unwrap();
+    let before = children_naming(host_pid, "worker\0supervise");
+    assert_eq!(before.len(), 1, "one hook worker's supervisor runs");
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(host_pid),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    host.child.wait().unwrap();
+    let killed = Instant::now();
+    while before.iter().any(|p| alive(*p)) {
+        assert!(
+            killed.elapsed() < Duration::from_secs(5),
+            "the hook worker outlived its host: {:?}",
+            before.iter().filter(|p| alive(**p)).collect::<Vec<_>>()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+
+    // Started again on the same data: the same epoch and revision, and the recorded
+    // revision serves reviews.
+    let mut host = Host::start(run.path(), &data);
+    assert_eq!(
+        host.request("epoch", json!({})),
+        json!({"epoch": 1, "revision": revision})
+    );
+    let review = host.call(
+        "review",
+        json!({"input": {"effect_id": "e2", "destination": "operator", "text": "hi"}}),
+    );
+    assert_eq!(
+        (
+            review["action"].clone(),
+            review["reason"].clone(),
+            review["decided_by"].clone(),
+            review["revision"].clone()
+        ),
+        (
+            json!("hold"),
+            json!("held by the recorded policy"),
+            json!("hook"),
+            revision
+        ),
+        "{review}"
+    );
+    // The epoch moved: an activation expecting 0 is stale, and changes nothing.
+    let stale = host.call(
+        "activate",
+        json!({"path": snapshot.display().to_string(), "expected_epoch": 0}),
+    );
+    assert_eq!(stale["code"], "stale_epoch", "{stale}");
+    assert_eq!(host.request("epoch", json!({}))["epoch"], 1);
+    let _ = host.child.kill();
+    let _ = host.child.wait();
+}
