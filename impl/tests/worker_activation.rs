@@ -86,7 +86,12 @@ impl Host {
 fn alive(pid: i32) -> bool {
     // A zombie is not alive: it holds nothing.
     std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .map(|s| !s.split(' ').nth(2).is_some_and(|state| state == "Z"))
+        .map(|s| {
+            s.rsplit(')')
+                .next()
+                .and_then(|rest| rest.split(' ').nth(1))
+                .is_none_or(|state| state != "Z")
+        })
         .unwrap_or(false)
 }
 
