@@ -292,6 +292,14 @@ pub trait Peer: Send + Sized {
     /// # Errors
     /// [`super::FailureCode::TrailingOutput`] when it does not.
     fn trailing_other(&mut self, other: Self::Other) -> StepResult;
+    /// What the family checks once every step passed and the trailing output was
+    /// accepted (side `host` of the worker family: no worker launch no step took).
+    ///
+    /// # Errors
+    /// [`super::FailureCode::TrailingOutput`] naming what the target did unasked.
+    async fn end_check(&mut self) -> StepResult {
+        Ok(())
+    }
     /// Family events already queued when the run ends (secret-checked, then dropped).
     fn queued_others(&mut self) -> Vec<Self::Other> {
         Vec::new()

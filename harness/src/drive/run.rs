@@ -1150,6 +1150,7 @@ impl Run {
         for other in peer.queued_others() {
             self.check_event(peer, &Event::Other(other))?;
         }
+        peer.end_check().await?;
         self.drop_optionals();
         Ok(())
     }

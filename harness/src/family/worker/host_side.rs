@@ -831,6 +831,25 @@ impl Peer for ScriptedWorkerPeer {
         }
     }
 
+    /// A worker launch that no `launch` step took is something the host did unasked (a
+    /// workbench replaced by a hook-only activation, a restart nobody asked for).
+    async fn end_check(&mut self) -> StepResult {
+        let deadline = tokio::time::Instant::now();
+        self.pump_until(deadline, |_| false).await;
+        match self.launched.front() {
+            None => Ok(()),
+            Some(idx) => Err(StepError::new(
+                FailureCode::TrailingOutput,
+                format!(
+                    "the host launched a {} worker that no `launch` step took",
+                    self.conns[*idx]
+                        .var("CONTRACT_WORKER_ROLE")
+                        .unwrap_or("workbench")
+                ),
+            )),
+        }
+    }
+
     fn release(&mut self) {
         self.conns.clear();
         self.current = None;
