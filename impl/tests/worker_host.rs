@@ -202,3 +202,68 @@ async fn our_host_drives_an_independent_worker() {
             .success()
     );
 }
+
+/// A worker that says hello and then never reads its socket: the host's write of a big
+/// cell does not go through within its bound, so the exchange is abandoned and the
+/// generation invalidated (instead of the host hanging on the write).
+#[tokio::test]
+async fn a_worker_that_stops_reading_cannot_wedge_the_host() {
+    let script = r#"
+import json, os, socket, struct, time
+s = socket.socket(socket.AF_UNIX); s.connect(os.environ["CONTRACT_WORKER_SOCKET"])
+m = {"version": 1, "session_id": os.environ["CONTRACT_WORKER_SESSION_ID"], "generation": os.environ["CONTRACT_WORKER_GENERATION"],
+     "message": {"kind": "hello", "token": os.environ["CONTRACT_WORKER_TOKEN"], "role": "workbench", "revision": None, "slots": []}}
+b = json.dumps(m).encode(); s.sendall(struct.pack(">I", len(b)) + b)
+time.sleep(600)
+"#;
+    let mut config = python_worker();
+    config.program = vec!["python3".into(), "-c".into(), OsString::from(script)];
+    config.send_timeout = Duration::from_millis(300);
+    let mut worker = Worker::spawn(config).await.unwrap();
+    let code = format!("#{}", "a".repeat(262_000));
+    let r = worker.execute(&code, &mut BasicServices).await.unwrap();
+    assert!(r.observed_by_host, "{r:?}");
+    assert!(
+        r.error.as_deref().unwrap_or_default().contains("(timeout)"),
+        "{r:?}"
+    );
+    assert!(!worker.is_valid());
+}
+
+/// "`interrupt` targets one operation ID": an interrupt while no cell runs reaches no
+/// cell, not the next one.
+#[tokio::test]
+async fn an_interrupt_between_cells_reaches_no_cell() {
+    let mut worker = Worker::spawn(python_worker()).await.unwrap();
+    let interrupter = worker.interrupter();
+    assert_eq!(interrupter.interrupt(), None, "no cell runs");
+    let r = worker
+        .execute(
+            "import asyncio\nawait asyncio.sleep(0.2)\n'done'",
+            &mut BasicServices,
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        (r.status, result_text(&r)),
+        (Some(CellStatus::Ok), "'done'".to_string())
+    );
+    worker.shutdown(Duration::from_secs(5)).await;
+}
+
+/// A cell that kills its own supervisor does not leave its worker running unsupervised:
+/// the host notices the supervisor's end and kills the worker's process group, and the
+/// cell is the host's record (not the `ok` the cell would otherwise reach).
+#[tokio::test]
+async fn killing_the_supervisor_stops_the_worker() {
+    let mut worker = Worker::spawn(python_worker()).await.unwrap();
+    let r = worker
+        .execute(
+            "import os, time\nos.kill(os.getppid(), 9)\ntime.sleep(60)\n'survived'",
+            &mut BasicServices,
+        )
+        .await
+        .unwrap();
+    assert!(r.observed_by_host, "{r:?}");
+    assert_eq!(r.status, None);
+}

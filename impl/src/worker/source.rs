@@ -11,6 +11,8 @@
 
 use std::path::{Path, PathBuf};
 
+use std::io::Read;
+
 use sha2::{Digest, Sha256};
 
 use super::wire::limits::{SOURCE_BYTES_MAX, SOURCE_FILES_MAX};
@@ -117,9 +119,27 @@ pub fn source_identity(root: &Path) -> Result<String, SourceError> {
     files.sort_by(|a, b| a.as_bytes().cmp(b.as_bytes()));
     let mut digest = Sha256::new();
     let mut total: u64 = 0;
+    // The bound is checked on the files' sizes before anything is read, so a huge (or
+    // sparse) file is refused without reading it.
     for rel in &files {
         let path = root.join(rel);
-        let content = std::fs::read(&path).map_err(|e| unreadable(&path, &e))?;
+        let len = std::fs::symlink_metadata(&path)
+            .map_err(|e| unreadable(&path, &e))?
+            .len();
+        total = total.saturating_add(len);
+        if total > SOURCE_BYTES_MAX {
+            return Err(SourceError::TooLarge);
+        }
+    }
+    total = 0;
+    for rel in &files {
+        let path = root.join(rel);
+        let mut content = Vec::new();
+        let file = std::fs::File::open(&path).map_err(|e| unreadable(&path, &e))?;
+        // A file that grew since: read no more than the bound allows.
+        std::io::Read::take(file, SOURCE_BYTES_MAX - total + 1)
+            .read_to_end(&mut content)
+            .map_err(|e| unreadable(&path, &e))?;
         total += content.len() as u64;
         if total > SOURCE_BYTES_MAX {
             return Err(SourceError::TooLarge);
@@ -244,6 +264,17 @@ mod tests {
         let at = snapshot(&[("a.py", &big), ("b.py", b"x")]);
         assert_eq!(
             source_identity(at.path()).unwrap_err().code(),
+            "source_too_large"
+        );
+        // A huge sparse file is refused from its size, unread (reading 64 GiB would not
+        // end in any reasonable time, nor fit in memory).
+        let sparse = snapshot(&[("behavior.json", b"{}")]);
+        std::fs::File::create(sparse.path().join("huge.md"))
+            .unwrap()
+            .set_len(64 << 30)
+            .unwrap();
+        assert_eq!(
+            source_identity(sparse.path()).unwrap_err().code(),
             "source_too_large"
         );
     }

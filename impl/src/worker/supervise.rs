@@ -90,6 +90,9 @@ pub fn run(program: &[OsString]) -> i32 {
         }
     };
     let worker = Pid::from_raw(i32::try_from(child.id()).unwrap_or(i32::MAX));
+    // The host learns the worker's process group, so that it can still stop the worker
+    // should this supervisor be killed.
+    let _ = std::io::Write::write_all(&mut watch, format!("pid {}\n", child.id()).as_bytes());
     // The watch: a thread blocked on the socket, reporting its end.
     let (ended_tx, ended) = mpsc::channel::<()>();
     std::thread::spawn(move || {
@@ -105,6 +108,7 @@ pub fn run(program: &[OsString]) -> i32 {
     loop {
         if ended.try_recv().is_ok() {
             sweep(worker);
+            remove_private_dir(std::path::Path::new(&watch_path));
             return EXIT_WATCH_ENDED;
         }
         match waitpid(worker, Some(WaitPidFlag::WNOHANG)) {
@@ -131,6 +135,19 @@ pub fn run(program: &[OsString]) -> i32 {
 }
 
 /// Reaps exited children other than the worker.
+/// The host is gone or gave the generation up: its private directory (the watch
+/// socket's, named `cw-…` by the host) goes too, so that a host killed with SIGKILL
+/// leaves no socket behind. Anything else is left alone.
+fn remove_private_dir(watch: &std::path::Path) {
+    if let Some(dir) = watch.parent()
+        && dir
+            .file_name()
+            .is_some_and(|n| n.to_string_lossy().starts_with("cw-"))
+    {
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}
+
 fn reap_others(worker: Pid) {
     loop {
         match waitpid(Pid::from_raw(-1), Some(WaitPidFlag::WNOHANG)) {

@@ -34,11 +34,29 @@ impl Worker {
             self.config.choices.cell_prefix, self.next_op
         ))
         .expect("a valid identifier");
-        self.send(Message::Execute {
-            id: id.clone(),
-            code: code.to_string(),
-        })
-        .await?;
+        self.interrupts.begin(&id);
+        let record = self.run_cell(id.clone(), code, handler).await;
+        self.interrupts.end();
+        Ok(record)
+    }
+
+    /// The cell's exchange; every failure (a refused frame, a send that does not go
+    /// through within its bound, the end of the stream) is the host's own record.
+    async fn run_cell(
+        &mut self,
+        id: Identifier,
+        code: &str,
+        handler: &mut (dyn RequestHandler + Send),
+    ) -> CellRecord {
+        if let Err(e) = self
+            .send(Message::Execute {
+                id: id.clone(),
+                code: code.to_string(),
+            })
+            .await
+        {
+            return self.lost(&id, &e).await;
+        }
         let mut requests = 0usize;
         let mut interrupted_at: Option<tokio::time::Instant> = None;
         // "A worker cannot claim a committed yield without the host having accepted the
@@ -56,7 +74,7 @@ impl Worker {
                 (None, Some(b)) => b + self.config.interrupt_grace,
                 (None, None) => far,
             };
-            let interrupt = self.interrupt.clone();
+            let interrupts = self.interrupts.clone();
             let next = tokio::select! {
                 next = tokio::time::timeout_at(bound, self.read_message()) => match next {
                     Ok(next) => next,
@@ -67,21 +85,23 @@ impl Worker {
                         if self.config.choices.interrupted_record {
                             record.status = Some(CellStatus::Interrupted);
                         }
-                        return Ok(record);
+                        return record;
                     }
                     Err(_) => Err(HostError::Timeout(
                         self.config.cell_timeout.unwrap_or_default(),
                     )),
                 },
-                () = interrupt.notified(), if interrupted_at.is_none() => {
+                () = interrupts.requested(), if interrupted_at.is_none() => {
                     interrupted_at = Some(tokio::time::Instant::now());
-                    self.send(Message::Interrupt { id: id.clone() }).await?;
+                    if let Err(e) = self.send(Message::Interrupt { id: id.clone() }).await {
+                        return self.lost(&id, &e).await;
+                    }
                     continue;
                 }
             };
             let message = match next {
                 Ok(message) => message,
-                Err(e) => return Ok(self.lost(&id, &e).await),
+                Err(e) => return self.lost(&id, &e).await,
             };
             match message {
                 Message::HostRequest {
@@ -105,12 +125,16 @@ impl Worker {
                     {
                         wait_accepted = true;
                     }
-                    self.send(Message::HostReply {
-                        id: request_id,
-                        execution_id,
-                        reply,
-                    })
-                    .await?;
+                    let sent = self
+                        .send(Message::HostReply {
+                            id: request_id,
+                            execution_id,
+                            reply,
+                        })
+                        .await;
+                    if let Err(e) = sent {
+                        return self.lost(&id, &e).await;
+                    }
                 }
                 Message::Completed {
                     id: done,
@@ -120,13 +144,13 @@ impl Worker {
                             ..
                         },
                 } if done == id && !wait_accepted => {
-                    let e = HostError::Handshake(
+                    let e = HostError::Protocol(
                         "the cell claims a yield the host did not accept".into(),
                     );
-                    return Ok(self.lost(&id, &e).await);
+                    return self.lost(&id, &e).await;
                 }
                 Message::Completed { id: done, result } if done == id => {
-                    return Ok(match result {
+                    return match result {
                         Completion::Cell {
                             status,
                             output,
@@ -149,10 +173,10 @@ impl Worker {
                             observed_by_host: false,
                         },
                         Completion::Hook { .. } => {
-                            let e = HostError::Handshake("a hook completion for a cell".into());
+                            let e = HostError::Protocol("a hook completion for a cell".into());
                             self.lost(&id, &e).await
                         }
-                    });
+                    };
                 }
                 // "Host effects require the current live execution": a request of another
                 // execution (a finished cell's background task) is refused, not served.
@@ -161,19 +185,23 @@ impl Worker {
                     execution_id,
                     ..
                 } => {
-                    self.send(Message::HostReply {
-                        id: request_id,
-                        execution_id,
-                        reply: Reply::Error {
-                            code: self.config.choices.no_scope.into(),
-                            message: "the execution is not the current live one".into(),
-                        },
-                    })
-                    .await?;
+                    let sent = self
+                        .send(Message::HostReply {
+                            id: request_id,
+                            execution_id,
+                            reply: Reply::Error {
+                                code: self.config.choices.no_scope.into(),
+                                message: "the execution is not the current live one".into(),
+                            },
+                        })
+                        .await;
+                    if let Err(e) = sent {
+                        return self.lost(&id, &e).await;
+                    }
                 }
                 other => {
-                    let e = HostError::Handshake(format!("{} for another operation", other.kind()));
-                    return Ok(self.lost(&id, &e).await);
+                    let e = HostError::Protocol(format!("{} for another operation", other.kind()));
+                    return self.lost(&id, &e).await;
                 }
             }
         }
@@ -230,13 +258,13 @@ impl Worker {
                 Message::Completed { id: done, result } if done == id => match result {
                     Completion::Cell { .. } => {
                         self.hard_stop().await;
-                        return Err(HostError::Handshake("a cell completion for a hook".into()));
+                        return Err(HostError::Protocol("a cell completion for a hook".into()));
                     }
                     other => return Ok(other),
                 },
                 other => {
                     self.hard_stop().await;
-                    return Err(HostError::Handshake(format!(
+                    return Err(HostError::Protocol(format!(
                         "{} for another operation",
                         other.kind()
                     )));

@@ -33,7 +33,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use serde_json::json;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
-use tokio::net::{UnixListener, UnixStream};
+use tokio::net::UnixListener;
 use tokio::process::{Child, Command};
 use tokio::sync::Notify;
 
@@ -53,6 +53,11 @@ pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Default grace between `shutdown` and the hard stop.
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+
+/// Default bound of one frame written to the worker: a worker that does not read its
+/// socket for this long abandons the exchange, and the generation is invalidated
+/// ("timed-out/abandoned Rust exchange").
+pub const SEND_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Default grace between `interrupt` and the hard stop of a cell that does not end
 /// ("Rust retains the final hard-stop authority when code blocks or catches
@@ -87,6 +92,10 @@ pub enum HostError {
     /// The hello does not bind this subprocess (wrong token, role or slots).
     #[error("the worker's hello is refused: {0}")]
     Handshake(String),
+    /// A well-formed message the exchange cannot take (a completion of another
+    /// operation, a yield the host did not accept); the generation is invalidated.
+    #[error("protocol violation: {0}")]
+    Protocol(String),
     /// A frame of the worker was refused; the generation is invalidated.
     #[error("invalid frame from the worker ({code}): {0}", code = .0.code())]
     Wire(WorkerWireError),
@@ -114,6 +123,7 @@ impl HostError {
             HostError::Snapshot(_) => "snapshot_refused",
             HostError::HandshakeTimeout(_) => "handshake_timeout",
             HostError::Handshake(_) => "handshake_refused",
+            HostError::Protocol(_) => "protocol_violation",
             HostError::Wire(e) => e.code(),
             HostError::Timeout(_) => "timeout",
             HostError::Invalidated => "invalidated",
@@ -146,6 +156,8 @@ pub struct HostConfig {
     pub cwd: Option<PathBuf>,
     /// Interrupt-to-hard-stop grace of a cell ([`INTERRUPT_GRACE`]).
     pub interrupt_grace: Duration,
+    /// Bound of one frame written to the worker ([`SEND_TIMEOUT`]).
+    pub send_timeout: Duration,
     /// The host's free choices: operation IDs and refusal codes.
     pub choices: Choices,
 }
@@ -201,6 +213,7 @@ impl HostConfig {
             supervisor: None,
             cwd: None,
             interrupt_grace: INTERRUPT_GRACE,
+            send_timeout: SEND_TIMEOUT,
             choices: Choices::REFERENCE,
         }
     }
@@ -308,25 +321,151 @@ pub struct Worker {
     reader: Option<reader::Reader>,
     /// The supervisor's watch connection: dropping it stops every process of the
     /// generation. Shared with the reader, which drops it after a fault.
-    watch: Arc<Mutex<Option<UnixStream>>>,
+    watch: WatchHandle,
     stdout: Arc<Mutex<OutputTail>>,
     stderr: Arc<Mutex<OutputTail>>,
     next_op: u64,
     valid: bool,
-    interrupt: Arc<Notify>,
+    interrupts: Interrupts,
     /// The hooks revision the worker announced.
     pub revision: Option<String>,
 }
 
+/// Which cell an `interrupt` may target: the running one, and only while it runs
+/// ("`interrupt` targets one operation ID").
+#[derive(Debug, Clone, Default)]
+struct Interrupts {
+    state: Arc<Mutex<InterruptState>>,
+    notify: Arc<Notify>,
+}
+
+#[derive(Debug, Default)]
+struct InterruptState {
+    running: Option<Identifier>,
+    requested: bool,
+}
+
+impl Interrupts {
+    fn begin(&self, id: &Identifier) {
+        if let Ok(mut s) = self.state.lock() {
+            s.running = Some(id.clone());
+            s.requested = false;
+        }
+    }
+
+    fn end(&self) {
+        if let Ok(mut s) = self.state.lock() {
+            s.running = None;
+            s.requested = false;
+        }
+    }
+
+    /// Resolves once an interrupt was asked for the running cell (a stale wake-up of an
+    /// earlier cell is ignored).
+    async fn requested(&self) {
+        loop {
+            self.notify.notified().await;
+            if self.state.lock().is_ok_and(|s| s.requested) {
+                return;
+            }
+        }
+    }
+}
+
 /// Interrupts the running cell of a [`Worker`] from another task ([`Worker::interrupter`]).
 #[derive(Debug, Clone)]
-pub struct Interrupter(Arc<Notify>);
+pub struct Interrupter(Interrupts);
 
 impl Interrupter {
-    /// Sends `interrupt` for the cell running now, or for the next one to start; past
-    /// the configured grace the host stops the generation hard.
-    pub fn interrupt(&self) {
-        self.0.notify_one();
+    /// Sends `interrupt` for the cell running now and returns its operation ID; past the
+    /// configured grace the host stops the generation hard. With no cell running it does
+    /// nothing (`None`): an interrupt never reaches a later cell.
+    pub fn interrupt(&self) -> Option<Identifier> {
+        let running = {
+            let mut s = self.0.state.lock().ok()?;
+            let id = s.running.clone()?;
+            s.requested = true;
+            id
+        };
+        self.0.notify.notify_one();
+        Some(running)
+    }
+}
+
+/// The host's (write) half of the supervisor's watch connection: while it is held the
+/// generation may run; dropping it (shutting the half down) makes the supervisor kill
+/// every process of the worker.
+pub(super) type WatchHandle = Arc<Mutex<Option<tokio::net::unix::OwnedWriteHalf>>>;
+
+/// Stops a [`Worker`]'s generation from another task, whatever it is doing
+/// ([`Worker::killer`]): the supervisor's watch connection is dropped, and the
+/// supervisor kills every process of the worker; the worker's own exchange then fails
+/// and ends with the host's record.
+#[derive(Debug, Clone)]
+pub struct Killer(WatchHandle);
+
+impl Killer {
+    /// Stops the generation (idempotent).
+    pub fn kill(&self) {
+        if let Ok(mut watch) = self.0.lock() {
+            watch.take();
+        }
+    }
+}
+
+/// The diagnostic tails of a [`Worker`], readable from another task while it runs
+/// ([`Worker::tails`]).
+#[derive(Debug, Clone)]
+pub struct Tails {
+    stdout: Arc<Mutex<OutputTail>>,
+    stderr: Arc<Mutex<OutputTail>>,
+}
+
+impl Tails {
+    /// `{stdout: {bytes, last_line}, stderr: …}`: bytes of the lines kept and the last
+    /// complete line of each tail.
+    pub fn diagnostics(&self) -> serde_json::Value {
+        let one = |tail: &Arc<Mutex<OutputTail>>| match tail.lock() {
+            Ok(t) => json!({
+                "bytes": t.lines().map(str::len).sum::<usize>(),
+                "last_line": t.lines().last(),
+            }),
+            Err(_) => json!({"bytes": 0, "last_line": null}),
+        };
+        json!({"stdout": one(&self.stdout), "stderr": one(&self.stderr)})
+    }
+}
+
+/// Watches the supervisor from the host's side: it reports the worker's process group
+/// (a `pid N` line) on the watch connection, and the connection's end means the
+/// supervisor is gone. If it went while the host still held the generation (something
+/// killed the supervisor), the host kills the worker's process group itself, so the
+/// worker does not run on unsupervised; its connection's end then invalidates the
+/// generation.
+async fn guard_supervisor(read: tokio::net::unix::OwnedReadHalf, watch: WatchHandle) {
+    let mut lines = tokio::io::BufReader::new(read);
+    let mut line = String::new();
+    let mut first = (&mut lines).take(64);
+    let pid = match tokio::io::AsyncBufReadExt::read_line(&mut first, &mut line).await {
+        Ok(_) => line
+            .trim()
+            .strip_prefix("pid ")
+            .and_then(|p| p.parse::<i32>().ok())
+            .filter(|p| *p > 1),
+        Err(_) => None,
+    };
+    let mut rest = [0u8; 64];
+    while let Ok(n) = tokio::io::AsyncReadExt::read(&mut lines, &mut rest).await {
+        if n == 0 {
+            break;
+        }
+    }
+    let still_held = watch.lock().is_ok_and(|w| w.is_some());
+    if still_held && let Some(pid) = pid {
+        let _ = nix::sys::signal::killpg(
+            nix::unistd::Pid::from_raw(pid),
+            nix::sys::signal::Signal::SIGKILL,
+        );
     }
 }
 
@@ -478,7 +617,9 @@ impl Worker {
                 return Err(HostError::HandshakeTimeout(bound));
             }
         };
-        let watch = Arc::new(Mutex::new(Some(watch)));
+        let (watch_read, watch_write) = watch.into_split();
+        let watch: WatchHandle = Arc::new(Mutex::new(Some(watch_write)));
+        tokio::spawn(guard_supervisor(watch_read, watch.clone()));
         let (read, write) = conn.into_split();
         let reader = reader::start(
             read,
@@ -497,7 +638,7 @@ impl Worker {
             stderr,
             next_op: 0,
             valid: true,
-            interrupt: Arc::new(Notify::new()),
+            interrupts: Interrupts::default(),
             revision: None,
         };
         let hello = tokio::time::timeout(bound, worker.read_message()).await;
@@ -557,7 +698,20 @@ impl Worker {
 
     /// A handle that interrupts this worker's running cell from another task.
     pub fn interrupter(&self) -> Interrupter {
-        Interrupter(self.interrupt.clone())
+        Interrupter(self.interrupts.clone())
+    }
+
+    /// A handle that stops this generation from another task, whatever it is doing.
+    pub fn killer(&self) -> Killer {
+        Killer(self.watch.clone())
+    }
+
+    /// A handle on the diagnostic tails, readable while a cell runs.
+    pub fn tails(&self) -> Tails {
+        Tails {
+            stdout: self.stdout.clone(),
+            stderr: self.stderr.clone(),
+        }
     }
 
     /// The generation's identifier.
@@ -592,17 +746,9 @@ impl Worker {
             .unwrap_or_default()
     }
 
-    /// What the stdout and stderr tails hold: `{stdout: {bytes, last_line}, stderr: …}`
-    /// (bytes of the lines kept, and the last complete line).
+    /// What the stdout and stderr tails hold ([`Tails::diagnostics`]).
     pub fn diagnostics(&self) -> serde_json::Value {
-        let one = |tail: &Arc<Mutex<OutputTail>>| match tail.lock() {
-            Ok(t) => json!({
-                "bytes": t.lines().map(str::len).sum::<usize>(),
-                "last_line": t.lines().last(),
-            }),
-            Err(_) => json!({"bytes": 0, "last_line": null}),
-        };
-        json!({"stdout": one(&self.stdout), "stderr": one(&self.stderr)})
+        self.tails().diagnostics()
     }
 
     /// The bounded tail of the worker's stdout.
@@ -622,11 +768,17 @@ impl Worker {
         };
         let payload = encode_envelope(&envelope).map_err(HostError::Wire)?;
         let frame = encode_frame(&payload).map_err(|e| HostError::Wire(e.into()))?;
+        let bound = self.config.send_timeout;
         let writer = self.writer.as_mut().ok_or(HostError::Invalidated)?;
-        writer
-            .write_all(&frame)
-            .await
-            .map_err(|e| HostError::Io(e.to_string()))
+        match tokio::time::timeout(bound, writer.write_all(&frame)).await {
+            Ok(written) => written.map_err(|e| HostError::Io(e.to_string())),
+            // The worker stopped reading: the exchange is abandoned, the generation gone
+            // (a frame may be half written, so nothing may follow it).
+            Err(_) => {
+                self.release();
+                Err(HostError::Timeout(bound))
+            }
+        }
     }
 
     /// The next message of the worker, in order (the reader decoded and checked it).

@@ -12,16 +12,15 @@
 //! that floods the host is read no faster than the host takes its messages.
 
 use std::os::fd::AsRawFd;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::io::AsyncReadExt;
-use tokio::net::UnixStream;
 use tokio::net::unix::OwnedReadHalf;
 use tokio::sync::mpsc;
 
-use super::HostError;
+use super::{HostError, WatchHandle};
 use crate::worker::wire::frame::decoder;
 use crate::worker::wire::{Direction, Expect, Identifier, Message, decode_envelope};
 
@@ -47,7 +46,7 @@ impl Drop for Reader {
 /// Starts the reader of `read` for the connection's identity.
 pub(super) fn start(
     read: OwnedReadHalf,
-    watch: Arc<Mutex<Option<UnixStream>>>,
+    watch: WatchHandle,
     session_id: Identifier,
     generation: Identifier,
 ) -> Reader {
@@ -68,7 +67,7 @@ async fn read_loop(
     mut read: OwnedReadHalf,
     tx: mpsc::Sender<Result<Message, HostError>>,
     valid: Arc<AtomicBool>,
-    watch: Arc<Mutex<Option<UnixStream>>>,
+    watch: WatchHandle,
     session_id: Identifier,
     generation: Identifier,
 ) {

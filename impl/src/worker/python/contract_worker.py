@@ -731,11 +731,15 @@ def source_identity(root):
             files.append(rel)
     if len(files) > SOURCE_FILES_MAX:
         raise ValueError(f"{len(files)} files exceed {SOURCE_FILES_MAX}")
+    # The bound is checked on the sizes before anything is read (a huge or sparse file
+    # is refused unread); a file that grew since is read no further than the bound.
+    if sum(os.lstat(os.path.join(root, rel)).st_size for rel in files) > SOURCE_BYTES_MAX:
+        raise ValueError(f"the source snapshot exceeds {SOURCE_BYTES_MAX} bytes")
     digest = hashlib.sha256()
     total = 0
     for rel in sorted(files, key=lambda r: r.encode("utf-8")):
         with open(os.path.join(root, rel), "rb") as f:
-            content = f.read()
+            content = f.read(SOURCE_BYTES_MAX - total + 1)
         total += len(content)
         if total > SOURCE_BYTES_MAX:
             raise ValueError(f"the source snapshot exceeds {SOURCE_BYTES_MAX} bytes")

@@ -1,9 +1,15 @@
-//! Activation is durable across a SIGKILL of the host ("Source revisions and
-//! activation": the database epoch is the authority): the controlled host
-//! (`contract-impl worker host`) activates a hook snapshot with our Python worker, is
-//! killed with SIGKILL, leaves no hook worker behind, and when started again on the same
-//! data directory reports the same epoch and revision and serves reviews from the
-//! recorded revision; a stale activation after the restart is refused.
+//! The controlled host (`contract-impl worker host`, docs/worker-host-control.md) as a
+//! control client meets it:
+//!
+//! * activation is durable across a SIGKILL of the host ("Source revisions and
+//!   activation": the database epoch is the authority): it activates a hook snapshot
+//!   with our Python worker, is killed, leaves no hook worker behind, and when started
+//!   again on the same data directory reports the same epoch and revision and serves
+//!   reviews from the recorded revision; a stale activation after the restart is
+//!   refused;
+//! * requests take effect in order (an `await` pipelined right behind its op finds it),
+//!   unknown arguments and unreadable requests are refused typed, `diagnostics` answers
+//!   while a cell runs, and SIGTERM stops the host while a cell runs.
 
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -61,6 +67,16 @@ impl Host {
             writer: stream,
             seq: 0,
         }
+    }
+
+    fn send_line(&mut self, line: &str) {
+        writeln!(self.writer, "{line}").unwrap();
+    }
+
+    fn read_response(&mut self) -> Value {
+        let mut line = String::new();
+        self.reader.read_line(&mut line).unwrap();
+        serde_json::from_str(&line).unwrap()
     }
 
     fn request(&mut self, op: &str, args: Value) -> Value {
@@ -133,7 +149,7 @@ fn activation_survives_a_sigkill_of_the_host() {
     let mut host = Host::start(run.path(), &data);
     assert_eq!(
         host.request("epoch", json!({})),
-        json!({"epoch": 0, "revision": null})
+        json!({"epoch": 0, "revision": null, "serving": null})
     );
     let activated = host.call(
         "activate",
@@ -174,7 +190,7 @@ fn activation_survives_a_sigkill_of_the_host() {
     let mut host = Host::start(run.path(), &data);
     assert_eq!(
         host.request("epoch", json!({})),
-        json!({"epoch": 1, "revision": revision})
+        json!({"epoch": 1, "revision": revision, "serving": revision})
     );
     let review = host.call(
         "review",
@@ -204,4 +220,62 @@ fn activation_survives_a_sigkill_of_the_host() {
     assert_eq!(host.request("epoch", json!({}))["epoch"], 1);
     let _ = host.child.kill();
     let _ = host.child.wait();
+}
+
+#[test]
+fn requests_take_effect_in_order_and_bad_ones_are_refused_typed() {
+    let run = tempfile::tempdir().unwrap();
+    let mut host = Host::start(run.path(), &run.path().join("data"));
+    // Pipelined: the workbench start, then its await, without waiting in between.
+    host.send_line(r#"{"seq": 1, "op": "start_workbench"}"#);
+    host.send_line(r#"{"seq": 2, "op": "await", "as": "start_workbench"}"#);
+    assert_eq!(
+        host.read_response(),
+        json!({"seq": 1, "ok": true, "result": {}})
+    );
+    assert_eq!(
+        host.read_response(),
+        json!({"seq": 2, "ok": true, "result": {"status": "ready"}})
+    );
+    host.seq = 2;
+    // Unreadable requests: typed, with `seq: null` when there is none to read.
+    host.send_line("not json");
+    let r = host.read_response();
+    assert_eq!(
+        (r["seq"].clone(), r["error"]["code"].clone()),
+        (Value::Null, json!("bad_request"))
+    );
+    host.send_line(r#"{"seq": 9, "op": "epoch", "bogus": 1}"#);
+    let r = host.read_response();
+    assert_eq!(
+        (r["seq"].clone(), r["error"]["code"].clone()),
+        (json!(9), json!("bad_request"))
+    );
+    host.send_line(r#"{"seq": 10, "op": "await", "as": "x", "timeout_ms": "10"}"#);
+    let r = host.read_response();
+    assert_eq!(r["error"]["code"], "bad_request", "{r}");
+    // A second workbench while one runs is refused.
+    host.send_line(r#"{"seq": 11, "op": "start_workbench"}"#);
+    assert_eq!(host.read_response()["error"]["code"], "workbench_running");
+    // An interrupt with no cell running reaches no cell.
+    host.send_line(r#"{"seq": 12, "op": "interrupt"}"#);
+    assert_eq!(
+        host.read_response(),
+        json!({"seq": 12, "ok": true, "result": {"interrupted": null}})
+    );
+    // diagnostics answers while a cell runs.
+    host.send_line(r#"{"seq": 13, "op": "execute", "code": "import time\nprint('working', flush=True)\ntime.sleep(600)"}"#);
+    assert_eq!(host.read_response()["ok"], true);
+    host.send_line(r#"{"seq": 14, "op": "diagnostics"}"#);
+    let r = host.read_response();
+    assert_eq!(r["seq"], 14, "{r}");
+    assert!(r["result"]["stdout"].is_object(), "{r}");
+    // SIGTERM while the cell runs: the host stops it and exits 0.
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(i32::try_from(host.child.id()).unwrap()),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let status = host.child.wait().unwrap();
+    assert_eq!(status.code(), Some(0), "{status}");
 }

@@ -1,0 +1,211 @@
+//! The controlled host (`contract-impl worker host`, `docs/worker-host-control.md`): our
+//! worker host driven over a control channel, so that a scripted peer (the conformance
+//! harness) can make it start workers, run cells, call hooks and activate revisions, and
+//! read what the host decided.
+//!
+//! * The host connects to `CONTRACT_HOST_CONTROL_SOCKET`, sends the hello line
+//!   [`HELLO_LINE`], then answers one request per line (`{"seq", "op", ...}` →
+//!   `{"seq", "ok", "result"|"error"}`).
+//! * Requests take effect in the order they were sent: every op but `await` is applied
+//!   before the next line is read (long operations register their outcome and run on in
+//!   the background); `await`s wait concurrently, at most [`AWAITS_MAX`] at once, after
+//!   which the host stops reading (backpressure, never unbounded memory).
+//! * Every worker it starts runs `CONTRACT_WORKER_PROGRAM` (a JSON array: the program and
+//!   its arguments; default our Python worker) under the supervisor, with the launch
+//!   environment of `docs/worker-launch-contract.md`.
+//! * SIGTERM or the end of the control channel stops every worker (a running cell is
+//!   stopped hard) and ends the process.
+//!
+//! This module owns the control channel's framing and the mapping of its operations
+//! ([`ops`]) onto [`super::host`], [`super::policy`], [`super::activation`] and
+//! [`super::lane`]; it never speaks the worker wire itself.
+
+mod ops;
+mod services;
+
+use std::ffi::OsString;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::UnixStream;
+use tokio::sync::{Semaphore, mpsc};
+
+use super::activation::Policies;
+use super::host::{CellRecord, Choices};
+use super::lane::OperatorLane;
+use super::policy::INVOKE_BUDGET;
+use ops::{Dispatch, Host};
+
+/// The first line the host sends on the control channel.
+pub const HELLO_LINE: &str = r#"{"hello":{"adapter":"worker-host","protocol":1}}"#;
+
+/// The variable naming the control socket.
+pub const CONTROL_ENV: &str = "CONTRACT_HOST_CONTROL_SOCKET";
+
+/// The variable naming the worker program (a JSON array of strings).
+pub const PROGRAM_ENV: &str = "CONTRACT_WORKER_PROGRAM";
+
+/// Longest control line in either direction (bytes, without the `\n`); a longer one
+/// ends the control session (the framing is lost).
+pub const CONTROL_LINE_MAX_BYTES: usize = 4 * 1024 * 1024;
+
+/// Longest `await`, and the bound of every `*_ms` argument.
+pub const AWAIT_MAX: Duration = Duration::from_secs(600);
+
+/// `await`s waiting at once; past it the host reads no further request until one ends.
+pub const AWAITS_MAX: usize = 256;
+
+/// Outcomes kept and not yet awaited; past it a long operation is refused
+/// `too_many_operations` (an outcome is dropped once it was awaited).
+pub const OUTCOMES_MAX: usize = 1024;
+
+/// Responses queued for the control client; past it the host waits for the client to
+/// read.
+const RESPONSES_MAX: usize = 256;
+
+/// Reads the worker program from [`PROGRAM_ENV`] (default: this binary's Python worker).
+///
+/// # Errors
+/// The variable is not a JSON array of strings.
+pub fn program_from_env() -> Result<Vec<OsString>, String> {
+    match std::env::var(PROGRAM_ENV) {
+        Ok(text) => {
+            let argv: Vec<String> = serde_json::from_str(&text)
+                .map_err(|e| format!("{PROGRAM_ENV} must be a JSON array of strings: {e}"))?;
+            if argv.is_empty() {
+                return Err(format!("{PROGRAM_ENV} names no program"));
+            }
+            Ok(argv.into_iter().map(OsString::from).collect())
+        }
+        Err(_) => {
+            let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+            Ok(vec![exe.into_os_string(), "worker".into(), "python".into()])
+        }
+    }
+}
+
+/// Runs the controlled host until the control channel ends or SIGTERM; stops every
+/// worker before it returns. Returns the process exit code (0; 2 when it cannot start).
+///
+/// `different`: the host makes every choice the spec leaves free otherwise
+/// ([`Choices::DIFFERENT`], another session and generation naming, other outcome codes,
+/// another wake priority of its own plans), for the vendor-mode trial of the suite.
+pub async fn run(data_dir: &Path, different: bool) -> i32 {
+    match serve(data_dir, different).await {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("contract-impl worker host: {e}");
+            2
+        }
+    }
+}
+
+async fn serve(data_dir: &Path, different: bool) -> Result<(), String> {
+    let socket = std::env::var(CONTROL_ENV).map_err(|_| format!("{CONTROL_ENV} is not set"))?;
+    let program = program_from_env()?;
+    let choices = if different {
+        Choices::DIFFERENT
+    } else {
+        Choices::REFERENCE
+    };
+    let (policies, problem) = Policies::open(data_dir, program.clone(), INVOKE_BUDGET, choices)
+        .await
+        .map_err(|e| e.to_string())?;
+    if let Some(problem) = &problem {
+        eprintln!("contract-impl worker host: the recorded policy did not start: {problem}");
+    }
+    let lane = OperatorLane::open(data_dir)?;
+    let host = Arc::new(Host::new(
+        program,
+        Arc::new(policies),
+        Arc::new(lane),
+        different,
+    ));
+    let stream = UnixStream::connect(&socket)
+        .await
+        .map_err(|e| format!("{socket}: {e}"))?;
+    let (read, mut write) = stream.into_split();
+    let (tx, mut rx) = mpsc::channel::<String>(RESPONSES_MAX);
+    let writer = tokio::spawn(async move {
+        let mut hello = HELLO_LINE.to_string();
+        hello.push('\n');
+        if write.write_all(hello.as_bytes()).await.is_err() {
+            return;
+        }
+        while let Some(mut line) = rx.recv().await {
+            line.push('\n');
+            if write.write_all(line.as_bytes()).await.is_err() {
+                return;
+            }
+        }
+    });
+    let awaits = Arc::new(Semaphore::new(AWAITS_MAX));
+    let mut reader = BufReader::new(read);
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .map_err(|e| e.to_string())?;
+    loop {
+        let mut line = Vec::new();
+        let mut limited = (&mut reader).take(CONTROL_LINE_MAX_BYTES as u64 + 1);
+        let read = tokio::select! {
+            read = limited.read_until(b'\n', &mut line) => read,
+            _ = term.recv() => break,
+        };
+        match read {
+            Ok(0) | Err(_) => break,
+            Ok(_) if line.last() != Some(&b'\n') => {
+                let e = ops::bad("an unterminated or over-long line ends the control session");
+                let _ = tx.send(error_line(None, &e)).await;
+                break;
+            }
+            Ok(_) => {}
+        }
+        line.pop();
+        match host.dispatch(&line).await {
+            Dispatch::Now(response) => {
+                let sent = tokio::select! {
+                    sent = tx.send(response) => sent.is_ok(),
+                    _ = term.recv() => false,
+                };
+                if !sent {
+                    break;
+                }
+            }
+            Dispatch::Later(wait) => {
+                let permit = tokio::select! {
+                    permit = awaits.clone().acquire_owned() => permit,
+                    _ = term.recv() => break,
+                };
+                let Ok(permit) = permit else { break };
+                let tx = tx.clone();
+                tokio::spawn(async move {
+                    let response = wait.await;
+                    let _ = tx.send(response).await;
+                    drop(permit);
+                });
+            }
+        }
+    }
+    drop(tx);
+    host.stop().await;
+    writer.abort();
+    Ok(())
+}
+
+/// An error response; `seq` is `null` when the request had none the host could read.
+fn error_line(seq: Option<u64>, e: &ops::OpError) -> String {
+    json!({"seq": seq, "ok": false, "error": {"code": e.code, "message": e.message}}).to_string()
+}
+
+/// A cell record as the control channel reports it.
+pub fn record_json(record: &CellRecord) -> Value {
+    json!({
+        "status": record.status,
+        "output": record.output,
+        "truncated_bytes": record.truncated_bytes,
+        "error": record.error,
+        "observed_by_host": record.observed_by_host,
+    })
+}

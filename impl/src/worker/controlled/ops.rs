@@ -1,0 +1,483 @@
+//! The controlled host's operations (`docs/worker-host-control.md`, "Operations"):
+//! argument checks, the outcomes of long operations, and what each op does to the
+//! workbench, the hook generation and the activation epoch.
+//!
+//! Every op but `await` is applied when it is read ([`Host::dispatch`] returns
+//! [`Dispatch::Now`]); a long op registers its outcome under its name first, so an
+//! `await` sent right after it always finds it. Nothing here blocks on a running cell:
+//! `interrupt`, `diagnostics` and the stop go through handles taken when the workbench
+//! started.
+
+use std::collections::HashMap;
+use std::ffi::OsString;
+use std::future::Future;
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::{Map, Value, json};
+use tokio::sync::{Mutex, watch};
+
+use super::services::Services;
+use super::{AWAIT_MAX, OUTCOMES_MAX, error_line, record_json};
+use crate::worker::activation::Policies;
+use crate::worker::host::{
+    Choices, HANDSHAKE_TIMEOUT, HostConfig, INTERRUPT_GRACE, Interrupter, Killer, SEND_TIMEOUT,
+    SHUTDOWN_GRACE, Tails, Worker,
+};
+use crate::worker::lane::OperatorLane;
+use crate::worker::policy::Policy;
+use crate::worker::wire::Identifier;
+
+/// A control operation failed (stable `code`).
+#[derive(Debug, Clone)]
+pub(super) struct OpError {
+    pub(super) code: &'static str,
+    pub(super) message: String,
+}
+
+pub(super) fn bad(message: impl Into<String>) -> OpError {
+    OpError {
+        code: "bad_request",
+        message: message.into(),
+    }
+}
+
+/// How a request is answered.
+pub(super) enum Dispatch {
+    /// Applied; this is the response line.
+    Now(String),
+    /// An `await`: the response once the outcome is known.
+    Later(Pin<Box<dyn Future<Output = String> + Send>>),
+}
+
+/// The outcome of a long operation, once known.
+type Outcome = watch::Receiver<Option<Value>>;
+
+/// Handles on the running workbench that never wait for its cell.
+#[derive(Clone)]
+struct WorkbenchHandles {
+    interrupter: Interrupter,
+    killer: Killer,
+    tails: Tails,
+}
+
+/// Timers of generations started from now on (`configure`).
+#[derive(Debug, Clone, Copy)]
+struct Timers {
+    interrupt_grace: Duration,
+    handshake: Duration,
+    send: Duration,
+}
+
+/// The controlled host's state.
+pub(super) struct Host {
+    program: Vec<OsString>,
+    policies: Arc<Policies>,
+    lane: Arc<OperatorLane>,
+    workbench: Arc<Mutex<Option<Worker>>>,
+    handles: std::sync::Mutex<Option<WorkbenchHandles>>,
+    outcomes: std::sync::Mutex<HashMap<String, Outcome>>,
+    timers: std::sync::Mutex<Timers>,
+    different: bool,
+}
+
+/// The arguments each op takes (besides `as` for the long ones).
+fn allowed(op: &str) -> Option<&'static [&'static str]> {
+    Some(match op {
+        "configure" => &[
+            "invoke_budget_ms",
+            "interrupt_grace_ms",
+            "handshake_timeout_ms",
+            "send_timeout_ms",
+        ],
+        "start_workbench" | "shutdown" => &["as"],
+        "execute" => &["code", "as"],
+        "attention" | "review" => &["input", "as"],
+        "activate" => &["path", "expected_epoch", "as"],
+        "interrupt" | "epoch" | "diagnostics" => &[],
+        "await" => &["as", "timeout_ms"],
+        _ => return None,
+    })
+}
+
+fn str_arg<'a>(args: &'a Map<String, Value>, key: &str) -> Result<&'a str, OpError> {
+    args.get(key)
+        .and_then(Value::as_str)
+        .ok_or_else(|| bad(format!("`{key}` must be a string")))
+}
+
+/// A `*_ms` argument: an integer of at most [`AWAIT_MAX`].
+fn ms_arg(args: &Map<String, Value>, key: &str) -> Result<Option<Duration>, OpError> {
+    match args.get(key) {
+        None => Ok(None),
+        Some(v) => match v.as_u64() {
+            Some(ms) if u128::from(ms) <= AWAIT_MAX.as_millis() => {
+                Ok(Some(Duration::from_millis(ms)))
+            }
+            _ => Err(bad(format!(
+                "`{key}` must be an integer of milliseconds, at most {}",
+                AWAIT_MAX.as_millis()
+            ))),
+        },
+    }
+}
+
+/// The session every connection of the controlled host carries.
+fn session(different: bool) -> Identifier {
+    Identifier::new(if different { "main-session" } else { "root" }).expect("a valid identifier")
+}
+
+/// An outcome code as this host reports it: ours, or another name for it.
+fn outcome_code(different: bool, ours: &str) -> String {
+    if different {
+        format!("host-{}", ours.replace('_', "-"))
+    } else {
+        ours.to_string()
+    }
+}
+
+impl Host {
+    pub(super) fn new(
+        program: Vec<OsString>,
+        policies: Arc<Policies>,
+        lane: Arc<OperatorLane>,
+        different: bool,
+    ) -> Self {
+        Self {
+            program,
+            policies,
+            lane,
+            workbench: Arc::new(Mutex::new(None)),
+            handles: std::sync::Mutex::new(None),
+            outcomes: std::sync::Mutex::new(HashMap::new()),
+            timers: std::sync::Mutex::new(Timers {
+                interrupt_grace: INTERRUPT_GRACE,
+                handshake: HANDSHAKE_TIMEOUT,
+                send: SEND_TIMEOUT,
+            }),
+            different,
+        }
+    }
+
+    /// Decodes one request line and applies it (or, for `await`, returns the wait).
+    pub(super) async fn dispatch(self: &Arc<Self>, line: &[u8]) -> Dispatch {
+        let parsed = crate::wire::parse_strict_with_nulls(line);
+        let Ok(Value::Object(mut args)) = parsed else {
+            return Dispatch::Now(error_line(
+                None,
+                &bad("a request must be one strict JSON object"),
+            ));
+        };
+        let Some(seq) = args.remove("seq").and_then(|s| s.as_u64()) else {
+            return Dispatch::Now(error_line(
+                None,
+                &bad("a request needs an unsigned integer `seq`"),
+            ));
+        };
+        let Some(op) = args
+            .remove("op")
+            .and_then(|o| o.as_str().map(str::to_string))
+        else {
+            return Dispatch::Now(error_line(Some(seq), &bad("a request needs a string `op`")));
+        };
+        let respond = move |result: Result<Value, OpError>| match result {
+            Ok(result) => json!({"seq": seq, "ok": true, "result": result}).to_string(),
+            Err(e) => error_line(Some(seq), &e),
+        };
+        let Some(keys) = allowed(&op) else {
+            return Dispatch::Now(respond(Err(OpError {
+                code: "unknown_op",
+                message: format!("unknown op `{op}`"),
+            })));
+        };
+        if let Some(key) = args.keys().find(|k| !keys.contains(&k.as_str())) {
+            return Dispatch::Now(respond(Err(bad(format!(
+                "`{op}` takes no argument `{key}` (it takes: {})",
+                keys.join(", ")
+            )))));
+        }
+        let name = match args.get("as") {
+            None => op.clone(),
+            Some(Value::String(name)) if !name.is_empty() && name.len() <= 128 => name.clone(),
+            Some(_) => {
+                return Dispatch::Now(respond(Err(bad("`as` must be a name of 1..128 bytes"))));
+            }
+        };
+        if op == "await" {
+            let wait = self.await_outcome(name, &args);
+            return Dispatch::Later(Box::pin(async move { respond(wait.await) }));
+        }
+        Dispatch::Now(respond(self.op(&op, name, &args).await))
+    }
+
+    /// Registers the outcome `name` of a long operation and runs it in the background.
+    fn spawn_outcome<F>(self: &Arc<Self>, name: String, work: F) -> Result<Value, OpError>
+    where
+        F: Future<Output = Value> + Send + 'static,
+    {
+        let (tx, rx) = watch::channel(None);
+        {
+            let mut outcomes = self.outcomes.lock().map_err(|_| bad("poisoned"))?;
+            if outcomes.len() >= OUTCOMES_MAX && !outcomes.contains_key(&name) {
+                return Err(OpError {
+                    code: "too_many_operations",
+                    message: format!(
+                        "{OUTCOMES_MAX} outcomes are waiting to be awaited; await some first"
+                    ),
+                });
+            }
+            outcomes.insert(name, rx);
+        }
+        tokio::spawn(async move {
+            let value = work.await;
+            let _ = tx.send(Some(value));
+        });
+        Ok(json!({}))
+    }
+
+    /// `await`: the outcome `name` once known (then forgotten).
+    fn await_outcome(
+        self: &Arc<Self>,
+        name: String,
+        args: &Map<String, Value>,
+    ) -> impl Future<Output = Result<Value, OpError>> + Send + 'static {
+        let host = self.clone();
+        let bound = ms_arg(args, "timeout_ms").map(|b| b.unwrap_or(AWAIT_MAX));
+        let found = self
+            .outcomes
+            .lock()
+            .ok()
+            .and_then(|o| o.get(&name).cloned());
+        async move {
+            let bound = bound?;
+            let mut rx = found.ok_or_else(|| OpError {
+                code: "unknown_operation",
+                message: format!("no operation `{name}` was started (or it was awaited already)"),
+            })?;
+            let value = tokio::time::timeout(bound, rx.wait_for(Option::is_some))
+                .await
+                .map_err(|_| OpError {
+                    code: "timeout",
+                    message: format!("`{name}` did not end within {bound:?}"),
+                })?
+                .map_err(|_| bad("the operation was dropped"))?
+                .clone();
+            if let Ok(mut outcomes) = host.outcomes.lock()
+                && outcomes.get(&name).is_some_and(|r| r.same_channel(&rx))
+            {
+                outcomes.remove(&name);
+            }
+            Ok(value.unwrap_or(Value::Null))
+        }
+    }
+
+    async fn op(
+        self: &Arc<Self>,
+        op: &str,
+        name: String,
+        args: &Map<String, Value>,
+    ) -> Result<Value, OpError> {
+        let different = self.different;
+        match op {
+            "configure" => {
+                let budget = ms_arg(args, "invoke_budget_ms")?;
+                let grace = ms_arg(args, "interrupt_grace_ms")?;
+                let handshake = ms_arg(args, "handshake_timeout_ms")?;
+                let send = ms_arg(args, "send_timeout_ms")?;
+                if let Some(budget) = budget {
+                    self.policies.set_budget(budget);
+                }
+                if let Ok(mut t) = self.timers.lock() {
+                    t.interrupt_grace = grace.unwrap_or(t.interrupt_grace);
+                    t.handshake = handshake.unwrap_or(t.handshake);
+                    t.send = send.unwrap_or(t.send);
+                }
+                Ok(json!({}))
+            }
+            "start_workbench" => {
+                if self.workbench_running().await {
+                    return Err(OpError {
+                        code: "workbench_running",
+                        message: "a workbench is running; shut it down first".into(),
+                    });
+                }
+                let host = self.clone();
+                self.spawn_outcome(name, async move { host.start_workbench().await })
+            }
+            "execute" => {
+                let code = str_arg(args, "code")?.to_string();
+                let host = self.clone();
+                self.spawn_outcome(name, async move { host.execute(code).await })
+            }
+            "interrupt" => {
+                let handles = self.handles.lock().ok().and_then(|h| h.clone());
+                let interrupted = handles.and_then(|h| h.interrupter.interrupt());
+                Ok(json!({"interrupted": interrupted.map(|id| id.as_str().to_string())}))
+            }
+            "attention" | "review" => {
+                let input = args
+                    .get("input")
+                    .cloned()
+                    .ok_or_else(|| bad("`input` is required"))?;
+                let pinned = self.policies.pin();
+                let review = op == "review";
+                self.spawn_outcome(name, async move {
+                    let outcome = if review {
+                        Policy::review(pinned.as_deref(), &input)
+                            .await
+                            .map(|r| serde_json::to_value(r).unwrap_or_default())
+                    } else {
+                        Policy::attention(pinned.as_deref(), &input, u32::from(different))
+                            .await
+                            .map(|p| serde_json::to_value(p).unwrap_or_default())
+                    };
+                    outcome.unwrap_or_else(|e| {
+                        json!({"error": {"code": outcome_code(different, e.code()), "message": e.to_string()}})
+                    })
+                })
+            }
+            "activate" => {
+                let path = PathBuf::from(str_arg(args, "path")?);
+                let expected = args
+                    .get("expected_epoch")
+                    .and_then(Value::as_u64)
+                    .ok_or_else(|| bad("`expected_epoch` must be an unsigned integer"))?;
+                let policies = self.policies.clone();
+                self.spawn_outcome(name, async move {
+                    match policies.activate(&path, expected).await {
+                        Ok(a) => {
+                            json!({"status": "activated", "epoch": a.epoch, "revision": a.revision})
+                        }
+                        Err(e) => {
+                            json!({"status": "refused", "code": outcome_code(different, e.code()), "message": e.to_string()})
+                        }
+                    }
+                })
+            }
+            "diagnostics" => {
+                let handles = self.handles.lock().ok().and_then(|h| h.clone());
+                let handles = handles.ok_or_else(|| OpError {
+                    code: "no_workbench",
+                    message: "no workbench was started".into(),
+                })?;
+                Ok(handles.tails.diagnostics())
+            }
+            "epoch" => {
+                let current = self.policies.current().map_err(|e| OpError {
+                    code: "store_failed",
+                    message: e.to_string(),
+                })?;
+                let serving = self.policies.pin().map(|p| p.revision().to_string());
+                Ok(
+                    json!({"epoch": current.epoch, "revision": current.revision, "serving": serving}),
+                )
+            }
+            "shutdown" => {
+                let host = self.clone();
+                self.spawn_outcome(name, async move {
+                    let status = match host.workbench.lock().await.take() {
+                        Some(mut w) => w.shutdown(SHUTDOWN_GRACE).await.and_then(|s| s.code()),
+                        None => None,
+                    };
+                    json!({"exit_code": status})
+                })
+            }
+            other => Err(OpError {
+                code: "unknown_op",
+                message: format!("unknown op `{other}`"),
+            }),
+        }
+    }
+
+    async fn workbench_running(&self) -> bool {
+        match self.workbench.try_lock() {
+            // Busy: a cell (or a start) holds it.
+            Err(_) => true,
+            Ok(guard) => guard.as_ref().is_some_and(Worker::is_valid),
+        }
+    }
+
+    async fn start_workbench(self: &Arc<Self>) -> Value {
+        let mut config = HostConfig::workbench(self.program.clone());
+        config.session_id = session(self.different);
+        if self.different {
+            config.choices = Choices::DIFFERENT;
+        }
+        // A generation identifier of its own per start, so that effects of different
+        // generations never share an identity in the durable lane.
+        let prefix = if self.different { "generation-" } else { "g-" };
+        config.generation = Identifier::new(format!(
+            "{prefix}{}",
+            &uuid::Uuid::new_v4().simple().to_string()[..12]
+        ))
+        .expect("a valid identifier");
+        if let Ok(t) = self.timers.lock() {
+            config.interrupt_grace = t.interrupt_grace;
+            config.handshake_timeout = t.handshake;
+            config.send_timeout = t.send;
+        }
+        let mut slot = self.workbench.lock().await;
+        match Worker::spawn(config).await {
+            Ok(worker) => {
+                if let Ok(mut h) = self.handles.lock() {
+                    *h = Some(WorkbenchHandles {
+                        interrupter: worker.interrupter(),
+                        killer: worker.killer(),
+                        tails: worker.tails(),
+                    });
+                }
+                *slot = Some(worker);
+                json!({"status": "ready"})
+            }
+            Err(e) => {
+                json!({"status": "refused", "code": outcome_code(self.different, e.code()), "message": e.to_string()})
+            }
+        }
+    }
+
+    async fn execute(self: &Arc<Self>, code: String) -> Value {
+        // "Each executing cell pins its policy object."
+        let policy = self.policies.pin();
+        let mut guard = self.workbench.lock().await;
+        let Some(worker) = guard.as_mut() else {
+            return json!({"error": {"code": outcome_code(self.different, "no_workbench"), "message": "no workbench is running"}});
+        };
+        let mut services = Services {
+            policy,
+            lane: self.lane.clone(),
+            generation: worker.generation().as_str().to_string(),
+        };
+        match worker.execute(&code, &mut services).await {
+            Ok(record) => record_json(&record),
+            Err(e) => {
+                json!({"error": {"code": outcome_code(self.different, e.code()), "message": e.to_string()}})
+            }
+        }
+    }
+
+    /// Stops everything: a running cell's generation hard (it does not wait for the
+    /// cell), then the workbench and the hook generation.
+    pub(super) async fn stop(&self) {
+        let handles = self.handles.lock().ok().and_then(|h| h.clone());
+        let graceful =
+            tokio::time::timeout(Duration::from_millis(200), self.workbench.lock()).await;
+        match graceful {
+            Ok(mut slot) => {
+                if let Some(mut w) = slot.take() {
+                    w.shutdown(SHUTDOWN_GRACE).await;
+                }
+            }
+            Err(_) => {
+                if let Some(h) = handles {
+                    h.killer.kill();
+                }
+                if let Some(mut w) = self.workbench.lock().await.take() {
+                    w.hard_stop().await;
+                }
+            }
+        }
+        self.policies.shutdown().await;
+    }
+}

@@ -1,0 +1,72 @@
+//! What a cell of the controlled host may ask ("Message vocabulary", "Scope, waiting and
+//! receipts"): `runtime.inspect`, and `local.send` reviewed by the cell's pinned policy
+//! into the durable operator lane. Other methods are the host-services layer's and are
+//! answered `unsupported_method`. This module never touches the worker connection.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use serde_json::json;
+
+use crate::worker::host::{BasicServices, RequestHandler};
+use crate::worker::lane::OperatorLane;
+use crate::worker::policy::Policy;
+use crate::worker::wire::{HostRequest, Identifier, Reply};
+
+/// What a cell of the controlled host may ask: `runtime.inspect`, and `local.send`
+/// reviewed by the cell's pinned policy into the operator lane.
+pub(super) struct Services {
+    pub(super) policy: Option<Arc<Policy>>,
+    pub(super) lane: Arc<OperatorLane>,
+    pub(super) generation: String,
+}
+
+#[async_trait]
+impl RequestHandler for Services {
+    async fn handle(
+        &mut self,
+        execution_id: &Identifier,
+        request_id: &Identifier,
+        request: &HostRequest,
+    ) -> Reply {
+        let HostRequest::LocalSend { text } = request else {
+            return BasicServices
+                .handle(execution_id, request_id, request)
+                .await;
+        };
+        // The effect is the request's identity: a retry of it returns its receipt.
+        let effect_id = format!(
+            "{}.{}.{}",
+            self.generation,
+            execution_id.as_str(),
+            request_id.as_str()
+        );
+        let lane_error = |e: String| Reply::Error {
+            code: "lane_failed".into(),
+            message: e,
+        };
+        match self.lane.existing(&effect_id) {
+            Ok(Some(receipt)) => {
+                return Reply::Ok {
+                    value: serde_json::to_value(receipt).unwrap_or_default(),
+                };
+            }
+            Ok(None) => {}
+            Err(e) => return lane_error(e),
+        }
+        let input = json!({"effect_id": effect_id, "destination": "operator", "text": text});
+        let held = match Policy::review(self.policy.as_deref(), &input).await {
+            Ok(review) => match review.decision {
+                crate::worker::wire::hooks::DeliveryDecision::Allow => None,
+                crate::worker::wire::hooks::DeliveryDecision::Hold { reason } => Some(reason),
+            },
+            Err(e) => Some(format!("review unavailable: {}", e.code())),
+        };
+        match self.lane.record(&effect_id, text, held.as_deref()) {
+            Ok(receipt) => Reply::Ok {
+                value: serde_json::to_value(receipt).unwrap_or_default(),
+            },
+            Err(e) => lane_error(e),
+        }
+    }
+}
