@@ -17,7 +17,7 @@
 //!   stopped hard) and ends the process.
 //!
 //! This module owns the control channel's framing and the mapping of its operations
-//! ([`ops`]) onto [`super::host`], [`super::policy`], [`super::activation`] and
+//! (the private `ops` module) onto [`super::host`], [`super::policy`], [`super::activation`] and
 //! [`super::lane`]; it never speaks the worker wire itself.
 
 mod ops;
