@@ -13,14 +13,15 @@ SIDE    ?= runtime
 JOBS    ?=
 HARNESS_ARGS ?=
 
-.PHONY: check-runtime-contract check setup build test lint fmt fmt-check clippy doc \
+.PHONY: check-runtime-contract check setup build test lint fmt fmt-check clippy doc proto-check proto-baseline \
         contract contract-core contract-worker contract-worker-host coverage golden-review golden-accept schema bench clean
 
 ## The main job: build everything, replay every scenario against our binaries, print coverage.
 check-runtime-contract: setup build contract contract-core contract-worker contract-worker-host coverage
 
-## What CI runs (.ci/run): formatting, lints, docs, unit tests and the contract suite.
-check: setup fmt-check clippy doc test
+## What CI runs (.ci/run): formatting, lints, docs, schema checks, unit tests and the
+## contract suite.
+check: setup fmt-check clippy doc proto-check test
 
 setup:
 	@ci/setup.sh
@@ -59,7 +60,17 @@ coverage: build
 test:
 	$(CARGO) test --workspace
 
-lint: fmt-check clippy doc
+lint: fmt-check clippy doc proto-check
+
+## Schema governance (engine-protocol.md, "Compatibility"): buf lint, and buf breaking
+## against the committed baseline image. After a deliberate, compatible schema change,
+## `make proto-baseline` records the new baseline.
+BUF ?= $(CURDIR)/.tools/node_modules/.bin/buf
+proto-check:
+	cd proto && $(BUF) lint && $(BUF) breaking --against baseline.binpb
+
+proto-baseline:
+	cd proto && $(BUF) build -o baseline.binpb
 
 fmt:
 	$(CARGO) fmt --all

@@ -17,3 +17,13 @@ need python3 "CPython 3 (standard library only), for the example command Harness
 # rustfmt and clippy ship as toolchain components; report clearly if they are absent.
 cargo fmt --version >/dev/null 2>&1 || { echo "setup: rustfmt component missing (rustup component add rustfmt)" >&2; exit 1; }
 cargo clippy --version >/dev/null 2>&1 || { echo "setup: clippy component missing (rustup component add clippy)" >&2; exit 1; }
+
+# buf (schema lint and breaking checks of proto/), pinned, from the npm registry into
+# .tools/ (git-ignored). Installed once; later runs find it in place.
+BUF_VERSION=1.75.0
+BUF=".tools/node_modules/.bin/buf"
+if [ "$("$BUF" --version 2>/dev/null || true)" != "$BUF_VERSION" ]; then
+  need npm "Node.js's npm, to install buf from the npm registry"
+  npm install --prefix .tools --no-audit --no-fund --silent --no-save "@bufbuild/buf@$BUF_VERSION" >/dev/null
+  [ "$("$BUF" --version 2>/dev/null || true)" = "$BUF_VERSION" ] || { echo "setup: buf $BUF_VERSION did not install" >&2; exit 1; }
+fi

@@ -3,10 +3,12 @@
 //! * [`wire`]: strict JSON, identifiers and bounded types shared by every family.
 //! * [`core_runtime`]: the Core ↔ Runtime daemon protocol.
 //! * [`worker`]: the host ↔ Python worker protocol (wire and the Python worker).
+//! * [`engine`]: the local engine protocol (its generated gRPC code and negotiation).
 //! * [`process`]: process-group supervision and bounded output tails, for every host
 //!   that runs programs.
 
 pub mod core_runtime;
+pub mod engine;
 pub mod process;
 pub mod wire;
 pub mod worker;

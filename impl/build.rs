@@ -1,0 +1,29 @@
+//! Generates the engine family's gRPC code from `proto/` (engine-protocol.md,
+//! "Compatibility": the committed schemas are the single definition). The schemas are
+//! compiled by `protox` (no system `protoc`), the Rust code by tonic/prost, and the
+//! descriptor set is kept for dynamic messages (`ENGINE_DESCRIPTOR_SET`).
+
+use std::path::PathBuf;
+
+const PROTOS: &[&str] = &[
+    "common/v1/common.proto",
+    "engine/v1/engine.proto",
+    "engine/v1/events.proto",
+    "engine/v1/snapshot.proto",
+];
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../proto");
+    println!("cargo:rerun-if-changed={}", root.display());
+    let files = protox::compile(PROTOS, [&root])?;
+    let out = PathBuf::from(std::env::var("OUT_DIR")?);
+    std::fs::write(
+        out.join("engine_descriptor.bin"),
+        prost::Message::encode_to_vec(&files),
+    )?;
+    tonic_prost_build::configure()
+        .build_client(true)
+        .build_server(true)
+        .compile_fds(files)?;
+    Ok(())
+}
