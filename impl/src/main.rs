@@ -12,6 +12,7 @@
 //! contract-impl worker run [--file CELLS] [--json] [-- PROGRAM…]
 //! contract-impl worker supervise -- PROGRAM…
 //! contract-impl worker host [--data-dir DIR]   (see docs/worker-host-control.md)
+//! contract-impl engine serve --socket PATH --data-dir DIR
 //! contract-impl core serve|credential …   (see docs/core-api.md)
 //! ```
 //!
@@ -99,6 +100,12 @@ enum Command {
         #[command(subcommand)]
         what: WorkerCommand,
     },
+    /// The local engine protocol (`engine serve`: the daemon).
+    Engine {
+        /// What to run.
+        #[command(subcommand)]
+        what: EngineCommand,
+    },
     /// Print a protocol's JSON Schema.
     Schema {
         /// The protocol family.
@@ -114,6 +121,20 @@ enum Family {
     CoreRuntime,
     /// The worker protocol.
     Worker,
+}
+
+#[derive(Debug, Subcommand)]
+enum EngineCommand {
+    /// Serve the engine daemon on a Unix socket (no TCP listener); the endpoint token is
+    /// written to `<data-dir>/endpoint-token` (0600).
+    Serve {
+        /// The Unix socket to listen on (its directory is made 0700).
+        #[arg(long)]
+        socket: PathBuf,
+        /// The daemon's durable state (made 0700).
+        #[arg(long)]
+        data_dir: PathBuf,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -280,6 +301,9 @@ fn main() -> ExitCode {
         Command::Worker {
             what: WorkerCommand::Bench { rounds },
         } => worker_bench(rounds),
+        Command::Engine {
+            what: EngineCommand::Serve { socket, data_dir },
+        } => engine_serve(&socket, &data_dir),
         Command::Worker {
             what: WorkerCommand::Host { data_dir, profile },
         } => worker_host(&data_dir, matches!(profile, WireProfileArg::Different)),
@@ -305,6 +329,24 @@ fn async_runtime() -> Result<tokio::runtime::Runtime, ExitCode> {
         eprintln!("error: cannot start the async runtime: {err}");
         ExitCode::from(EXIT_FAILURE)
     })
+}
+
+/// `engine serve`: the daemon until SIGTERM; exit 2 when it cannot start.
+fn engine_serve(socket: &std::path::Path, data_dir: &std::path::Path) -> ExitCode {
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("contract-impl engine serve: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    match runtime.block_on(contract_impl::engine::daemon::serve(socket, data_dir)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("contract-impl engine serve: {e} ({})", e.code());
+            ExitCode::from(2)
+        }
+    }
 }
 
 /// `worker host`: the controlled host until its control channel ends or SIGTERM.

@@ -7,10 +7,13 @@
 //!   breaking` against the committed baseline).
 //! * [`compat`]: the compatibility manifest (`proto/compatibility.json`) and version and
 //!   capability negotiation ("Initialization").
+//! * [`daemon`]: the daemon on its Unix socket: token check before decoding, the durable
+//!   client store with the ownership compare-and-swap, `Initialize` and `Health`.
 //!
 //! This module owns the protocol's types and negotiation rules; it never opens a socket.
 
 pub mod compat;
+pub mod daemon;
 
 /// The generated protocol types, clients and servers.
 ///

@@ -1,0 +1,39 @@
+//! The daemon's bounds ("Bounds and backpressure": "Every unary/stream request has
+//! encoded-byte, collection-count, and deadline limits. Server queues are bounded."). The
+//! spec fixes no numbers; these are ours, advertised in `Initialize` and `Health`.
+
+use crate::engine::proto::common::v1::MessageLimits;
+
+/// Largest encoded request message, bytes (enforced by the gRPC decoder, unary and
+/// streaming alike).
+pub const MAX_REQUEST_BYTES: usize = 4 * 1024 * 1024;
+
+/// Largest encoded response or stream message, bytes.
+pub const MAX_RESPONSE_BYTES: usize = 4 * 1024 * 1024;
+
+/// Most elements of any repeated field in one request.
+pub const MAX_COLLECTION_COUNT: u32 = 256;
+
+/// Longest deadline a call may ask for, milliseconds.
+pub const MAX_DEADLINE_MS: u64 = 600_000;
+
+/// Most events in one StreamEvents page.
+pub const MAX_PAGE_EVENTS: u32 = 512;
+
+/// Most encoded event bytes in one StreamEvents page.
+pub const MAX_PAGE_BYTES: u64 = 1024 * 1024;
+
+/// Events retained per run for replay.
+pub const RETAINED_EVENTS_PER_RUN: u64 = 100_000;
+
+/// The limits as `Initialize` reports them.
+pub fn message_limits() -> MessageLimits {
+    MessageLimits {
+        max_request_bytes: MAX_REQUEST_BYTES as u64,
+        max_response_bytes: MAX_RESPONSE_BYTES as u64,
+        max_collection_count: MAX_COLLECTION_COUNT,
+        max_deadline_ms: MAX_DEADLINE_MS,
+        max_page_events: MAX_PAGE_EVENTS,
+        max_page_bytes: MAX_PAGE_BYTES,
+    }
+}

@@ -1,0 +1,298 @@
+//! The engine daemon over its real Unix socket (engine-protocol.md, "Initialization",
+//! "Security boundary"): private socket and token file, the token checked before the
+//! payload is decoded, negotiation results, and the ownership compare-and-swap with
+//! racing reconnects.
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use contract_impl::engine::proto::common::v1::ProtocolVersion;
+use contract_impl::engine::proto::engine::v1 as pb;
+use hyper_util::rt::TokioIo;
+use pb::engine_service_client::EngineServiceClient;
+use tonic::transport::{Channel, Endpoint};
+
+const BIN: &str = env!("CARGO_BIN_EXE_contract-impl");
+
+struct Daemon {
+    child: Child,
+    socket: PathBuf,
+    token: String,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn start() -> Daemon {
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("run");
+    let data = dir.path().join("data");
+    let socket = run.join("engine.sock");
+    let child = Command::new(BIN)
+        .args(["engine", "serve", "--socket"])
+        .arg(&socket)
+        .arg("--data-dir")
+        .arg(&data)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let started = Instant::now();
+    while !(socket.exists() && data.join("endpoint-token").exists()) {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "the daemon never listened"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let token = std::fs::read_to_string(data.join("endpoint-token")).unwrap();
+    for (path, mode) in [
+        (&run, 0o700),
+        (&data, 0o700),
+        (&socket, 0o600),
+        (&data.join("endpoint-token"), 0o600),
+    ] {
+        assert_eq!(
+            std::fs::metadata(path).unwrap().permissions().mode() & 0o777,
+            mode,
+            "{}",
+            path.display()
+        );
+    }
+    Daemon {
+        child,
+        socket,
+        token,
+        _dir: dir,
+    }
+}
+
+async fn channel(socket: &Path) -> Channel {
+    let socket = socket.to_path_buf();
+    // The URI is ignored: every connection goes to the Unix socket.
+    Endpoint::try_from("http://engine.local")
+        .unwrap()
+        .connect_with_connector(tower::service_fn(move |_| {
+            let socket = socket.clone();
+            async move {
+                tokio::net::UnixStream::connect(socket)
+                    .await
+                    .map(TokioIo::new)
+            }
+        }))
+        .await
+        .unwrap()
+}
+
+fn authed<T>(token: &str, message: T) -> tonic::Request<T> {
+    let mut r = tonic::Request::new(message);
+    r.metadata_mut()
+        .insert("authorization", format!("Bearer {token}").parse().unwrap());
+    r
+}
+
+fn init(
+    major: u32,
+    minor: u32,
+    required: &[&str],
+    claim: pb::ownership_claim::Claim,
+) -> pb::InitializeRequest {
+    pb::InitializeRequest {
+        protocol: Some(ProtocolVersion { major, minor }),
+        client_build: None,
+        supported_capabilities: vec![],
+        required_capabilities: required.iter().map(|s| (*s).to_string()).collect(),
+        client_limits: None,
+        claim: Some(pb::OwnershipClaim { claim: Some(claim) }),
+    }
+}
+
+fn new_owner() -> pb::ownership_claim::Claim {
+    pb::ownership_claim::Claim::NewOwner(pb::NewOwner {})
+}
+
+fn reconnect(client_id: &str, expected_epoch: u64) -> pb::ownership_claim::Claim {
+    pb::ownership_claim::Claim::Reconnect(pb::Reconnect {
+        client_id: client_id.into(),
+        expected_epoch,
+    })
+}
+
+/// A codec that sends raw bytes as the request message: a payload that is not a valid
+/// protobuf message at all.
+#[derive(Debug, Clone, Default)]
+struct RawCodec;
+
+impl tonic::codec::Codec for RawCodec {
+    type Encode = Vec<u8>;
+    type Decode = Vec<u8>;
+    type Encoder = RawCodec;
+    type Decoder = RawCodec;
+    fn encoder(&mut self) -> Self::Encoder {
+        RawCodec
+    }
+    fn decoder(&mut self) -> Self::Decoder {
+        RawCodec
+    }
+}
+
+impl tonic::codec::Encoder for RawCodec {
+    type Item = Vec<u8>;
+    type Error = tonic::Status;
+    fn encode(
+        &mut self,
+        item: Vec<u8>,
+        dst: &mut tonic::codec::EncodeBuf<'_>,
+    ) -> Result<(), tonic::Status> {
+        bytes::BufMut::put_slice(dst, &item);
+        Ok(())
+    }
+}
+
+impl tonic::codec::Decoder for RawCodec {
+    type Item = Vec<u8>;
+    type Error = tonic::Status;
+    fn decode(
+        &mut self,
+        src: &mut tonic::codec::DecodeBuf<'_>,
+    ) -> Result<Option<Vec<u8>>, tonic::Status> {
+        let n = bytes::Buf::remaining(src);
+        Ok(Some(bytes::Buf::copy_to_bytes(src, n).to_vec()))
+    }
+}
+
+async fn raw_initialize(channel: Channel, token: Option<&str>, payload: Vec<u8>) -> tonic::Status {
+    let mut grpc = tonic::client::Grpc::new(channel);
+    grpc.ready().await.unwrap();
+    let mut request = tonic::Request::new(payload);
+    if let Some(token) = token {
+        request
+            .metadata_mut()
+            .insert("authorization", format!("Bearer {token}").parse().unwrap());
+    }
+    let path = http::uri::PathAndQuery::from_static("/engine.v1.EngineService/Initialize");
+    grpc.unary::<Vec<u8>, Vec<u8>, _>(request, path, RawCodec)
+        .await
+        .unwrap_err()
+}
+
+#[tokio::test]
+async fn the_token_is_checked_before_the_payload_is_decoded() {
+    let daemon = start();
+    let ch = channel(&daemon.socket).await;
+    // Not protobuf at all: a field tag with wire type 7 (no such type).
+    let garbage = vec![0x0f, 0xff, 0xff];
+    let without = raw_initialize(ch.clone(), None, garbage.clone()).await;
+    assert_eq!(without.code(), tonic::Code::Unauthenticated, "{without:?}");
+    let wrong = raw_initialize(ch.clone(), Some("not-the-token"), garbage.clone()).await;
+    assert_eq!(wrong.code(), tonic::Code::Unauthenticated, "{wrong:?}");
+    assert!(!wrong.message().contains(&daemon.token));
+    // With the token the same payload reaches the decoder, which refuses it.
+    let decoded = raw_initialize(ch.clone(), Some(&daemon.token), garbage).await;
+    assert_ne!(decoded.code(), tonic::Code::Unauthenticated, "{decoded:?}");
+    assert_ne!(decoded.code(), tonic::Code::Ok);
+    // Every RPC is behind the check.
+    let mut client = EngineServiceClient::new(ch);
+    let e = client.health(pb::HealthRequest {}).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::Unauthenticated);
+    let health = client
+        .health(authed(&daemon.token, pb::HealthRequest {}))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(health.readiness, pb::Readiness::Ready as i32);
+}
+
+#[tokio::test]
+async fn initialize_negotiates_and_claims_ownership_by_compare_and_swap() {
+    let daemon = start();
+    let client = EngineServiceClient::new(channel(&daemon.socket).await);
+    use pb::initialize_response::Result as R;
+    let call = |req| {
+        let mut client = client.clone();
+        let token = daemon.token.clone();
+        async move {
+            client
+                .initialize(authed(&token, req))
+                .await
+                .unwrap()
+                .into_inner()
+                .result
+                .unwrap()
+        }
+    };
+    // Another major: typed, with the observed and supported values.
+    let R::IncompatibleVersion(v) = call(init(2, 0, &[], new_owner())).await else {
+        panic!()
+    };
+    assert_eq!(v.observed, Some(ProtocolVersion { major: 2, minor: 0 }));
+    assert_eq!(
+        v.supported_max,
+        Some(ProtocolVersion { major: 1, minor: 1 })
+    );
+    // Minor 0 removes both snapshot capabilities; requiring one is a typed result.
+    let R::MissingCapability(m) = call(init(1, 0, &["snapshot-authority-v1"], new_owner())).await
+    else {
+        panic!()
+    };
+    assert_eq!(m.missing, ["snapshot-authority-v1"]);
+    assert!(m.offered.is_empty());
+    // A new owner gets a stable ID at epoch 1, with the catalog and limits.
+    let R::Initialized(first) = call(init(1, 1, &["snapshots"], new_owner())).await else {
+        panic!()
+    };
+    assert_eq!(first.epoch, 1);
+    assert_eq!(first.capabilities, ["snapshots", "snapshot-authority-v1"]);
+    assert!(!first.definitions.unwrap().definitions.is_empty());
+    assert!(first.limits.unwrap().max_request_bytes > 0);
+    let id = first.client_id;
+    // Reconnect: the same ID at exactly the next epoch.
+    let R::Initialized(second) = call(init(1, 1, &[], reconnect(&id, 1))).await else {
+        panic!()
+    };
+    assert_eq!((second.client_id.as_str(), second.epoch), (id.as_str(), 2));
+    // A stale claim fails and changes nothing.
+    let R::StaleClaim(stale) = call(init(1, 1, &[], reconnect(&id, 1))).await else {
+        panic!()
+    };
+    assert_eq!((stale.expected_epoch, stale.current_epoch), (1, 2));
+    // Racing reconnects from epoch 2: exactly one wins.
+    let racers: Vec<_> = (0..8)
+        .map(|_| tokio::spawn(call(init(1, 1, &[], reconnect(&id, 2)))))
+        .collect();
+    let mut wins = 0;
+    for racer in racers {
+        if let R::Initialized(won) = racer.await.unwrap() {
+            assert_eq!(won.epoch, 3);
+            wins += 1;
+        }
+    }
+    assert_eq!(wins, 1);
+}
+
+#[test]
+fn an_over_long_socket_path_is_refused_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let long = dir.path().join("x".repeat(120)).join("engine.sock");
+    let out = Command::new(BIN)
+        .args(["engine", "serve", "--socket"])
+        .arg(&long)
+        .arg("--data-dir")
+        .arg(dir.path().join("data"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("socket_path_too_long") && stderr.contains("engine.sock"),
+        "{stderr}"
+    );
+}
