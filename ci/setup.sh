@@ -27,3 +27,13 @@ if [ "$("$BUF" --version 2>/dev/null || true)" != "$BUF_VERSION" ]; then
   npm install --prefix .tools --no-audit --no-fund --silent --no-save "@bufbuild/buf@$BUF_VERSION" >/dev/null
   [ "$("$BUF" --version 2>/dev/null || true)" = "$BUF_VERSION" ] || { echo "setup: buf $BUF_VERSION did not install" >&2; exit 1; }
 fi
+
+# grpcio and grpcio-tools (the independent Python client of the engine daemon's test),
+# pinned, from the Python package registry into a virtual environment in .tools/py.
+GRPCIO_VERSION=1.85.1
+PY=".tools/py/bin/python"
+if [ "$("$PY" -c 'import grpc, grpc_tools; print(grpc.__version__)' 2>/dev/null || true)" != "$GRPCIO_VERSION" ]; then
+  python3 -m venv .tools/py
+  "$PY" -m pip install --quiet --disable-pip-version-check "grpcio==$GRPCIO_VERSION" "grpcio-tools==$GRPCIO_VERSION" >/dev/null
+  [ "$("$PY" -c 'import grpc, grpc_tools; print(grpc.__version__)' 2>/dev/null || true)" = "$GRPCIO_VERSION" ] || { echo "setup: grpcio $GRPCIO_VERSION did not install" >&2; exit 1; }
+fi

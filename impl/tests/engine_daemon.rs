@@ -296,3 +296,37 @@ fn an_over_long_socket_path_is_refused_naming_it() {
         "{stderr}"
     );
 }
+
+/// An independent client: grpcio (installed by `ci/setup.sh` into `.tools/py`) compiles
+/// proto/ itself and talks to the daemon at `unix:PATH`.
+#[test]
+fn a_grpcio_client_initializes_against_the_daemon() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let python = root.join(".tools/py/bin/python");
+    assert!(
+        python.exists(),
+        "{} is missing: run ci/setup.sh (make setup) to install grpcio",
+        python.display()
+    );
+    let daemon = start();
+    let token_file = daemon
+        .socket
+        .parent()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .join("data/endpoint-token");
+    let out = Command::new(&python)
+        .arg(root.join("impl/tests/fixtures/engine_grpcio_client.py"))
+        .arg(root.join("proto"))
+        .arg(&daemon.socket)
+        .arg(&token_file)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.trim() == "ok",
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
