@@ -8,6 +8,7 @@
 //!   that runs programs.
 
 pub mod core_runtime;
+pub mod durable;
 pub mod engine;
 pub mod process;
 pub mod wire;

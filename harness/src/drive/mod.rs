@@ -12,6 +12,7 @@
 //! This module never imports from `crate::family` (families import it), never renders or
 //! compares goldens (it returns the [`Recording`] and the [`Bindings`]) and never prints.
 
+pub mod control;
 pub mod failure;
 pub mod peer;
 pub mod run;

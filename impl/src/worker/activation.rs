@@ -18,7 +18,7 @@
 //! This module never touches the workbench.
 
 use std::ffi::OsString;
-use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -104,14 +104,8 @@ impl ActivationStore {
             .mode(0o700)
             .create(dir)
             .map_err(|e| ActivationError::Store(format!("{}: {e}", dir.display())))?;
-        let path = dir.join(ACTIVATION_DB);
-        let conn = Connection::open(&path).map_err(store_err)?;
-        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))
-            .map_err(|e| ActivationError::Store(format!("{}: {e}", path.display())))?;
-        conn.pragma_update(None, "journal_mode", "WAL")
-            .map_err(store_err)?;
-        conn.pragma_update(None, "synchronous", "FULL")
-            .map_err(store_err)?;
+        let conn =
+            crate::durable::open(&dir.join(ACTIVATION_DB)).map_err(ActivationError::Store)?;
         conn.execute_batch(
             "CREATE TABLE IF NOT EXISTS activation (
                  id INTEGER PRIMARY KEY CHECK (id = 1),
@@ -355,6 +349,7 @@ mod tests {
 
     #[test]
     fn the_epoch_moves_only_by_compare_and_swap() {
+        use std::os::unix::fs::PermissionsExt;
         let dir = tempfile::tempdir().unwrap();
         let store = ActivationStore::open(dir.path()).unwrap();
         assert_eq!(store.current().unwrap().epoch, 0);

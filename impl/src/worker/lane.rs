@@ -51,15 +51,7 @@ impl OperatorLane {
     /// # Errors
     /// The SQLite error, as text.
     pub fn open(dir: &Path) -> Result<Self, String> {
-        use std::os::unix::fs::PermissionsExt;
-        let path = dir.join("lane.db");
-        let conn = Connection::open(&path).map_err(|e| e.to_string())?;
-        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))
-            .map_err(|e| e.to_string())?;
-        conn.pragma_update(None, "journal_mode", "WAL")
-            .map_err(|e| e.to_string())?;
-        conn.pragma_update(None, "synchronous", "FULL")
-            .map_err(|e| e.to_string())?;
+        let conn = crate::durable::open(&dir.join("lane.db"))?;
         conn.execute_batch(
             "CREATE TABLE IF NOT EXISTS receipts (
                  effect_id TEXT PRIMARY KEY,

@@ -37,7 +37,7 @@ use super::{
 };
 use crate::drive::{
     Connection, Describe, DriveOptions, Event, FailureCode, Peer, Role, Run, Started, StepError,
-    StepResult, fail, show,
+    StepResult, fail,
 };
 use crate::golden::EntryKind;
 use crate::matcher::match_frame;
@@ -261,38 +261,16 @@ impl Peer for ScriptedCorePeer {
 impl CoreRuntimePeer for ScriptedCorePeer {
     async fn native(&mut self, run: &mut Run, call: Native<'_>) -> StepResult {
         let Native { op, args, expect } = call;
-        let args = run
-            .bindings
-            .substitute(args, true)
-            .map_err(|e| fail::bind(e, "the control request"))?;
-        let adapter_wait = args
-            .get("timeout_ms")
-            .and_then(Value::as_u64)
-            .map(Duration::from_millis)
-            .unwrap_or(ADAPTER_DEFAULT_TIMEOUT);
-        let wait = run.step_timeout.max(adapter_wait + CONTROL_GRACE);
-        let control = self.control.as_mut().ok_or_else(|| {
-            StepError::new(
-                FailureCode::ControlFailed,
-                "the target has no control channel (it exited before it was ready)",
-            )
-        })?;
-        let result = control.request(op, &args, wait).await.map_err(|e| {
-            StepError::new(FailureCode::ControlFailed, format!("{e} ({})", e.code()))
-        })?;
-        if let Some(pattern) = expect {
-            match_frame(pattern, &result, &mut run.bindings).map_err(|m| {
-                let e = fail::mismatch(format!(
-                    "result of `{op}` does not match: {m}\n  result: {}",
-                    show(&result)
-                ));
-                match &m.reference {
-                    Some(requirement) => e.in_reference(requirement),
-                    None => e,
-                }
-            })?;
-        }
-        Ok(())
+        crate::drive::control::native_step(
+            self.control.as_mut(),
+            run,
+            op,
+            args,
+            expect,
+            ADAPTER_DEFAULT_TIMEOUT,
+            CONTROL_GRACE,
+        )
+        .await
     }
 
     async fn bootstrap(&mut self, run: &mut Run, call: Bootstrap<'_>) -> StepResult {

@@ -36,9 +36,8 @@ use super::codec::HOST_ROLE;
 use super::{GENERATION, SESSION_ID};
 use crate::drive::{
     Connection, DriveOptions, Event, FailureCode, NoOther, Outgoing, Peer, Role, Run, Started,
-    StepError, StepResult, fail, show,
+    StepError, StepResult, fail,
 };
-use crate::matcher::match_frame;
 use crate::scenario::model::{Scenario, Step};
 use crate::target::{LaunchSpec, RunDir, Target};
 use crate::transport::control::{ControlChannel, ControlListener, WORKER_HOST};
@@ -491,39 +490,17 @@ impl ScriptedWorkerPeer {
         args: &Value,
         expect: Option<&Value>,
     ) -> StepResult {
-        let args = run
-            .bindings
-            .substitute(args, true)
-            .map_err(|e| fail::bind(e, "the control request"))?;
-        let wait = args
-            .get("timeout_ms")
-            .and_then(Value::as_u64)
-            .map_or(run.step_timeout, |ms| {
-                run.step_timeout
-                    .max(Duration::from_millis(ms) + Duration::from_secs(5))
-            });
-        let control = self.control.as_mut().ok_or_else(|| {
-            StepError::new(
-                FailureCode::ControlFailed,
-                "the host has no control channel",
-            )
-        })?;
-        let result = control.request(op, &args, wait).await.map_err(|e| {
-            StepError::new(FailureCode::ControlFailed, format!("{e} ({})", e.code()))
-        })?;
-        if let Some(pattern) = expect {
-            match_frame(pattern, &result, &mut run.bindings).map_err(|m| {
-                let e = fail::mismatch(format!(
-                    "result of `{op}` does not match: {m}\n  result: {}",
-                    show(&result)
-                ));
-                match &m.reference {
-                    Some(requirement) => e.in_reference(requirement),
-                    None => e,
-                }
-            })?;
-        }
-        Ok(())
+        // The host's own `await` bound is `timeout_ms` (600 s without it).
+        crate::drive::control::native_step(
+            self.control.as_mut(),
+            run,
+            op,
+            args,
+            expect,
+            Duration::ZERO,
+            Duration::from_secs(5),
+        )
+        .await
     }
 
     async fn launch(&mut self, run: &mut Run, args: &Map<String, Value>) -> StepResult {

@@ -7,7 +7,6 @@
 //! epoch moves only by one `UPDATE … WHERE epoch = expected`, so of two racing
 //! reconnects exactly one wins. This module never decides negotiation.
 
-use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::sync::Mutex;
 
@@ -45,14 +44,7 @@ impl ClientStore {
     /// # Errors
     /// The SQLite error, as text.
     pub fn open(dir: &Path) -> Result<Self, String> {
-        let path = dir.join(ENGINE_DB);
-        let conn = Connection::open(&path).map_err(|e| e.to_string())?;
-        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))
-            .map_err(|e| format!("{}: {e}", path.display()))?;
-        conn.pragma_update(None, "journal_mode", "WAL")
-            .map_err(|e| e.to_string())?;
-        conn.pragma_update(None, "synchronous", "FULL")
-            .map_err(|e| e.to_string())?;
+        let conn = crate::durable::open(&dir.join(ENGINE_DB))?;
         conn.execute_batch(
             "CREATE TABLE IF NOT EXISTS clients (
                  client_id TEXT PRIMARY KEY,
