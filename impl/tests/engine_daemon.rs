@@ -330,3 +330,50 @@ fn a_grpcio_client_initializes_against_the_daemon() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// The client subcommands a person uses: claim, reconnect, a stale claim, health.
+#[test]
+fn the_client_subcommands_claim_and_reconnect() {
+    let daemon = start();
+    let token_file = daemon
+        .socket
+        .parent()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .join("data/endpoint-token");
+    let run = |args: &[&str]| {
+        let out = Command::new(BIN)
+            .arg("engine")
+            .args(args)
+            .arg("--socket")
+            .arg(&daemon.socket)
+            .arg("--token-file")
+            .arg(&token_file)
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+        assert!(
+            !stdout.contains(&daemon.token),
+            "the token is never printed"
+        );
+        (out.status.code(), stdout)
+    };
+    let (code, out) = run(&["initialize", "--json"]);
+    assert_eq!(code, Some(0), "{out}");
+    let first: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(
+        (first["result"].clone(), first["epoch"].clone()),
+        (serde_json::json!("initialized"), serde_json::json!(1))
+    );
+    let id = first["client_id"].as_str().unwrap().to_string();
+    let (code, out) = run(&["initialize", "--client-id", &id, "--epoch", "1"]);
+    assert_eq!(code, Some(0), "{out}");
+    assert!(out.contains(&format!("client {id} at epoch 2")), "{out}");
+    let (code, out) = run(&["initialize", "--client-id", &id, "--epoch", "1", "--json"]);
+    assert_eq!(code, Some(1), "{out}");
+    assert!(out.contains("\"stale_claim\""), "{out}");
+    let (code, out) = run(&["health"]);
+    assert_eq!(code, Some(0), "{out}");
+    assert!(out.starts_with("ready, 0 active runs"), "{out}");
+}

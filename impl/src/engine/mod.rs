@@ -7,11 +7,14 @@
 //!   breaking` against the committed baseline).
 //! * [`compat`]: the compatibility manifest (`proto/compatibility.json`) and version and
 //!   capability negotiation ("Initialization").
+//! * [`client`]: the client library: an authenticated channel to the daemon's socket and
+//!   the ownership claim.
 //! * [`daemon`]: the daemon on its Unix socket: token check before decoding, the durable
 //!   client store with the ownership compare-and-swap, `Initialize` and `Health`.
 //!
 //! This module owns the protocol's types and negotiation rules; it never opens a socket.
 
+pub mod client;
 pub mod compat;
 pub mod daemon;
 
