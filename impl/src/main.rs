@@ -136,6 +136,13 @@ enum EngineCommand {
         #[arg(long)]
         data_dir: PathBuf,
     },
+    /// The client calls.
+    #[command(flatten)]
+    Client(EngineClientCommand),
+}
+
+#[derive(Debug, Subcommand)]
+enum EngineClientCommand {
     /// Claim ownership: as a new owner, or reconnect with `--client-id` and the
     /// `--epoch` last held (the daemon's compare-and-swap); prints the result.
     Initialize {
@@ -339,7 +346,12 @@ fn main() -> ExitCode {
         Command::Worker {
             what: WorkerCommand::Bench { rounds },
         } => worker_bench(rounds),
-        Command::Engine { what } => engine_client(what),
+        Command::Engine {
+            what: EngineCommand::Serve { socket, data_dir },
+        } => engine_serve(&socket, &data_dir),
+        Command::Engine {
+            what: EngineCommand::Client(call),
+        } => engine_client(call),
         Command::Worker {
             what: WorkerCommand::Host { data_dir, profile },
         } => worker_host(&data_dir, matches!(profile, WireProfileArg::Different)),
@@ -385,14 +397,10 @@ fn engine_serve(socket: &std::path::Path, data_dir: &std::path::Path) -> ExitCod
     }
 }
 
-/// `engine serve` runs the daemon; `engine initialize` / `engine health` make one call
-/// and print its result: exit 0 when the daemon answered, 1 for a typed refusal, 2 when
+/// `engine initialize` / `engine health`: one call, its result printed: exit 0 when the daemon answered, 1 for a typed refusal, 2 when
 /// it could not be reached.
-fn engine_client(what: EngineCommand) -> ExitCode {
+fn engine_client(what: EngineClientCommand) -> ExitCode {
     use contract_impl::engine::client::{self, Ownership};
-    if let EngineCommand::Serve { socket, data_dir } = &what {
-        return engine_serve(socket, data_dir);
-    }
     use contract_impl::engine::proto::engine::v1::initialize_response::Result as R;
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt,
@@ -407,9 +415,7 @@ fn engine_client(what: EngineCommand) -> ExitCode {
     };
     let outcome = runtime.block_on(async {
         match what {
-            // Served above, before any client runtime exists.
-            EngineCommand::Serve { .. } => Ok(false),
-            EngineCommand::Health { endpoint, json } => {
+            EngineClientCommand::Health { endpoint, json } => {
                 let mut c = client::connect(&endpoint.socket, &endpoint.token_file).await?;
                 let h = c
                     .health(contract_impl::engine::proto::engine::v1::HealthRequest {})
@@ -432,7 +438,7 @@ fn engine_client(what: EngineCommand) -> ExitCode {
                 }
                 Ok::<bool, client::ClientError>(true)
             }
-            EngineCommand::Initialize { endpoint, client_id, epoch, required, json } => {
+            EngineClientCommand::Initialize { endpoint, client_id, epoch, required, json } => {
                 let mut c = client::connect(&endpoint.socket, &endpoint.token_file).await?;
                 let ownership = match (client_id, epoch) {
                     (Some(client_id), Some(epoch)) => Ownership::Reconnect { client_id, epoch },

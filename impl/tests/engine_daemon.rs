@@ -19,6 +19,7 @@ const BIN: &str = env!("CARGO_BIN_EXE_contract-impl");
 struct Daemon {
     child: Child,
     socket: PathBuf,
+    token_file: PathBuf,
     token: String,
     _dir: tempfile::TempDir,
 }
@@ -70,6 +71,7 @@ fn start() -> Daemon {
     Daemon {
         child,
         socket,
+        token_file: data.join("endpoint-token"),
         token,
         _dir: dir,
     }
@@ -309,18 +311,11 @@ fn a_grpcio_client_initializes_against_the_daemon() {
         python.display()
     );
     let daemon = start();
-    let token_file = daemon
-        .socket
-        .parent()
-        .unwrap()
-        .parent()
-        .unwrap()
-        .join("data/endpoint-token");
     let out = Command::new(&python)
         .arg(root.join("impl/tests/fixtures/engine_grpcio_client.py"))
         .arg(root.join("proto"))
         .arg(&daemon.socket)
-        .arg(&token_file)
+        .arg(&daemon.token_file)
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -335,13 +330,6 @@ fn a_grpcio_client_initializes_against_the_daemon() {
 #[test]
 fn the_client_subcommands_claim_and_reconnect() {
     let daemon = start();
-    let token_file = daemon
-        .socket
-        .parent()
-        .unwrap()
-        .parent()
-        .unwrap()
-        .join("data/endpoint-token");
     let run = |args: &[&str]| {
         let out = Command::new(BIN)
             .arg("engine")
@@ -349,7 +337,7 @@ fn the_client_subcommands_claim_and_reconnect() {
             .arg("--socket")
             .arg(&daemon.socket)
             .arg("--token-file")
-            .arg(&token_file)
+            .arg(&daemon.token_file)
             .output()
             .unwrap();
         let stdout = String::from_utf8_lossy(&out.stdout).to_string();

@@ -281,14 +281,9 @@ async fn accept_relays(listener: RelayListener, events: mpsc::Sender<Inbound>) {
     }
 }
 
-fn framed(payload: &[u8]) -> Vec<u8> {
-    let mut frame = u32::try_from(payload.len())
-        .unwrap_or(u32::MAX)
-        .to_be_bytes()
-        .to_vec();
-    frame.extend_from_slice(payload);
-    frame
-}
+// Frames of the harness's own are bounded by the codec; `send_bytes` goes past the bound
+// on purpose, so nothing is checked here.
+use contract_impl::wire::framing::encode_frame_unbounded as framed;
 
 impl ScriptedWorkerPeer {
     fn absorb(&mut self, inbound: Inbound) {

@@ -66,14 +66,7 @@ impl Connection for FramedLink {
         };
         // A payload is framed here without the bound: frames of the harness's own are
         // bounded by the codec, and `send_bytes` goes past the bound on purpose.
-        let framed = |payload: &[u8]| {
-            let mut frame = u32::try_from(payload.len())
-                .unwrap_or(u32::MAX)
-                .to_be_bytes()
-                .to_vec();
-            frame.extend_from_slice(payload);
-            frame
-        };
+        let framed = contract_impl::wire::framing::encode_frame_unbounded;
         let sent = match message {
             Outgoing::Text(text) => conn.send_raw(&framed(text.as_bytes()), timeout).await,
             Outgoing::TextBytes(bytes) => conn.send_raw(&framed(&bytes), timeout).await,

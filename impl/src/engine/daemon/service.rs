@@ -77,7 +77,7 @@ fn not_yet(what: &str) -> Status {
     ))
 }
 
-type Stream_<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
+type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
 
 #[tonic::async_trait]
 impl EngineService for Engine {
@@ -196,7 +196,7 @@ impl EngineService for Engine {
         Err(not_yet("StartRun"))
     }
 
-    type StreamEventsStream = Stream_<pb::StreamEventsResponse>;
+    type StreamEventsStream = BoxStream<pb::StreamEventsResponse>;
 
     async fn stream_events(
         &self,
@@ -205,7 +205,7 @@ impl EngineService for Engine {
         Err(not_yet("StreamEvents"))
     }
 
-    type StreamInteractionsStream = Stream_<pb::StreamInteractionsResponse>;
+    type StreamInteractionsStream = BoxStream<pb::StreamInteractionsResponse>;
 
     async fn stream_interactions(
         &self,

@@ -297,7 +297,7 @@ impl Host {
                 Ok(json!({}))
             }
             "start_workbench" => {
-                if self.workbench_running().await {
+                if self.workbench_running() {
                     return Err(OpError {
                         code: "workbench_running",
                         message: "a workbench is running; shut it down first".into(),
@@ -391,7 +391,7 @@ impl Host {
         }
     }
 
-    async fn workbench_running(&self) -> bool {
+    fn workbench_running(&self) -> bool {
         match self.workbench.try_lock() {
             // Busy: a cell (or a start) holds it.
             Err(_) => true,
