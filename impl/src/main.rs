@@ -135,6 +135,15 @@ enum EngineCommand {
         /// The daemon's durable state (made 0700).
         #[arg(long)]
         data_dir: PathBuf,
+        /// Events retained per run for replay (older ones are pruned; a cursor before
+        /// them gets `cursor_gap`).
+        #[arg(long, default_value_t = contract_impl::engine::daemon::limits::RETAINED_EVENTS_PER_RUN,
+              value_parser = clap::value_parser!(u64).range(1..))]
+        retained_events: u64,
+        /// A snapshot key shared with other daemons (JSON `{scope_id, generation, key}`,
+        /// hex, mode 0600); without it the daemon signs with its own key.
+        #[arg(long)]
+        snapshot_key_file: Option<PathBuf>,
     },
     /// The client calls.
     #[command(flatten)]
@@ -347,8 +356,21 @@ fn main() -> ExitCode {
             what: WorkerCommand::Bench { rounds },
         } => worker_bench(rounds),
         Command::Engine {
-            what: EngineCommand::Serve { socket, data_dir },
-        } => engine_serve(&socket, &data_dir),
+            what:
+                EngineCommand::Serve {
+                    socket,
+                    data_dir,
+                    retained_events,
+                    snapshot_key_file,
+                },
+        } => engine_serve(
+            &socket,
+            &data_dir,
+            &contract_impl::engine::daemon::Config {
+                retained_events,
+                snapshot_key_file,
+            },
+        ),
         Command::Engine {
             what: EngineCommand::Client(call),
         } => engine_client(call),
@@ -380,7 +402,11 @@ fn async_runtime() -> Result<tokio::runtime::Runtime, ExitCode> {
 }
 
 /// `engine serve`: the daemon until SIGTERM; exit 2 when it cannot start.
-fn engine_serve(socket: &std::path::Path, data_dir: &std::path::Path) -> ExitCode {
+fn engine_serve(
+    socket: &std::path::Path,
+    data_dir: &std::path::Path,
+    config: &contract_impl::engine::daemon::Config,
+) -> ExitCode {
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt,
         Err(e) => {
@@ -388,7 +414,9 @@ fn engine_serve(socket: &std::path::Path, data_dir: &std::path::Path) -> ExitCod
             return ExitCode::from(2);
         }
     };
-    match runtime.block_on(contract_impl::engine::daemon::serve(socket, data_dir)) {
+    match runtime.block_on(contract_impl::engine::daemon::serve(
+        socket, data_dir, config,
+    )) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("contract-impl engine serve: {e} ({})", e.code());

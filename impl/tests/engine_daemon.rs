@@ -3,10 +3,8 @@
 //! payload is decoded, negotiation results, and the ownership compare-and-swap with
 //! racing reconnects.
 
-use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::path::Path;
+use std::process::Command;
 
 use contract_impl::engine::proto::common::v1::ProtocolVersion;
 use contract_impl::engine::proto::engine::v1 as pb;
@@ -14,68 +12,9 @@ use hyper_util::rt::TokioIo;
 use pb::engine_service_client::EngineServiceClient;
 use tonic::transport::{Channel, Endpoint};
 
-const BIN: &str = env!("CARGO_BIN_EXE_contract-impl");
+mod engine_support;
 
-struct Daemon {
-    child: Child,
-    socket: PathBuf,
-    token_file: PathBuf,
-    token: String,
-    _dir: tempfile::TempDir,
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn start() -> Daemon {
-    let dir = tempfile::tempdir().unwrap();
-    let run = dir.path().join("run");
-    let data = dir.path().join("data");
-    let socket = run.join("engine.sock");
-    let child = Command::new(BIN)
-        .args(["engine", "serve", "--socket"])
-        .arg(&socket)
-        .arg("--data-dir")
-        .arg(&data)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let started = Instant::now();
-    while !(socket.exists() && data.join("endpoint-token").exists()) {
-        assert!(
-            started.elapsed() < Duration::from_secs(30),
-            "the daemon never listened"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let token = std::fs::read_to_string(data.join("endpoint-token")).unwrap();
-    for (path, mode) in [
-        (&run, 0o700),
-        (&data, 0o700),
-        (&socket, 0o600),
-        (&data.join("endpoint-token"), 0o600),
-    ] {
-        assert_eq!(
-            std::fs::metadata(path).unwrap().permissions().mode() & 0o777,
-            mode,
-            "{}",
-            path.display()
-        );
-    }
-    Daemon {
-        child,
-        socket,
-        token_file: data.join("endpoint-token"),
-        token,
-        _dir: dir,
-    }
-}
+use engine_support::{BIN, start};
 
 async fn channel(socket: &Path) -> Channel {
     let socket = socket.to_path_buf();

@@ -17,6 +17,8 @@
 pub mod client;
 pub mod compat;
 pub mod daemon;
+pub mod kernel;
+pub mod session;
 
 /// The generated protocol types, clients and servers.
 ///

@@ -14,13 +14,22 @@
 //! This module owns the listener and its files; the handlers are [`service`]'s.
 
 pub mod auth;
+pub mod executor;
+pub mod ledger;
 pub mod limits;
+pub mod log;
+pub mod operations;
+pub mod runs;
 pub mod service;
+pub mod snapshot;
+pub mod state;
 pub mod store;
+pub mod streams;
+
+pub use state::Config;
 
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
 use tokio::net::UnixListener;
 use tokio_stream::wrappers::UnixListenerStream;
@@ -97,7 +106,7 @@ fn private_dir(dir: &Path) -> Result<(), ServeError> {
 ///
 /// # Errors
 /// [`ServeError`] when it cannot start.
-pub async fn serve(socket: &Path, data_dir: &Path) -> Result<(), ServeError> {
+pub async fn serve(socket: &Path, data_dir: &Path, config: &Config) -> Result<(), ServeError> {
     let len = socket.as_os_str().len();
     if len > SOCKET_PATH_MAX_BYTES {
         return Err(ServeError::SocketPathTooLong {
@@ -119,7 +128,9 @@ pub async fn serve(socket: &Path, data_dir: &Path) -> Result<(), ServeError> {
         }
         std::fs::remove_file(socket).map_err(|e| setup(socket, e))?;
     }
-    let store = store::ClientStore::open(data_dir).map_err(ServeError::Setup)?;
+    let daemon = state::Daemon::open(data_dir, config)
+        .await
+        .map_err(ServeError::Setup)?;
     let token = auth::new_token();
     let token_path = data_dir.join(TOKEN_FILE);
     let _ = std::fs::remove_file(&token_path);
@@ -133,7 +144,7 @@ pub async fn serve(socket: &Path, data_dir: &Path) -> Result<(), ServeError> {
     let listener = UnixListener::bind(socket).map_err(|e| setup(socket, e))?;
     std::fs::set_permissions(socket, std::fs::Permissions::from_mode(0o600))
         .map_err(|e| setup(socket, e))?;
-    let engine = EngineServiceServer::new(service::Engine::new(Arc::new(store)))
+    let engine = EngineServiceServer::new(service::Engine::new(daemon))
         .max_decoding_message_size(limits::MAX_REQUEST_BYTES)
         .max_encoding_message_size(limits::MAX_RESPONSE_BYTES);
     let authenticated = InterceptedService::new(engine, auth::TokenCheck::new(&token));

@@ -1,15 +1,17 @@
-//! The engine service's handlers ("Initialization", "Operations"). `Initialize` and
-//! `Health` are implemented; the run operations answer `UNIMPLEMENTED` until the kernel
-//! slice lands (the engine-family issue lists them), never a made-up result.
+//! The engine service's handlers ("Initialization", "Operations"): `Initialize` and
+//! `Health` here; the run operations delegate to [`super::operations`] and
+//! [`super::streams`].
 
 use std::pin::Pin;
 use std::sync::Arc;
 
+use sha2::Digest;
 use tokio_stream::Stream;
 use tonic::{Request, Response, Status};
 
-use super::limits;
-use super::store::{Claim, ClientStore};
+use super::state::Daemon;
+use super::store::Claim;
+use super::{limits, operations, streams};
 use crate::engine::compat::{self, MINOR_MAX, MINOR_MIN, PROTOCOL_MAJOR, Refusal};
 use crate::engine::proto::common::v1::{BuildIdentity, ProtocolVersion};
 use crate::engine::proto::engine::v1 as pb;
@@ -35,6 +37,22 @@ pub fn definitions() -> pb::DefinitionSet {
     }
 }
 
+/// The immutable plan of `definition` under the current dynamic generation ("The server
+/// selects and leases the current dynamic generation, then returns [...] immutable
+/// plan_id").
+pub fn plan_id(definition: &pb::DefinitionRef) -> String {
+    let digest = sha2::Sha256::digest(format!(
+        "{}\n{}@{}\ngeneration {DYNAMIC_GENERATION}",
+        definitions().set_id,
+        definition.id,
+        definition.revision
+    ));
+    format!("plan-{}", &hex::encode(digest)[..16])
+}
+
+/// The dynamic generation runs lease (one: this daemon has no plugin generations).
+pub const DYNAMIC_GENERATION: u64 = 1;
+
 /// This daemon's build identity.
 pub fn build() -> BuildIdentity {
     BuildIdentity {
@@ -47,34 +65,28 @@ pub fn build() -> BuildIdentity {
 /// The handlers.
 #[derive(Debug, Clone)]
 pub struct Engine {
-    store: Arc<ClientStore>,
+    daemon: Arc<Daemon>,
 }
 
 impl Engine {
-    /// Handlers over `store`.
-    pub fn new(store: Arc<ClientStore>) -> Self {
-        Self { store }
+    /// Handlers over `daemon`.
+    pub fn new(daemon: Arc<Daemon>) -> Self {
+        Self { daemon }
     }
 
-    fn health() -> pb::HealthResponse {
+    fn health(&self) -> pb::HealthResponse {
         pb::HealthResponse {
             readiness: pb::Readiness::Ready as i32,
             version: Some(build()),
             replay_limits: Some(pb::ReplayLimits {
-                retained_events_per_run: limits::RETAINED_EVENTS_PER_RUN,
+                retained_events_per_run: self.daemon.log.retained(),
                 max_page_events: limits::MAX_PAGE_EVENTS,
                 max_page_bytes: limits::MAX_PAGE_BYTES,
             }),
-            active_runs: 0,
+            active_runs: u32::try_from(self.daemon.runs.active()).unwrap_or(u32::MAX),
             degraded_reasons: Vec::new(),
         }
     }
-}
-
-fn not_yet(what: &str) -> Status {
-    Status::unimplemented(format!(
-        "{what} is not served by this daemon yet (the run kernel is not implemented)"
-    ))
 }
 
 type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
@@ -135,13 +147,17 @@ impl EngineService for Engine {
         };
         use pb::ownership_claim::Claim as C;
         let (claim, reconnect) = match r.claim.and_then(|c| c.claim) {
-            Some(C::NewOwner(_)) => (self.store.new_owner(), None),
+            Some(C::NewOwner(_)) => (self.daemon.clients.new_owner(negotiated.version.1), None),
             Some(C::Reconnect(rc)) => {
                 if rc.client_id.is_empty() || rc.client_id.len() > 128 {
                     return Err(Status::invalid_argument("client_id must be 1..128 bytes"));
                 }
                 (
-                    self.store.reconnect(&rc.client_id, rc.expected_epoch),
+                    self.daemon.clients.reconnect(
+                        &rc.client_id,
+                        rc.expected_epoch,
+                        negotiated.version.1,
+                    ),
                     Some(rc),
                 )
             }
@@ -162,7 +178,7 @@ impl EngineService for Engine {
                 server_build: Some(build()),
                 capabilities: negotiated.capabilities,
                 limits: Some(limits::message_limits()),
-                health: Some(Self::health()),
+                health: Some(self.health()),
                 definitions: Some(definitions()),
                 client_id,
                 epoch,
@@ -186,73 +202,89 @@ impl EngineService for Engine {
         &self,
         _request: Request<pb::HealthRequest>,
     ) -> Result<Response<pb::HealthResponse>, Status> {
-        Ok(Response::new(Self::health()))
+        Ok(Response::new(self.health()))
     }
 
     async fn start_run(
         &self,
-        _request: Request<pb::StartRunRequest>,
+        request: Request<pb::StartRunRequest>,
     ) -> Result<Response<pb::StartRunResponse>, Status> {
-        Err(not_yet("StartRun"))
+        operations::start_run(&self.daemon, request.into_inner())
+            .await
+            .map(Response::new)
     }
 
     type StreamEventsStream = BoxStream<pb::StreamEventsResponse>;
 
     async fn stream_events(
         &self,
-        _request: Request<pb::StreamEventsRequest>,
+        request: Request<pb::StreamEventsRequest>,
     ) -> Result<Response<Self::StreamEventsStream>, Status> {
-        Err(not_yet("StreamEvents"))
+        let stream = streams::stream_events(&self.daemon, request.into_inner()).await?;
+        Ok(Response::new(Box::pin(stream)))
     }
 
     type StreamInteractionsStream = BoxStream<pb::StreamInteractionsResponse>;
 
     async fn stream_interactions(
         &self,
-        _request: Request<pb::StreamInteractionsRequest>,
+        request: Request<pb::StreamInteractionsRequest>,
     ) -> Result<Response<Self::StreamInteractionsStream>, Status> {
-        Err(not_yet("StreamInteractions"))
+        let stream = streams::stream_interactions(&self.daemon, request.into_inner()).await?;
+        Ok(Response::new(Box::pin(stream)))
     }
 
     async fn cancel_run(
         &self,
-        _request: Request<pb::CancelRunRequest>,
+        request: Request<pb::CancelRunRequest>,
     ) -> Result<Response<pb::CancelRunResponse>, Status> {
-        Err(not_yet("CancelRun"))
+        operations::cancel_run(&self.daemon, request.into_inner())
+            .await
+            .map(Response::new)
     }
 
     async fn respond_interaction(
         &self,
-        _request: Request<pb::RespondInteractionRequest>,
+        request: Request<pb::RespondInteractionRequest>,
     ) -> Result<Response<pb::RespondInteractionResponse>, Status> {
-        Err(not_yet("RespondInteraction"))
+        operations::respond_interaction(&self.daemon, request.into_inner())
+            .await
+            .map(Response::new)
     }
 
     async fn suspend_run(
         &self,
-        _request: Request<pb::SuspendRunRequest>,
+        request: Request<pb::SuspendRunRequest>,
     ) -> Result<Response<pb::SuspendRunResponse>, Status> {
-        Err(not_yet("SuspendRun"))
+        operations::suspend_run(&self.daemon, request.into_inner())
+            .await
+            .map(Response::new)
     }
 
     async fn resume_run(
         &self,
-        _request: Request<pb::ResumeRunRequest>,
+        request: Request<pb::ResumeRunRequest>,
     ) -> Result<Response<pb::ResumeRunResponse>, Status> {
-        Err(not_yet("ResumeRun"))
+        operations::resume_run(&self.daemon, request.into_inner())
+            .await
+            .map(Response::new)
     }
 
     async fn export_snapshot(
         &self,
-        _request: Request<pb::ExportSnapshotRequest>,
+        request: Request<pb::ExportSnapshotRequest>,
     ) -> Result<Response<pb::ExportSnapshotResponse>, Status> {
-        Err(not_yet("ExportSnapshot"))
+        operations::export_snapshot(&self.daemon, request.into_inner())
+            .await
+            .map(Response::new)
     }
 
     async fn import_snapshot(
         &self,
-        _request: Request<pb::ImportSnapshotRequest>,
+        request: Request<pb::ImportSnapshotRequest>,
     ) -> Result<Response<pb::ImportSnapshotResponse>, Status> {
-        Err(not_yet("ImportSnapshot"))
+        operations::import_snapshot(&self.daemon, request.into_inner())
+            .await
+            .map(Response::new)
     }
 }

@@ -48,7 +48,8 @@ impl ClientStore {
         conn.execute_batch(
             "CREATE TABLE IF NOT EXISTS clients (
                  client_id TEXT PRIMARY KEY,
-                 epoch INTEGER NOT NULL CHECK (epoch >= 1)
+                 epoch INTEGER NOT NULL CHECK (epoch >= 1),
+                 minor INTEGER NOT NULL DEFAULT 0
              );",
         )
         .map_err(|e| e.to_string())?;
@@ -57,16 +58,16 @@ impl ClientStore {
         })
     }
 
-    /// A new owner: a fresh stable ID at epoch 1.
+    /// A new owner negotiated at `minor`: a fresh stable ID at epoch 1.
     ///
     /// # Errors
     /// The SQLite error, as text.
-    pub fn new_owner(&self) -> Result<Claim, String> {
+    pub fn new_owner(&self, minor: u32) -> Result<Claim, String> {
         let client_id = format!("client-{}", uuid::Uuid::new_v4().simple());
         let conn = self.conn.lock().map_err(|_| "poisoned".to_string())?;
         conn.execute(
-            "INSERT INTO clients (client_id, epoch) VALUES (?1, 1)",
-            params![client_id],
+            "INSERT INTO clients (client_id, epoch, minor) VALUES (?1, 1, ?2)",
+            params![client_id, minor],
         )
         .map_err(|e| e.to_string())?;
         Ok(Claim::Won {
@@ -75,17 +76,18 @@ impl ClientStore {
         })
     }
 
-    /// A reconnect: the compare-and-swap from `expected` to `expected + 1`.
+    /// A reconnect negotiated at `minor`: the compare-and-swap from `expected` to
+    /// `expected + 1` (the minor is recorded only when it wins).
     ///
     /// # Errors
     /// The SQLite error, as text.
-    pub fn reconnect(&self, client_id: &str, expected: u64) -> Result<Claim, String> {
+    pub fn reconnect(&self, client_id: &str, expected: u64, minor: u32) -> Result<Claim, String> {
         let conn = self.conn.lock().map_err(|_| "poisoned".to_string())?;
         let expected_sql = i64::try_from(expected).unwrap_or(i64::MAX);
         let changed = conn
             .execute(
-                "UPDATE clients SET epoch = epoch + 1 WHERE client_id = ?1 AND epoch = ?2",
-                params![client_id, expected_sql],
+                "UPDATE clients SET epoch = epoch + 1, minor = ?3 WHERE client_id = ?1 AND epoch = ?2",
+                params![client_id, expected_sql, minor],
             )
             .map_err(|e| e.to_string())?;
         if changed == 1 {
@@ -108,6 +110,37 @@ impl ClientStore {
     }
 }
 
+/// A client's standing: the epoch it holds and the minor it negotiated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Standing {
+    /// The current epoch.
+    pub epoch: u64,
+    /// The negotiated minor version.
+    pub minor: u32,
+}
+
+impl ClientStore {
+    /// The standing of `client_id`, `None` for an unknown client.
+    ///
+    /// # Errors
+    /// The SQLite error, as text.
+    pub fn standing(&self, client_id: &str) -> Result<Option<Standing>, String> {
+        let conn = self.conn.lock().map_err(|_| "poisoned".to_string())?;
+        conn.query_row(
+            "SELECT epoch, minor FROM clients WHERE client_id = ?1",
+            params![client_id],
+            |row| {
+                Ok(Standing {
+                    epoch: row.get::<_, i64>(0)? as u64,
+                    minor: row.get(1)?,
+                })
+            },
+        )
+        .optional()
+        .map_err(|e| e.to_string())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -116,23 +149,23 @@ mod tests {
     fn one_winner_per_epoch_and_stale_claims_change_nothing() {
         let dir = tempfile::tempdir().unwrap();
         let store = ClientStore::open(dir.path()).unwrap();
-        let Claim::Won { client_id, epoch } = store.new_owner().unwrap() else {
+        let Claim::Won { client_id, epoch } = store.new_owner(1).unwrap() else {
             panic!("a new owner always wins")
         };
         assert_eq!(epoch, 1);
         assert_eq!(
-            store.reconnect(&client_id, 1).unwrap(),
+            store.reconnect(&client_id, 1, 1).unwrap(),
             Claim::Won {
                 client_id: client_id.clone(),
                 epoch: 2
             }
         );
         assert_eq!(
-            store.reconnect(&client_id, 1).unwrap(),
+            store.reconnect(&client_id, 1, 1).unwrap(),
             Claim::Stale { current: 2 }
         );
         assert_eq!(
-            store.reconnect("client-unknown", 1).unwrap(),
+            store.reconnect("client-unknown", 1, 1).unwrap(),
             Claim::Stale { current: 0 }
         );
         // Racing reconnects from epoch 2: exactly one wins.
@@ -141,7 +174,7 @@ mod tests {
             .map(|_| {
                 let store = store.clone();
                 let id = client_id.clone();
-                std::thread::spawn(move || store.reconnect(&id, 2).unwrap())
+                std::thread::spawn(move || store.reconnect(&id, 2, 1).unwrap())
             })
             .collect::<Vec<_>>()
             .into_iter()
@@ -152,7 +185,7 @@ mod tests {
         // Durable.
         let again = ClientStore::open(dir.path()).unwrap();
         assert_eq!(
-            again.reconnect(&client_id, 3).unwrap(),
+            again.reconnect(&client_id, 3, 1).unwrap(),
             Claim::Won {
                 client_id,
                 epoch: 4

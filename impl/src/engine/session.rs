@@ -1,0 +1,398 @@
+//! The client's side of the run operations (engine-protocol.md, "Operations", "Failure
+//! semantics"): a [`Session`] is an initialized client (its stable ID and epoch) that
+//! starts, follows and steers runs.
+//!
+//! * Every mutation carries a client operation ID. "Transport failure never implies a
+//!   mutating request failed before commit": a call that fails in transport (or with
+//!   `UNAVAILABLE`) is sent again with the same operation ID, up to [`RETRIES`] times;
+//!   the daemon's ledger answers the committed outcome if there was one.
+//! * [`Session::follow`] reads a run's events from any sequence through pages and the
+//!   live tail, and after a cut-off or a broken stream resumes from the last delivered
+//!   sequence, so the caller sees every event once, in order, without a gap.
+//!
+//! This module never prints; the command line formats what it returns.
+
+use std::time::Duration;
+
+use tonic::{Code, Status};
+
+use super::client::{self, Client, ClientError, Ownership};
+use super::proto::engine::v1 as pb;
+use pb::initialize_response::Result as InitResult;
+
+/// Times a mutation is sent again after a transport failure.
+pub const RETRIES: u32 = 4;
+
+/// The first pause before a retry (doubled each time).
+pub const RETRY_BACKOFF: Duration = Duration::from_millis(50);
+
+/// Times [`Session::follow`] reopens a stream that broke without a status.
+pub const FOLLOW_REOPENS: u32 = 64;
+
+/// A fresh client operation ID.
+pub fn operation_id() -> String {
+    format!("op-{}", uuid::Uuid::new_v4().simple())
+}
+
+/// An initialized client.
+#[derive(Debug, Clone)]
+pub struct Session {
+    /// The channel.
+    pub client: Client,
+    /// Who it is.
+    pub session: pb::ClientSession,
+    /// What `Initialize` returned.
+    pub initialized: pb::Initialized,
+}
+
+/// Why a session could not be opened or a call failed.
+#[derive(Debug, thiserror::Error)]
+pub enum SessionError {
+    /// Connecting or a call failed.
+    #[error(transparent)]
+    Client(#[from] ClientError),
+    /// `Initialize` refused (a typed result).
+    #[error("initialize refused: {0:?}")]
+    Refused(Box<InitResult>),
+}
+
+impl From<Status> for SessionError {
+    fn from(s: Status) -> Self {
+        SessionError::Client(ClientError::Status(s))
+    }
+}
+
+fn retryable(status: &Status) -> bool {
+    matches!(
+        status.code(),
+        Code::Unavailable | Code::Unknown | Code::Cancelled
+    ) && !status.message().starts_with("fenced")
+}
+
+/// How following a run ended.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Followed {
+    /// The last sequence delivered to the caller.
+    pub last_sequence: u64,
+    /// The terminal event's outcome, when the run ended.
+    pub terminal: Option<pb::RunTerminal>,
+    /// Streams reopened after a cut-off or a break.
+    pub reopened: u32,
+}
+
+impl Session {
+    /// Connects and initializes as `ownership`, requiring `required`.
+    ///
+    /// # Errors
+    /// [`SessionError`].
+    pub async fn open(
+        socket: &std::path::Path,
+        token_file: &std::path::Path,
+        ownership: &Ownership,
+        required: &[String],
+    ) -> Result<Self, SessionError> {
+        let mut c = client::connect(socket, token_file).await?;
+        match client::initialize(&mut c, ownership, required).await? {
+            InitResult::Initialized(i) => Ok(Self {
+                client: c,
+                session: pb::ClientSession {
+                    client_id: i.client_id.clone(),
+                    epoch: i.epoch,
+                },
+                initialized: i,
+            }),
+            other => Err(SessionError::Refused(Box::new(other))),
+        }
+    }
+
+    fn session(&self) -> Option<pb::ClientSession> {
+        Some(self.session.clone())
+    }
+
+    async fn retry<T, F, Fut>(&mut self, mut call: F) -> Result<T, Status>
+    where
+        F: FnMut(Client) -> Fut,
+        Fut: std::future::Future<Output = Result<tonic::Response<T>, Status>>,
+    {
+        let mut pause = RETRY_BACKOFF;
+        let mut attempt = 0;
+        loop {
+            match call(self.client.clone()).await {
+                Ok(r) => return Ok(r.into_inner()),
+                Err(s) if retryable(&s) && attempt < RETRIES => {
+                    attempt += 1;
+                    tokio::time::sleep(pause).await;
+                    pause *= 2;
+                }
+                Err(s) => return Err(s),
+            }
+        }
+    }
+
+    /// `StartRun` of `definition` with `message`.
+    ///
+    /// # Errors
+    /// The daemon's status.
+    pub async fn start_run(
+        &mut self,
+        definition: pb::DefinitionRef,
+        message: &str,
+        op: &str,
+    ) -> Result<pb::StartRunResponse, Status> {
+        let request = pb::StartRunRequest {
+            client_operation_id: op.into(),
+            definition: Some(definition),
+            initial_message: message.into(),
+            session: self.session(),
+        };
+        self.retry(|mut c| {
+            let r = request.clone();
+            async move { c.start_run(r).await }
+        })
+        .await
+    }
+
+    /// `CancelRun`.
+    ///
+    /// # Errors
+    /// The daemon's status.
+    pub async fn cancel(
+        &mut self,
+        run_id: &str,
+        op: &str,
+    ) -> Result<pb::CancelRunResponse, Status> {
+        let request = pb::CancelRunRequest {
+            run_id: run_id.into(),
+            client_operation_id: op.into(),
+            session: self.session(),
+        };
+        self.retry(|mut c| {
+            let r = request.clone();
+            async move { c.cancel_run(r).await }
+        })
+        .await
+    }
+
+    /// `RespondInteraction` with `response_json`.
+    ///
+    /// # Errors
+    /// The daemon's status (`stale_interaction` for a prompt no longer pending).
+    pub async fn respond(
+        &mut self,
+        run_id: &str,
+        interaction_id: &str,
+        response_json: &str,
+        op: &str,
+    ) -> Result<pb::RespondInteractionResponse, Status> {
+        let request = pb::RespondInteractionRequest {
+            client_operation_id: op.into(),
+            run_id: run_id.into(),
+            interaction_id: interaction_id.into(),
+            response_json: response_json.into(),
+            session: self.session(),
+        };
+        self.retry(|mut c| {
+            let r = request.clone();
+            async move { c.respond_interaction(r).await }
+        })
+        .await
+    }
+
+    /// `SuspendRun`.
+    ///
+    /// # Errors
+    /// The daemon's status.
+    pub async fn suspend(
+        &mut self,
+        run_id: &str,
+        op: &str,
+    ) -> Result<pb::SuspendRunResponse, Status> {
+        let request = pb::SuspendRunRequest {
+            client_operation_id: op.into(),
+            run_id: run_id.into(),
+            session: self.session(),
+        };
+        self.retry(|mut c| {
+            let r = request.clone();
+            async move { c.suspend_run(r).await }
+        })
+        .await
+    }
+
+    /// `ResumeRun`.
+    ///
+    /// # Errors
+    /// The daemon's status.
+    pub async fn resume(
+        &mut self,
+        run_id: &str,
+        op: &str,
+    ) -> Result<pb::ResumeRunResponse, Status> {
+        let request = pb::ResumeRunRequest {
+            client_operation_id: op.into(),
+            run_id: run_id.into(),
+            session: self.session(),
+        };
+        self.retry(|mut c| {
+            let r = request.clone();
+            async move { c.resume_run(r).await }
+        })
+        .await
+    }
+
+    /// `ExportSnapshot`.
+    ///
+    /// # Errors
+    /// The daemon's status.
+    pub async fn export(&mut self, run_id: &str) -> Result<pb::Snapshot, Status> {
+        let request = pb::ExportSnapshotRequest {
+            run_id: run_id.into(),
+            session: self.session(),
+        };
+        let r = self
+            .retry(|mut c| {
+                let r = request.clone();
+                async move { c.export_snapshot(r).await }
+            })
+            .await?;
+        r.snapshot
+            .ok_or_else(|| Status::internal("ExportSnapshot answered no snapshot"))
+    }
+
+    /// `ImportSnapshot`.
+    ///
+    /// # Errors
+    /// The daemon's status.
+    pub async fn import(
+        &mut self,
+        snapshot: pb::Snapshot,
+        op: &str,
+    ) -> Result<pb::ImportSnapshotResponse, Status> {
+        let request = pb::ImportSnapshotRequest {
+            client_operation_id: op.into(),
+            snapshot: Some(snapshot),
+            session: self.session(),
+        };
+        self.retry(|mut c| {
+            let r = request.clone();
+            async move { c.import_snapshot(r).await }
+        })
+        .await
+    }
+
+    /// The pending interactions of `run_id` (the stream's first frame).
+    ///
+    /// # Errors
+    /// The daemon's status.
+    pub async fn interactions(&mut self, run_id: &str) -> Result<pb::InteractionSnapshot, Status> {
+        let mut stream = self
+            .client
+            .stream_interactions(pb::StreamInteractionsRequest {
+                run_id: run_id.into(),
+            })
+            .await?
+            .into_inner();
+        match stream.message().await? {
+            Some(pb::StreamInteractionsResponse {
+                frame: Some(pb::stream_interactions_response::Frame::Snapshot(s)),
+            }) => Ok(s),
+            _ => Err(Status::internal(
+                "StreamInteractions did not start with a snapshot",
+            )),
+        }
+    }
+
+    /// Follows `run_id` from after `after`: pages of `page` events, then the live tail,
+    /// until the terminal event (or, when `tail` is false, the head at the time).
+    /// `on_event` sees every event once, in order.
+    ///
+    /// # Errors
+    /// The daemon's status, or a sequence gap (`DATA_LOSS`), which would be a daemon bug.
+    pub async fn follow(
+        &mut self,
+        run_id: &str,
+        after: u64,
+        page: u32,
+        tail: bool,
+        mut on_event: impl FnMut(&pb::RunEvent),
+    ) -> Result<Followed, Status> {
+        use pb::stream_events_response::Frame;
+        let mut last = after;
+        let mut reopened = 0;
+        loop {
+            let request = pb::StreamEventsRequest {
+                run_id: run_id.into(),
+                after_sequence: last,
+                cursor: Some(pb::PageCursor {
+                    max_events: page,
+                    tail,
+                }),
+            };
+            let mut stream = match self.client.stream_events(request).await {
+                Ok(s) => s.into_inner(),
+                Err(s) if retryable(&s) && reopened < FOLLOW_REOPENS => {
+                    reopened += 1;
+                    tokio::time::sleep(RETRY_BACKOFF).await;
+                    continue;
+                }
+                Err(s) => return Err(s),
+            };
+            let mut next_page = false;
+            loop {
+                match stream.message().await {
+                    Ok(Some(pb::StreamEventsResponse {
+                        frame: Some(Frame::Event(e)),
+                    })) => {
+                        if e.sequence != last + 1 {
+                            return Err(Status::data_loss(format!(
+                                "sequence gap: expected {}, got {}",
+                                last + 1,
+                                e.sequence
+                            )));
+                        }
+                        last = e.sequence;
+                        on_event(&e);
+                        if let Some(pb::run_event::Kind::Terminal(t)) = e.kind {
+                            return Ok(Followed {
+                                last_sequence: last,
+                                terminal: Some(t),
+                                reopened,
+                            });
+                        }
+                    }
+                    Ok(Some(pb::StreamEventsResponse {
+                        frame: Some(Frame::Control(c)),
+                    })) => {
+                        if c.has_more {
+                            next_page = true;
+                        } else if !c.tailing {
+                            return Ok(Followed {
+                                last_sequence: last,
+                                terminal: None,
+                                reopened,
+                            });
+                        }
+                    }
+                    Ok(Some(_)) => {}
+                    Ok(None) => break,
+                    Err(s)
+                        if (s.code() == Code::ResourceExhausted || retryable(&s))
+                            && reopened < FOLLOW_REOPENS =>
+                    {
+                        // Cut off as slow, or the stream broke: resume from `last`.
+                        reopened += 1;
+                        break;
+                    }
+                    Err(s) => return Err(s),
+                }
+            }
+            if !next_page && !tail {
+                return Ok(Followed {
+                    last_sequence: last,
+                    terminal: None,
+                    reopened,
+                });
+            }
+        }
+    }
+}
