@@ -241,7 +241,7 @@ fn an_over_long_socket_path_is_refused_naming_it() {
 /// An independent client: grpcio (installed by `ci/setup.sh` into `.tools/py`) compiles
 /// proto/ itself and talks to the daemon at `unix:PATH`.
 #[test]
-fn a_grpcio_client_initializes_against_the_daemon() {
+fn a_grpcio_client_initializes_starts_a_run_and_follows_it() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let python = root.join(".tools/py/bin/python");
     assert!(

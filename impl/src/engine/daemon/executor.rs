@@ -64,18 +64,16 @@ pub fn spawn(deps: Deps, run: Arc<Run>, progress: Progress, fresh: bool) {
         if let Err(e) = task.await
             && !matches!(run.lifecycle(), Lifecycle::Terminal { .. })
         {
-            {
-                let summary = if e.is_panic() {
-                    "the executor stopped unexpectedly; the run's effects are unknown"
-                } else {
-                    "the executor was stopped; the run's effects are unknown"
-                };
-                let detail = UncertainDetail {
-                    sentinel: SENTINEL_EXECUTOR_PANIC.into(),
-                    summary: summary.into(),
-                };
-                let _ = end(&deps, &run, Outcome::Uncertain, Some(detail)).await;
-            }
+            let summary = if e.is_panic() {
+                "the executor stopped unexpectedly; the run's effects are unknown"
+            } else {
+                "the executor was stopped; the run's effects are unknown"
+            };
+            let detail = UncertainDetail {
+                sentinel: SENTINEL_EXECUTOR_PANIC.into(),
+                summary: summary.into(),
+            };
+            let _ = end(&deps, &run, Outcome::Uncertain, Some(detail)).await;
         }
     });
 }
