@@ -102,11 +102,7 @@ enum Command {
         what: WorkerCommand,
     },
     /// The local engine protocol (`engine serve`: the daemon).
-    Engine {
-        /// What to run.
-        #[command(subcommand)]
-        what: EngineCommand,
-    },
+    Engine(contract_impl::engine::cli::EngineArgs),
     /// Print a protocol's JSON Schema.
     Schema {
         /// The protocol family.
@@ -122,73 +118,6 @@ enum Family {
     CoreRuntime,
     /// The worker protocol.
     Worker,
-}
-
-#[derive(Debug, Subcommand)]
-enum EngineCommand {
-    /// Serve the engine daemon on a Unix socket (no TCP listener); the endpoint token is
-    /// written to `<data-dir>/endpoint-token` (0600).
-    Serve {
-        /// The Unix socket to listen on (its directory is made 0700).
-        #[arg(long)]
-        socket: PathBuf,
-        /// The daemon's durable state (made 0700).
-        #[arg(long)]
-        data_dir: PathBuf,
-        /// Events retained per run for replay (older ones are pruned; a cursor before
-        /// them gets `cursor_gap`).
-        #[arg(long, default_value_t = contract_impl::engine::daemon::limits::RETAINED_EVENTS_PER_RUN,
-              value_parser = clap::value_parser!(u64).range(1..))]
-        retained_events: u64,
-        /// A snapshot key shared with other daemons (JSON `{scope_id, generation, key}`,
-        /// hex, mode 0600); without it the daemon signs with its own key.
-        #[arg(long)]
-        snapshot_key_file: Option<PathBuf>,
-    },
-    /// The client calls.
-    #[command(flatten)]
-    Client(EngineClientCommand),
-}
-
-#[derive(Debug, Subcommand)]
-enum EngineClientCommand {
-    /// Claim ownership: as a new owner, or reconnect with `--client-id` and the
-    /// `--epoch` last held (the daemon's compare-and-swap); prints the result.
-    Initialize {
-        #[command(flatten)]
-        endpoint: EngineEndpoint,
-        /// Reconnect as this client ID.
-        #[arg(long, requires = "epoch")]
-        client_id: Option<String>,
-        /// The epoch last held (with `--client-id`).
-        #[arg(long, requires = "client_id")]
-        epoch: Option<u64>,
-        /// A capability the daemon must offer (repeatable).
-        #[arg(long = "require")]
-        required: Vec<String>,
-        /// One JSON object instead of text.
-        #[arg(long)]
-        json: bool,
-    },
-    /// Print the daemon's health.
-    Health {
-        #[command(flatten)]
-        endpoint: EngineEndpoint,
-        /// One JSON object instead of text.
-        #[arg(long)]
-        json: bool,
-    },
-}
-
-/// Where a client finds the daemon.
-#[derive(Debug, clap::Args)]
-struct EngineEndpoint {
-    /// The daemon's Unix socket.
-    #[arg(long)]
-    socket: PathBuf,
-    /// The daemon's endpoint token file (`<data-dir>/endpoint-token`).
-    #[arg(long)]
-    token_file: PathBuf,
 }
 
 #[derive(Debug, Subcommand)]
@@ -355,25 +284,7 @@ fn main() -> ExitCode {
         Command::Worker {
             what: WorkerCommand::Bench { rounds },
         } => worker_bench(rounds),
-        Command::Engine {
-            what:
-                EngineCommand::Serve {
-                    socket,
-                    data_dir,
-                    retained_events,
-                    snapshot_key_file,
-                },
-        } => engine_serve(
-            &socket,
-            &data_dir,
-            &contract_impl::engine::daemon::Config {
-                retained_events,
-                snapshot_key_file,
-            },
-        ),
-        Command::Engine {
-            what: EngineCommand::Client(call),
-        } => engine_client(call),
+        Command::Engine(args) => contract_impl::engine::cli::run(args),
         Command::Worker {
             what: WorkerCommand::Host { data_dir, profile },
         } => worker_host(&data_dir, matches!(profile, WireProfileArg::Different)),
@@ -399,121 +310,6 @@ fn async_runtime() -> Result<tokio::runtime::Runtime, ExitCode> {
         eprintln!("error: cannot start the async runtime: {err}");
         ExitCode::from(EXIT_FAILURE)
     })
-}
-
-/// `engine serve`: the daemon until SIGTERM; exit 2 when it cannot start.
-fn engine_serve(
-    socket: &std::path::Path,
-    data_dir: &std::path::Path,
-    config: &contract_impl::engine::daemon::Config,
-) -> ExitCode {
-    let runtime = match tokio::runtime::Runtime::new() {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("contract-impl engine serve: {e}");
-            return ExitCode::from(2);
-        }
-    };
-    match runtime.block_on(contract_impl::engine::daemon::serve(
-        socket, data_dir, config,
-    )) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("contract-impl engine serve: {e} ({})", e.code());
-            ExitCode::from(2)
-        }
-    }
-}
-
-/// `engine initialize` / `engine health`: one call, its result printed: exit 0 when the daemon answered, 1 for a typed refusal, 2 when
-/// it could not be reached.
-fn engine_client(what: EngineClientCommand) -> ExitCode {
-    use contract_impl::engine::client::{self, Ownership};
-    use contract_impl::engine::proto::engine::v1::initialize_response::Result as R;
-    let runtime = match tokio::runtime::Runtime::new() {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("contract-impl engine: {e}");
-            return ExitCode::from(2);
-        }
-    };
-    let version = |v: &Option<contract_impl::engine::proto::common::v1::ProtocolVersion>| {
-        v.as_ref()
-            .map_or_else(|| "?".to_string(), |v| format!("{}.{}", v.major, v.minor))
-    };
-    let outcome = runtime.block_on(async {
-        match what {
-            EngineClientCommand::Health { endpoint, json } => {
-                let mut c = client::connect(&endpoint.socket, &endpoint.token_file).await?;
-                let h = c
-                    .health(contract_impl::engine::proto::engine::v1::HealthRequest {})
-                    .await?
-                    .into_inner();
-                let readiness = contract_impl::engine::proto::engine::v1::Readiness::try_from(h.readiness)
-                    .map_or("unknown".to_string(), |r| {
-                        r.as_str_name().trim_start_matches("READINESS_").to_lowercase()
-                    });
-                if json {
-                    println!(
-                        "{}",
-                        serde_json::json!({"readiness": readiness, "active_runs": h.active_runs, "degraded_reasons": h.degraded_reasons})
-                    );
-                } else {
-                    println!("{readiness}, {} active runs", h.active_runs);
-                    for reason in &h.degraded_reasons {
-                        println!("  degraded: {reason}");
-                    }
-                }
-                Ok::<bool, client::ClientError>(true)
-            }
-            EngineClientCommand::Initialize { endpoint, client_id, epoch, required, json } => {
-                let mut c = client::connect(&endpoint.socket, &endpoint.token_file).await?;
-                let ownership = match (client_id, epoch) {
-                    (Some(client_id), Some(epoch)) => Ownership::Reconnect { client_id, epoch },
-                    _ => Ownership::New,
-                };
-                let result = client::initialize(&mut c, &ownership, &required).await?;
-                let (ok, value, text) = match result {
-                    R::Initialized(i) => (
-                        true,
-                        serde_json::json!({"result": "initialized", "client_id": i.client_id, "epoch": i.epoch,
-                            "negotiated": version(&i.negotiated), "capabilities": i.capabilities,
-                            "definitions": i.definitions.map(|d| d.definitions.iter().map(|d| format!("{}@{}", d.id, d.revision)).collect::<Vec<_>>()).unwrap_or_default()}),
-                        format!("client {} at epoch {} (protocol {})", i.client_id, i.epoch, version(&i.negotiated)),
-                    ),
-                    R::StaleClaim(s) => (
-                        false,
-                        serde_json::json!({"result": "stale_claim", "client_id": s.client_id, "expected_epoch": s.expected_epoch, "current_epoch": s.current_epoch}),
-                        format!("stale claim: {} expected epoch {}, the daemon holds {}", s.client_id, s.expected_epoch, s.current_epoch),
-                    ),
-                    R::IncompatibleVersion(v) => (
-                        false,
-                        serde_json::json!({"result": "incompatible_version", "observed": version(&v.observed), "supported_min": version(&v.supported_min), "supported_max": version(&v.supported_max)}),
-                        format!("incompatible version {}: the daemon supports {}..{}", version(&v.observed), version(&v.supported_min), version(&v.supported_max)),
-                    ),
-                    R::MissingCapability(m) => (
-                        false,
-                        serde_json::json!({"result": "missing_capability", "missing": m.missing, "offered": m.offered, "negotiated": version(&m.negotiated)}),
-                        format!("missing capabilities {:?} at protocol {} (offered: {:?})", m.missing, version(&m.negotiated), m.offered),
-                    ),
-                };
-                if json {
-                    println!("{value}");
-                } else {
-                    println!("{text}");
-                }
-                Ok(ok)
-            }
-        }
-    });
-    match outcome {
-        Ok(true) => ExitCode::SUCCESS,
-        Ok(false) => ExitCode::from(1),
-        Err(e) => {
-            eprintln!("contract-impl engine: {e} ({})", e.code());
-            ExitCode::from(2)
-        }
-    }
 }
 
 /// `worker host`: the controlled host until its control channel ends or SIGTERM.

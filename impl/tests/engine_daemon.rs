@@ -3,6 +3,7 @@
 //! payload is decoded, negotiation results, and the ownership compare-and-swap with
 //! racing reconnects.
 
+use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::process::Command;
 
@@ -303,4 +304,140 @@ fn the_client_subcommands_claim_and_reconnect() {
     let (code, out) = run(&["health"]);
     assert_eq!(code, Some(0), "{out}");
     assert!(out.starts_with("ready, 0 active runs"), "{out}");
+}
+
+#[test]
+fn the_run_subcommands_start_follow_steer_and_keep_the_client_epoch() {
+    let daemon = start();
+    let state = daemon.dir.path().join("client.json");
+    let run = |args: &[&str]| {
+        let out = Command::new(BIN)
+            .arg("engine")
+            .args(args)
+            .arg("--socket")
+            .arg(&daemon.socket)
+            .arg("--token-file")
+            .arg(&daemon.token_file)
+            .arg("--client-state")
+            .arg(&state)
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+        let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+        assert!(!stdout.contains(&daemon.token) && !stderr.contains(&daemon.token));
+        (out.status.code(), stdout, stderr)
+    };
+    let (code, out, err) = run(&["run", "--message", "hello there"]);
+    assert_eq!(code, Some(0), "{out}{err}");
+    assert!(out.contains("#2 message: hello there"), "{out}");
+    assert!(out.contains("#4 run ended: succeeded"), "{out}");
+    assert!(err.contains("succeeded; 4 events followed"), "{err}");
+    let recorded: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&state).unwrap()).unwrap();
+    assert_eq!(recorded["epoch"], 1);
+    assert_eq!(
+        std::fs::metadata(&state).unwrap().permissions().mode() & 0o777,
+        0o600
+    );
+    // A held run: detach, list nothing pending, suspend, export, cancel.
+    let (code, out, _) = run(&[
+        "run",
+        "--detach",
+        "--json",
+        "--message",
+        "#!script\nask q1 Deploy?\nturn\nhold",
+    ]);
+    assert_eq!(code, Some(0), "{out}");
+    let started: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    let id = started["run_id"].as_str().unwrap().to_string();
+    let mut pending = String::new();
+    for _ in 0..200 {
+        let (_, out, _) = run(&["interactions", "--run", &id]);
+        if out.contains("q1: Deploy?") {
+            pending = out;
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert!(pending.starts_with("revision 1: 1 pending"), "{pending}");
+    let (code, out, _) = run(&[
+        "respond",
+        "--run",
+        &id,
+        "--interaction",
+        "q1",
+        "--response",
+        "\"yes\"",
+        "--operation-id",
+        "answer-1",
+    ]);
+    assert_eq!((code, out.trim()), (Some(0), "q1: answered"));
+    let (code, out, _) = run(&[
+        "respond",
+        "--run",
+        &id,
+        "--interaction",
+        "q1",
+        "--response",
+        "\"yes\"",
+        "--operation-id",
+        "answer-1",
+    ]);
+    assert_eq!(code, Some(0));
+    assert!(out.contains("answered before"), "{out}");
+    let (code, _, err) = run(&[
+        "respond",
+        "--run",
+        &id,
+        "--interaction",
+        "q1",
+        "--response",
+        "\"yes\"",
+    ]);
+    assert_eq!(code, Some(1));
+    assert!(err.contains("stale_interaction"), "{err}");
+    let (code, out, _) = run(&["suspend", "--run", &id]);
+    assert_eq!(code, Some(0), "{out}");
+    assert!(out.contains("suspended after #4"), "{out}");
+    let file = daemon.dir.path().join("snap.bin");
+    let (code, out, _) = run(&["export", "--run", &id, "--out", file.to_str().unwrap()]);
+    assert_eq!(code, Some(0), "{out}");
+    assert_eq!(
+        std::fs::metadata(&file).unwrap().permissions().mode() & 0o777,
+        0o600
+    );
+    let (code, _, err) = run(&["import", "--file", file.to_str().unwrap()]);
+    assert_eq!(code, Some(1));
+    assert!(err.contains("run_exists"), "{err}");
+    let (code, out, _) = run(&["resume", "--run", &id]);
+    assert_eq!(code, Some(0), "{out}");
+    let (code, out, _) = run(&["cancel", "--run", &id]);
+    assert_eq!(
+        (code, out.trim().ends_with("ended: canceled")),
+        (Some(0), true),
+        "{out}"
+    );
+    let (code, out, _) = run(&["cancel", "--run", &id]);
+    assert!(
+        code == Some(0) && out.contains("had already ended: canceled"),
+        "{out}"
+    );
+    let (code, out, _) = run(&["follow", "--run", &id, "--after", "4", "--json"]);
+    assert_eq!(code, Some(0), "{out}");
+    let lines: Vec<serde_json::Value> = out
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines[0]["sequence"], "5");
+    assert!(lines[0].get("suspended").is_some(), "{out}");
+    assert_eq!(
+        lines.last().unwrap()["terminal"]["outcome"],
+        "OUTCOME_CANCELED"
+    );
+    let recorded: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&state).unwrap()).unwrap();
+    assert!(
+        recorded["epoch"].as_u64().unwrap() >= 10,
+        "each command reconnected: {recorded}"
+    );
 }

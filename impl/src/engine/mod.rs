@@ -14,9 +14,11 @@
 //!
 //! This module owns the protocol's types and negotiation rules; it never opens a socket.
 
+pub mod cli;
 pub mod client;
 pub mod compat;
 pub mod daemon;
+pub mod json;
 pub mod kernel;
 pub mod session;
 

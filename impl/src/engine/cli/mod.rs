@@ -1,0 +1,256 @@
+//! `contract-impl engine …`: the daemon (`serve`) and the client subcommands (engine
+//! issue, "The client"): initialize and reconnect with the compare-and-swap, start a
+//! run, follow its events from any sequence through pages and the tail, list and answer
+//! interactions, cancel, suspend, resume, export and import.
+//!
+//! Exit status: 0 done; 1 the daemon refused (a typed result or a status); 2 the daemon
+//! could not be reached or the command could not start. Text for people, `--json` for
+//! machines (one JSON object per line). The endpoint token is read from its file and
+//! never printed.
+//!
+//! With `--client-state FILE` a command reconnects as the client recorded there (the
+//! daemon's compare-and-swap to the next epoch) and records the new epoch (0600);
+//! without it each command is a new owner.
+//!
+//! This module owns argument parsing and output; the calls are [`super::session`]'s.
+
+mod calls;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Args, Subcommand};
+
+/// `contract-impl engine`.
+#[derive(Debug, Args)]
+pub struct EngineArgs {
+    /// What to do.
+    #[command(subcommand)]
+    pub what: EngineCommand,
+}
+
+/// The engine subcommands.
+#[derive(Debug, Subcommand)]
+pub enum EngineCommand {
+    /// Serve the engine daemon on a Unix socket (no TCP listener); the endpoint token is
+    /// written to `<data-dir>/endpoint-token` (0600).
+    Serve {
+        /// The Unix socket to listen on (its directory is made 0700).
+        #[arg(long)]
+        socket: PathBuf,
+        /// The daemon's durable state (made 0700).
+        #[arg(long)]
+        data_dir: PathBuf,
+        /// Events retained per run for replay (older ones are pruned; a cursor before
+        /// them gets `cursor_gap`).
+        #[arg(long, default_value_t = crate::engine::daemon::limits::RETAINED_EVENTS_PER_RUN,
+              value_parser = clap::value_parser!(u64).range(1..))]
+        retained_events: u64,
+        /// A snapshot key shared with other daemons (JSON `{scope_id, generation, key}`,
+        /// hex, mode 0600); without it the daemon signs with its own key.
+        #[arg(long)]
+        snapshot_key_file: Option<PathBuf>,
+    },
+    /// The client calls.
+    #[command(flatten)]
+    Client(ClientCommand),
+}
+
+/// Where a client finds the daemon, and who it is.
+#[derive(Debug, Clone, Args)]
+pub struct Endpoint {
+    /// The daemon's Unix socket.
+    #[arg(long)]
+    pub socket: PathBuf,
+    /// The daemon's endpoint token file (`<data-dir>/endpoint-token`).
+    #[arg(long)]
+    pub token_file: PathBuf,
+    /// Reconnect as the client recorded in this file and record the new epoch (0600).
+    #[arg(long)]
+    pub client_state: Option<PathBuf>,
+    /// One JSON object per line instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// The client subcommands.
+#[derive(Debug, Subcommand)]
+pub enum ClientCommand {
+    /// Claim ownership: as a new owner, or reconnect with `--client-id` and the
+    /// `--epoch` last held (the daemon's compare-and-swap); prints the result.
+    Initialize {
+        /// The daemon and the client.
+        #[command(flatten)]
+        endpoint: Endpoint,
+        /// Reconnect as this client ID.
+        #[arg(long, requires = "epoch")]
+        client_id: Option<String>,
+        /// The epoch last held (with `--client-id`).
+        #[arg(long, requires = "client_id")]
+        epoch: Option<u64>,
+        /// A capability the daemon must offer (repeatable).
+        #[arg(long = "require")]
+        required: Vec<String>,
+    },
+    /// Print the daemon's health.
+    Health {
+        /// The daemon and the client.
+        #[command(flatten)]
+        endpoint: Endpoint,
+    },
+    /// Start a run and (unless `--detach`) follow it to its end.
+    Run {
+        /// The daemon and the client.
+        #[command(flatten)]
+        endpoint: Endpoint,
+        /// The run's first message (for the `scripted` definition, `#!script` programs).
+        #[arg(long)]
+        message: String,
+        /// The definition, `ID@REVISION` (default: the first one the daemon advertises).
+        #[arg(long)]
+        definition: Option<String>,
+        /// The client operation ID (default: a fresh one); the same ID returns the same run.
+        #[arg(long)]
+        operation_id: Option<String>,
+        /// Print the run ID and return without following.
+        #[arg(long)]
+        detach: bool,
+    },
+    /// Follow a run's events after `--after` through pages and the live tail.
+    Follow {
+        /// The daemon and the client.
+        #[command(flatten)]
+        endpoint: Endpoint,
+        /// The run.
+        #[arg(long)]
+        run: String,
+        /// Follow after this sequence (0: from the start).
+        #[arg(long, default_value_t = 0)]
+        after: u64,
+        /// Events per page.
+        #[arg(long, default_value_t = crate::engine::daemon::limits::MAX_PAGE_EVENTS)]
+        page: u32,
+        /// Stop at the head instead of tailing.
+        #[arg(long)]
+        no_tail: bool,
+    },
+    /// List a run's pending interactions.
+    Interactions {
+        /// The daemon and the client.
+        #[command(flatten)]
+        endpoint: Endpoint,
+        /// The run.
+        #[arg(long)]
+        run: String,
+    },
+    /// Answer a pending interaction.
+    Respond {
+        /// The daemon and the client.
+        #[command(flatten)]
+        endpoint: Endpoint,
+        /// The run.
+        #[arg(long)]
+        run: String,
+        /// The interaction.
+        #[arg(long)]
+        interaction: String,
+        /// The response, JSON (a JSON string for the scripted kernel).
+        #[arg(long)]
+        response: String,
+        /// The client operation ID (default: a fresh one).
+        #[arg(long)]
+        operation_id: Option<String>,
+    },
+    /// Cancel a run (says whether it had already ended).
+    Cancel {
+        /// The daemon and the client.
+        #[command(flatten)]
+        endpoint: Endpoint,
+        /// The run.
+        #[arg(long)]
+        run: String,
+        /// The client operation ID (default: a fresh one).
+        #[arg(long)]
+        operation_id: Option<String>,
+    },
+    /// Suspend a run at its next completed turn.
+    Suspend {
+        /// The daemon and the client.
+        #[command(flatten)]
+        endpoint: Endpoint,
+        /// The run.
+        #[arg(long)]
+        run: String,
+        /// The client operation ID (default: a fresh one).
+        #[arg(long)]
+        operation_id: Option<String>,
+    },
+    /// Resume a suspended run.
+    Resume {
+        /// The daemon and the client.
+        #[command(flatten)]
+        endpoint: Endpoint,
+        /// The run.
+        #[arg(long)]
+        run: String,
+        /// The client operation ID (default: a fresh one).
+        #[arg(long)]
+        operation_id: Option<String>,
+    },
+    /// Export a suspended run's signed snapshot to a file (0600, protobuf).
+    Export {
+        /// The daemon and the client.
+        #[command(flatten)]
+        endpoint: Endpoint,
+        /// The run.
+        #[arg(long)]
+        run: String,
+        /// The file to write.
+        #[arg(long)]
+        out: PathBuf,
+    },
+    /// Import a snapshot file (the run keeps its ID; it arrives suspended).
+    Import {
+        /// The daemon and the client.
+        #[command(flatten)]
+        endpoint: Endpoint,
+        /// The snapshot file.
+        #[arg(long)]
+        file: PathBuf,
+        /// The client operation ID (default: a fresh one).
+        #[arg(long)]
+        operation_id: Option<String>,
+    },
+}
+
+/// Runs `contract-impl engine …`.
+pub fn run(args: EngineArgs) -> ExitCode {
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("contract-impl engine: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    match args.what {
+        EngineCommand::Serve {
+            socket,
+            data_dir,
+            retained_events,
+            snapshot_key_file,
+        } => {
+            let config = crate::engine::daemon::Config {
+                retained_events,
+                snapshot_key_file,
+            };
+            match runtime.block_on(crate::engine::daemon::serve(&socket, &data_dir, &config)) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("contract-impl engine serve: {e} ({})", e.code());
+                    ExitCode::from(2)
+                }
+            }
+        }
+        EngineCommand::Client(call) => runtime.block_on(calls::run(call)),
+    }
+}
