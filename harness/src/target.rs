@@ -215,6 +215,15 @@ impl RunDir {
                 path: base.to_path_buf(),
                 source,
             })?;
+        // Private to this user whatever the umask and the temporary-directory library do.
+        std::fs::set_permissions(
+            dir.path(),
+            std::os::unix::fs::PermissionsExt::from_mode(0o700),
+        )
+        .map_err(|source| TargetError::RunDir {
+            path: dir.path().to_path_buf(),
+            source,
+        })?;
         let run = Self { dir };
         for sub in [run.workspace(), run.cwd()] {
             std::fs::create_dir(&sub)

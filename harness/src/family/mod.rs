@@ -3,6 +3,7 @@
 //!
 //! * [`core_runtime`]: the Core ↔ Runtime family (sides `runtime` and `core`).
 //! * [`worker`]: the host ↔ worker family (sides `worker` and `host`).
+//! * [`engine`]: the local engine family (side `daemon`).
 //!
 //! `--family`/`--side`, the runner, `contract-harness list` and the contract test are all
 //! driven from [`FAMILIES`]. A new family adds a folder here, its scenarios and goldens,
@@ -10,6 +11,7 @@
 //! import each other; none of them parses scenario files, renders goldens or prints.
 
 pub mod core_runtime;
+pub mod engine;
 pub mod worker;
 
 use crate::drive::{DriveOptions, DriveOutcome, Failure, FailureCode, Phase, StepError};
@@ -88,6 +90,15 @@ pub const FAMILIES: &[FamilyInfo] = &[
             },
         ],
     },
+    FamilyInfo {
+        name: engine::FAMILY,
+        spec: "engine-protocol",
+        sides: &[SideInfo {
+            side: Side::Daemon,
+            harness_plays: "the daemon's client (gRPC over its Unix socket, dynamic messages)",
+            impl_args: "engine serve",
+        }],
+    },
 ];
 
 /// The family named `name`.
@@ -130,6 +141,7 @@ pub async fn drive(scenario: &Scenario, side: Side, opts: &DriveOptions) -> Driv
     match (scenario.family.as_str(), known_side) {
         (core_runtime::FAMILY, Some(_)) => core_runtime::drive(scenario, side, opts).await,
         (worker::FAMILY, Some(_)) => worker::drive(scenario, side, opts).await,
+        (engine::FAMILY, Some(_)) => engine::drive(scenario, side, opts).await,
         _ => DriveOutcome::failed(Failure::outside(
             &scenario.id(),
             Phase::Launch,
@@ -150,6 +162,7 @@ pub fn generated_keys(family_name: &str, side: Side) -> &'static [&'static str] 
     match family_name {
         core_runtime::FAMILY => core_runtime::generated_keys(side),
         worker::FAMILY => worker::GENERATED_KEYS,
+        engine::FAMILY => engine::GENERATED_KEYS,
         _ => &[],
     }
 }

@@ -191,6 +191,20 @@ pub const WORKER: FamilyTable = FamilyTable {
     nulls: true,
 };
 
+/// The engine family (gRPC on a Unix socket; frames are RPC events on named calls).
+pub const ENGINE: FamilyTable = FamilyTable {
+    family: "engine",
+    sides: &[Side::Daemon],
+    parties: &[Party::Client, Party::Daemon],
+    steps: &[],
+    config_keys: &["engine"],
+    native_ops: &[],
+    native_side: None,
+    prebound: |_| false,
+    check_frame: crate::family::engine::codec::check_frame,
+    nulls: false,
+};
+
 /// A family of generic steps only, for the loader's own tests.
 #[cfg(test)]
 pub const DEMO: FamilyTable = FamilyTable {
@@ -208,11 +222,11 @@ pub const DEMO: FamilyTable = FamilyTable {
 
 /// Every family's table.
 #[cfg(not(test))]
-pub const TABLES: &[FamilyTable] = &[CORE_RUNTIME, WORKER];
+pub const TABLES: &[FamilyTable] = &[CORE_RUNTIME, WORKER, ENGINE];
 
 /// Every family's table (and the test-only [`DEMO`]).
 #[cfg(test)]
-pub const TABLES: &[FamilyTable] = &[CORE_RUNTIME, WORKER, DEMO];
+pub const TABLES: &[FamilyTable] = &[CORE_RUNTIME, WORKER, ENGINE, DEMO];
 
 /// The table of `family`.
 pub fn table(family: &str) -> Option<&'static FamilyTable> {

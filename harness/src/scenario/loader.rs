@@ -211,6 +211,8 @@ enum RawStep {
     Runtime(RawFrame),
     Host(Map<String, Value>),
     Worker(Map<String, Value>),
+    Client(Map<String, Value>),
+    Daemon(Map<String, Value>),
     Native(Spanned<Map<String, Value>>),
     Launch(Map<String, Value>),
     WorkerStdio(Map<String, Value>),
@@ -564,6 +566,15 @@ impl Converter<'_> {
             RawStep::Worker(message) => Step::Frame {
                 party: Party::Worker,
                 frame: Value::Object(message),
+            },
+            // The engine family's frames are RPC events on named calls.
+            RawStep::Client(event) => Step::Frame {
+                party: Party::Client,
+                frame: Value::Object(event),
+            },
+            RawStep::Daemon(event) => Step::Frame {
+                party: Party::Daemon,
+                frame: Value::Object(event),
             },
             RawStep::Native(map) => {
                 let map_location = map.referenced;

@@ -25,11 +25,22 @@ pub enum Side {
     Worker,
     /// The worker host is under test; the harness plays the worker.
     Host,
+    /// The engine daemon is under test; the harness plays its client.
+    Daemon,
+    /// The engine client is under test; the harness plays the daemon.
+    Client,
 }
 
 impl Side {
     /// Every side, in a stable order.
-    pub const ALL: [Side; 4] = [Side::Runtime, Side::Core, Side::Worker, Side::Host];
+    pub const ALL: [Side; 6] = [
+        Side::Runtime,
+        Side::Core,
+        Side::Worker,
+        Side::Host,
+        Side::Daemon,
+        Side::Client,
+    ];
 
     /// The side's name as written in scenarios, goldens and reports.
     pub fn as_str(self) -> &'static str {
@@ -38,6 +49,8 @@ impl Side {
             Side::Core => "core",
             Side::Worker => "worker",
             Side::Host => "host",
+            Side::Daemon => "daemon",
+            Side::Client => "client",
         }
     }
 
@@ -48,6 +61,8 @@ impl Side {
             Side::Core => Side::Runtime,
             Side::Worker => Side::Host,
             Side::Host => Side::Worker,
+            Side::Daemon => Side::Client,
+            Side::Client => Side::Daemon,
         }
     }
 
@@ -63,6 +78,8 @@ impl Side {
             Side::Core => Party::Core,
             Side::Worker => Party::Worker,
             Side::Host => Party::Host,
+            Side::Daemon => Party::Daemon,
+            Side::Client => Party::Client,
         }
     }
 }
@@ -87,6 +104,10 @@ pub enum Party {
     Host,
     /// The worker sends the message (worker family).
     Worker,
+    /// The engine daemon answers (engine family).
+    Daemon,
+    /// The engine client calls (engine family).
+    Client,
 }
 
 impl Party {
@@ -98,6 +119,8 @@ impl Party {
             Party::Native => "native",
             Party::Host => "host",
             Party::Worker => "worker",
+            Party::Daemon => "daemon",
+            Party::Client => "client",
         }
     }
 
@@ -108,6 +131,8 @@ impl Party {
             Party::Runtime | Party::Native => Side::Runtime,
             Party::Host => Side::Host,
             Party::Worker => Side::Worker,
+            Party::Daemon => Side::Daemon,
+            Party::Client => Side::Client,
         }
     }
 }
@@ -185,6 +210,9 @@ pub struct ScenarioConfig {
     /// The worker family's launch settings (`role`, `hooks` source files).
     #[serde(default)]
     pub worker: Option<Value>,
+    /// The engine family's launch settings (`retained_events`, `snapshot_key`).
+    #[serde(default)]
+    pub engine: Option<Value>,
 }
 
 /// Files and directories seeded into the target's workspace before launch.

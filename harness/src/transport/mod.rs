@@ -20,6 +20,7 @@
 pub mod client;
 pub mod control;
 pub mod framed;
+pub mod grpc;
 pub mod http;
 pub mod relay;
 pub mod ws;
