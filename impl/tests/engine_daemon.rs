@@ -345,7 +345,7 @@ fn the_run_subcommands_start_follow_steer_and_keep_the_client_epoch() {
         "--detach",
         "--json",
         "--message",
-        "#!script\nask q1 Deploy?\nturn\nhold",
+        "#!script\nask q1 Deploy?\nturn\nhold\nsay more\nhold",
     ]);
     assert_eq!(code, Some(0), "{out}");
     let started: serde_json::Value = serde_json::from_str(out.trim()).unwrap();

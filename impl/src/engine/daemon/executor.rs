@@ -58,6 +58,7 @@ pub fn spawn(deps: Deps, run: Arc<Run>, progress: Progress, fresh: bool) {
             Lifecycle::Suspended { boundary } => boundary,
             _ => 0,
         },
+        suspended_at_turn: !fresh,
     };
     let task = tokio::spawn(exec.run(fresh));
     tokio::spawn(async move {
@@ -151,6 +152,9 @@ struct Executor {
     progress: Progress,
     last_was_turn: bool,
     boundary: u64,
+    /// A suspension happened at the last completed turn (a `hold` right after it is
+    /// released: the suspension it waits for has happened).
+    suspended_at_turn: bool,
 }
 
 /// Why the executor stopped early.
@@ -188,6 +192,10 @@ impl Executor {
 
     async fn emit(&mut self, kind: Kind) -> Result<u64, Stop> {
         self.last_was_turn = matches!(kind, Kind::TurnCompleted(_));
+        if !matches!(kind, Kind::Suspended(_) | Kind::Resumed(_)) {
+            // The run moved on from the boundary it was suspended at.
+            self.suspended_at_turn = false;
+        }
         emit(&self.deps, &self.run, kind, false)
             .await
             .map_err(Stop::Failed)
@@ -231,6 +239,7 @@ impl Executor {
                         }))
                         .await?;
                     self.boundary = sequence;
+                    self.suspended_at_turn = false;
                     if self.run.signals.suspend.load(Ordering::Acquire) {
                         self.suspend(self.progress.position).await?;
                     }
@@ -307,7 +316,14 @@ impl Executor {
         }
     }
 
+    /// Waits until the run is suspended (at the turn just completed) or canceled; after
+    /// the suspension it continues with the next directive. A suspension that already
+    /// happened at that turn releases it at once, so a program behaves the same whether
+    /// the suspension arrived before or after it reached the hold.
     async fn hold(&mut self) -> Result<(), Stop> {
+        if self.suspended_at_turn {
+            return Ok(());
+        }
         loop {
             let run = self.run.clone();
             let wake = run.signals.wake.notified();
@@ -315,9 +331,8 @@ impl Executor {
                 return Err(Stop::Canceled);
             }
             if self.last_was_turn && self.run.signals.suspend.load(Ordering::Acquire) {
-                // Continued (here or after a restart or an import) at this hold.
-                self.suspend(self.progress.position - 1).await?;
-                continue;
+                // Continued (here, after a restart or after an import) past this hold.
+                return self.suspend(self.progress.position).await;
             }
             wake.await;
         }
@@ -350,6 +365,7 @@ impl Executor {
         }
         let sequence = self.emit(Kind::Suspended(pb::RunSuspended {})).await?;
         self.last_was_turn = true;
+        self.suspended_at_turn = true;
         self.run.log.committed(sequence).await;
         self.run.lifecycle.send_replace(Lifecycle::Suspended {
             boundary: self.boundary,

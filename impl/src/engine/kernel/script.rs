@@ -11,7 +11,7 @@
 //! | `turn`                         | one `TurnCompleted`: a safe boundary for suspension |
 //! | `tool NAME OUTCOME`            | one `ToolOutcome` (`succeeded`, `failed`, `uncertain`) |
 //! | `ask ID PROMPT`                | opens interaction `ID` and waits for its response   |
-//! | `hold`                         | waits for a cancel or a suspension                  |
+//! | `hold`                         | waits until suspended (then continues) or canceled  |
 //! | `fail`                         | ends the run `failed` (an expected business failure) |
 //! | `panic`                        | the executor panics (contained: `uncertain`)        |
 //!
