@@ -302,12 +302,26 @@ impl GrpcLink {
         }
     }
 
+    /// Forgets call `call` once its final status was read (its name may be used again).
+    pub fn finished(&mut self, call: &str) {
+        self.calls.remove(call);
+    }
+
+    /// Reads the next event, forgetting a call whose final status it is.
+    pub async fn next(&mut self) -> Option<CallEvent> {
+        let event = self.rx.recv().await?;
+        if let CallEvent::Status { call, .. } = &event {
+            self.calls.remove(call);
+        }
+        Some(event)
+    }
+
     /// Starts `spec`; its events arrive on [`Self::rx`].
     ///
     /// # Errors
     /// The channel cannot be built, or the call name is in flight already.
     pub fn start(&mut self, spec: CallSpec) -> Result<(), String> {
-        if self.calls.get(&spec.call).is_some_and(|t| !t.is_finished()) {
+        if self.calls.contains_key(&spec.call) {
             return Err(format!("call `{}` is still in flight", spec.call));
         }
         if self.channel.is_none() {

@@ -319,7 +319,7 @@ impl Peer for ScriptedClientPeer {
                 }
             }));
         }
-        match tokio::time::timeout(timeout, self.link.grpc.rx.recv()).await {
+        match tokio::time::timeout(timeout, self.link.grpc.next()).await {
             Err(_) => Ok(None),
             Ok(Some(event)) => Ok(Some(Event::Text(event.frame().to_string()))),
             Ok(None) => Ok(None),
