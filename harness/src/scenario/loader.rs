@@ -1120,7 +1120,7 @@ steps:
         assert_eq!(s.pending_reason(Side::Core), Some("not yet"));
         assert_eq!(s.steps[0], Step::Crash);
         let err = load_err("x", &format!("{head}steps:\n  - crash: {{}}\n"));
-        assert!(err.contains("crash restarts the target Core"), "{err}");
+        assert!(err.contains("crash restarts the target Core or engine daemon"), "{err}");
         let err = load_err(
             "x",
             &format!(

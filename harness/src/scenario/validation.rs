@@ -392,10 +392,19 @@ impl Checker<'_> {
                 }
             }
             Step::Api(api) => self.api(location, api),
-            Step::Crash if self.scenario.sides.as_deref() != Some(&[Side::Core][..]) => self.issue(
-                Some(location),
-                "crash restarts the target Core: it needs `sides: [core]`",
-            ),
+            // The sides whose launch contract restarts the target: Core and the engine
+            // daemon (same data directory).
+            Step::Crash
+                if !matches!(
+                    self.scenario.sides.as_deref(),
+                    Some([Side::Core]) | Some([Side::Daemon])
+                ) =>
+            {
+                self.issue(
+                    Some(location),
+                    "crash restarts the target Core or engine daemon: it needs `sides: [core]` or `sides: [daemon]`",
+                )
+            }
             Step::ExpectExit { code, stderr } => {
                 if let Some(ExitCodeSpec::Exact(code)) = code
                     && !(0..=255).contains(code)

@@ -220,7 +220,8 @@ impl EngineService for Engine {
         &self,
         request: Request<pb::StreamEventsRequest>,
     ) -> Result<Response<Self::StreamEventsStream>, Status> {
-        let stream = streams::stream_events(&self.daemon, request.into_inner()).await?;
+        let deadline = streams::deadline(request.metadata())?;
+        let stream = streams::stream_events(&self.daemon, request.into_inner(), deadline).await?;
         Ok(Response::new(Box::pin(stream)))
     }
 
@@ -230,7 +231,9 @@ impl EngineService for Engine {
         &self,
         request: Request<pb::StreamInteractionsRequest>,
     ) -> Result<Response<Self::StreamInteractionsStream>, Status> {
-        let stream = streams::stream_interactions(&self.daemon, request.into_inner()).await?;
+        let deadline = streams::deadline(request.metadata())?;
+        let stream =
+            streams::stream_interactions(&self.daemon, request.into_inner(), deadline).await?;
         Ok(Response::new(Box::pin(stream)))
     }
 

@@ -28,6 +28,50 @@ use crate::engine::proto::engine::v1 as pb;
 use pb::stream_events_response::Frame as EventFrame;
 use pb::stream_interactions_response::Frame as IFrame;
 
+/// The call's deadline from its `grpc-timeout` header ("Every unary/stream request has
+/// [...] deadline limits"): `None` without one; a deadline longer than
+/// [`limits::MAX_DEADLINE_MS`] is held to it.
+///
+/// # Errors
+/// `invalid_deadline` (`INVALID_ARGUMENT`) for a header that is not `<1-8 digits><H|M|S|m|u|n>`.
+pub fn deadline(metadata: &tonic::metadata::MetadataMap) -> Result<Option<tokio::time::Instant>, Status> {
+    let Some(value) = metadata.get("grpc-timeout") else {
+        return Ok(None);
+    };
+    let bad = || Status::invalid_argument("invalid_deadline: grpc-timeout must be 1-8 digits and a unit");
+    let text = value.to_str().map_err(|_| bad())?;
+    let (digits, unit) = text.split_at(text.len().saturating_sub(1));
+    if digits.is_empty() || digits.len() > 8 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(bad());
+    }
+    let n: u64 = digits.parse().map_err(|_| bad())?;
+    let duration = match unit {
+        "H" => std::time::Duration::from_secs(n.saturating_mul(3600)),
+        "M" => std::time::Duration::from_secs(n.saturating_mul(60)),
+        "S" => std::time::Duration::from_secs(n),
+        "m" => std::time::Duration::from_millis(n),
+        "u" => std::time::Duration::from_micros(n),
+        "n" => std::time::Duration::from_nanos(n),
+        _ => return Err(bad()),
+    };
+    let duration = duration.min(std::time::Duration::from_millis(limits::MAX_DEADLINE_MS));
+    Ok(Some(tokio::time::Instant::now() + duration))
+}
+
+fn deadline_passed(what: &str, last: u64) -> Status {
+    Status::deadline_exceeded(format!(
+        "deadline_exceeded: the call's deadline passed; last delivered {what} {last}"
+    ))
+}
+
+/// Waits for `next` until `deadline` (forever without one); `None` when it passed.
+async fn until<T>(deadline: Option<tokio::time::Instant>, next: impl std::future::Future<Output = T>) -> Option<T> {
+    match deadline {
+        Some(d) => tokio::time::timeout_at(d, next).await.ok(),
+        None => Some(next.await),
+    }
+}
+
 /// The trailer naming a cut-off reader's last delivered sequence.
 pub const LAST_DELIVERED_TRAILER: &str = "engine-last-delivered-sequence";
 
@@ -50,6 +94,7 @@ fn slow_reader(what: &str, last: u64) -> Status {
 pub async fn stream_events(
     daemon: &Arc<Daemon>,
     request: pb::StreamEventsRequest,
+    deadline: Option<tokio::time::Instant>,
 ) -> Result<impl Stream<Item = Result<pb::StreamEventsResponse, Status>> + Send + use<>, Status> {
     let run = daemon.run(&request.run_id)?;
     let (max_events, tail, current) = match request.cursor {
@@ -89,7 +134,7 @@ pub async fn stream_events(
         latest_sequence: page.latest,
         oldest_retained_sequence: page.oldest,
     };
-    Ok(async_stream(page.events, control, page.tail, last))
+    Ok(async_stream(page.events, control, page.tail, last, deadline))
 }
 
 fn async_stream(
@@ -97,6 +142,7 @@ fn async_stream(
     control: pb::StreamControl,
     tail: Option<super::log::Tail>,
     last: u64,
+    deadline: Option<tokio::time::Instant>,
 ) -> impl Stream<Item = Result<pb::StreamEventsResponse, Status>> + Send {
     let frame = |f| Ok(pb::StreamEventsResponse { frame: Some(f) });
     let head = tokio_stream::iter(
@@ -110,7 +156,10 @@ fn async_stream(
         if tail.lagged() {
             return Some((Err(slow_reader("sequence", last)), None));
         }
-        match tail.rx.recv().await {
+        let Some(next) = until(deadline, tail.rx.recv()).await else {
+            return Some((Err(deadline_passed("sequence", last)), None));
+        };
+        match next {
             Some(event) if !tail.lagged() => {
                 let last = event.sequence;
                 Some((
@@ -133,6 +182,7 @@ fn async_stream(
 pub async fn stream_interactions(
     daemon: &Arc<Daemon>,
     request: pb::StreamInteractionsRequest,
+    deadline: Option<tokio::time::Instant>,
 ) -> Result<impl Stream<Item = Result<pb::StreamInteractionsResponse, Status>> + Send + use<>, Status>
 {
     let run = daemon.run(&request.run_id)?;
@@ -161,7 +211,10 @@ pub async fn stream_interactions(
             if lagged.load(std::sync::atomic::Ordering::Acquire) {
                 return Some((Err(slow()), None));
             }
-            match rx.recv().await {
+            let Some(next) = until(deadline, rx.recv()).await else {
+                return Some((Err(deadline_passed("revision", revision)), None));
+            };
+            match next {
                 Some(InteractionFrame::Delta(d)) => {
                     revision = d.revision;
                     Some((frame(IFrame::Delta(d)), Some(((rx, lagged), revision))))
