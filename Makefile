@@ -14,10 +14,10 @@ JOBS    ?=
 HARNESS_ARGS ?=
 
 .PHONY: check-runtime-contract check setup build test lint fmt fmt-check clippy doc proto-check proto-baseline \
-        contract contract-core contract-worker contract-worker-host coverage golden-review golden-accept schema bench clean
+        contract contract-core contract-worker contract-worker-host contract-engine coverage golden-review golden-accept schema bench clean
 
 ## The main job: build everything, replay every scenario against our binaries, print coverage.
-check-runtime-contract: setup build contract contract-core contract-worker contract-worker-host coverage
+check-runtime-contract: setup build contract contract-core contract-worker contract-worker-host contract-engine coverage
 
 ## What CI runs (.ci/run): formatting, lints, docs, schema checks, unit tests and the
 ## contract suite.
@@ -51,10 +51,17 @@ contract-worker-host: build
 	$(HARNESS) run --family worker --side host \
 	  --target-cmd '$(IMPL) worker host' $(if $(JOBS),--jobs $(JOBS)) $(HARNESS_ARGS)
 
+## The engine family with our daemon as the target (the harness plays its client over the
+## Unix socket, docs/engine-launch-contract.md).
+contract-engine: build
+	$(HARNESS) run --family engine --side daemon \
+	  --target-cmd '$(IMPL) engine serve' $(if $(JOBS),--jobs $(JOBS)) $(HARNESS_ARGS)
+
 ## Requirement coverage of every family.
 coverage: build
 	$(HARNESS) coverage --family core_runtime
 	$(HARNESS) coverage --family worker
+	$(HARNESS) coverage --family engine
 
 ## Unit tests of both crates plus harness/tests/contract.rs (one trial per scenario × side).
 test:

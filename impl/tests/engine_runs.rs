@@ -683,7 +683,15 @@ async fn sigkill_loses_nothing_committed_and_a_restart_ends_running_runs_uncerta
     // The suspension released the hold: the program goes on after a restart too.
     assert_eq!(
         kinds(&ev),
-        ["started", "message", "turn", "suspended", "resumed", "message", "terminal"]
+        [
+            "started",
+            "message",
+            "turn",
+            "suspended",
+            "resumed",
+            "message",
+            "terminal"
+        ]
     );
     assert_eq!(outcome(&ev).0, Outcome::Succeeded as i32);
 }

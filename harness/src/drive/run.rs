@@ -710,13 +710,17 @@ impl Run {
     }
 
     /// `any_order`: frames are received until each expectation matched exactly one
-    /// (first match wins; a failed trial binds nothing).
+    /// (first match wins; a failed trial binds nothing). The group's frames are recorded
+    /// in the order the scenario lists their expectations, not in arrival order, so a
+    /// golden never records an order the group leaves free.
     async fn any_order<P: Peer>(&mut self, peer: &mut P, steps: &[Step]) -> StepResult {
         let target = peer.role().target;
-        let mut remaining: Vec<&Value> = Vec::new();
+        let mut remaining: Vec<(usize, &Value)> = Vec::new();
         for step in steps {
             match step {
-                Step::Frame { party, frame } if *party == target => remaining.push(frame),
+                Step::Frame { party, frame } if *party == target => {
+                    remaining.push((remaining.len(), frame));
+                }
                 other => {
                     return Err(fail::scenario(format!(
                         "any_order may only hold frames the target emits; found {}",
@@ -725,21 +729,25 @@ impl Run {
                 }
             }
         }
+        let steps_frames: Vec<&Value> = remaining.iter().map(|(_, v)| *v).collect();
+        let mut placed: Vec<(usize, usize)> = Vec::new();
         while !remaining.is_empty() {
             let expected = format!(
                 "one of {} frames: {}",
                 remaining.len(),
                 remaining
                     .iter()
-                    .map(|v| show(v))
+                    .map(|(_, v)| show(v))
                     .collect::<Vec<_>>()
                     .join(" | ")
             );
-            let value = self.expect_frame_of(peer, &expected, &remaining).await?;
+            let patterns: Vec<&Value> = remaining.iter().map(|(_, v)| *v).collect();
+            let value = self.expect_frame_of(peer, &expected, &patterns).await?;
+            let entry = self.recording.entries.len().checked_sub(1);
             self.drop_optionals();
             let mut reasons = Vec::new();
             let mut matched = None;
-            for (i, pattern) in remaining.iter().enumerate() {
+            for (i, (_, pattern)) in remaining.iter().enumerate() {
                 let mut trial = self.bindings.clone();
                 match match_frame(pattern, &value, &mut trial) {
                     Ok(()) => {
@@ -752,7 +760,10 @@ impl Run {
             }
             match matched {
                 Some(i) => {
-                    remaining.remove(i);
+                    let (listed, _) = remaining.remove(i);
+                    if let Some(entry) = entry {
+                        placed.push((entry, listed));
+                    }
                 }
                 None => {
                     return Err(fail::mismatch(format!(
@@ -763,7 +774,53 @@ impl Run {
                 }
             }
         }
+        // Recorded entries of the group, put in the order their expectations are listed;
+        // entries of equal expectations (which one matched which is arrival order) by how
+        // the golden shows them, bound values as their placeholders.
+        let slots: Vec<usize> = placed.iter().map(|(entry, _)| *entry).collect();
+        let first_equal = |listed: usize| {
+            let pattern = steps_frames[listed];
+            steps_frames
+                .iter()
+                .position(|p| *p == pattern)
+                .unwrap_or(listed)
+        };
+        let mut keyed: Vec<(usize, String, usize)> = placed
+            .iter()
+            .map(|(entry, listed)| {
+                let shown = self.shown(&self.recording.entries[*entry].body);
+                (first_equal(*listed), shown, *entry)
+            })
+            .collect();
+        keyed.sort();
+        let mut placed: Vec<(usize, usize)> = keyed.into_iter().map(|(l, _, e)| (e, l)).collect();
+        placed.sort_by_key(|(_, listed)| *listed);
+        let bodies: Vec<_> = placed
+            .iter()
+            .map(|(entry, _)| self.recording.entries[*entry].clone())
+            .collect();
+        for (slot, mut body) in slots.into_iter().zip(bodies) {
+            body.step = self.recording.entries[slot].step;
+            self.recording.entries[slot] = body;
+        }
         Ok(())
+    }
+
+    /// `body` as a golden shows it: bound string values as their placeholders.
+    fn shown(&self, body: &Value) -> String {
+        fn walk(v: &Value, b: &crate::bind::Bindings) -> Value {
+            match v {
+                Value::String(_) => b
+                    .name_of(v)
+                    .map_or_else(|| v.clone(), |n| Value::String(format!("${n}"))),
+                Value::Array(a) => Value::Array(a.iter().map(|x| walk(x, b)).collect()),
+                Value::Object(o) => {
+                    Value::Object(o.iter().map(|(k, x)| (k.clone(), walk(x, b))).collect())
+                }
+                other => other.clone(),
+            }
+        }
+        walk(body, &self.bindings).to_string()
     }
 
     fn record_close(&mut self, code: Option<u16>, reason: &str) {

@@ -1120,7 +1120,10 @@ steps:
         assert_eq!(s.pending_reason(Side::Core), Some("not yet"));
         assert_eq!(s.steps[0], Step::Crash);
         let err = load_err("x", &format!("{head}steps:\n  - crash: {{}}\n"));
-        assert!(err.contains("crash restarts the target Core or engine daemon"), "{err}");
+        assert!(
+            err.contains("crash restarts the target Core or engine daemon"),
+            "{err}"
+        );
         let err = load_err(
             "x",
             &format!(
@@ -1384,10 +1387,10 @@ steps:
         assert!(err.contains("exactly one op key"), "{err}");
         let err = load_err(
             "x",
-            "family: core_runtime\nname: x\nsummary: s\ncovers: [CR-A-001]\nsides: [runtime, daemon]\nsteps: []\n",
+            "family: core_runtime\nname: x\nsummary: s\ncovers: [CR-A-001]\nsides: [runtime, plugin]\nsteps: []\n",
         );
         assert!(
-            err.contains("x.yaml:5:18: unknown variant `daemon`"),
+            err.contains("x.yaml:5:18: unknown variant `plugin`"),
             "{err}"
         );
         let err = load_err(

@@ -106,7 +106,7 @@ pub fn check_call(frame: &Value) -> Result<(), String> {
         _ => return Err("`auth` is `token` (default), `none` or `wrong`".into()),
     }
     if let Some(t) = map.get("timeout_ms")
-        && !t.as_u64().is_some_and(|t| t > 0)
+        && t.as_u64().is_none_or(|t| t == 0)
     {
         return Err("`timeout_ms` must be a positive integer".into());
     }

@@ -188,13 +188,14 @@ pub async fn cancel_run(
                     _ => {
                         run.signal(&run.signals.cancel);
                         // "terminal events remain authoritative": the answer is the outcome
-                        // the run actually ended with.
+                        // the run actually ended with; a run that ended otherwise than
+                        // canceled had ended before this cancellation could act.
                         let outcome = match run.until(|_| false).await {
                             Lifecycle::Terminal { outcome } => outcome,
                             _ => Outcome::Unspecified,
                         };
                         pb::CancelRunResponse {
-                            already_terminal: false,
+                            already_terminal: outcome != Outcome::Canceled,
                             outcome: outcome as i32,
                         }
                     }

@@ -1,6 +1,6 @@
 //! The server streams ("Operations", "Bounds and backpressure"):
 //!
-//! * `StreamEvents(after_sequence)`: one atomic capture ([`EventLog::capture`]), the
+//! * `StreamEvents(after_sequence)`: one atomic capture ([`super::log::EventLog::capture`]), the
 //!   page's events, one control, and — when the cursor asks to tail and the page reached
 //!   the head — the live tail until the run's terminal event. "For current controls,
 //!   has_more is exactly equivalent to page_last_sequence < latest_sequence." Without a
@@ -34,11 +34,14 @@ use pb::stream_interactions_response::Frame as IFrame;
 ///
 /// # Errors
 /// `invalid_deadline` (`INVALID_ARGUMENT`) for a header that is not `<1-8 digits><H|M|S|m|u|n>`.
-pub fn deadline(metadata: &tonic::metadata::MetadataMap) -> Result<Option<tokio::time::Instant>, Status> {
+pub fn deadline(
+    metadata: &tonic::metadata::MetadataMap,
+) -> Result<Option<tokio::time::Instant>, Status> {
     let Some(value) = metadata.get("grpc-timeout") else {
         return Ok(None);
     };
-    let bad = || Status::invalid_argument("invalid_deadline: grpc-timeout must be 1-8 digits and a unit");
+    let bad =
+        || Status::invalid_argument("invalid_deadline: grpc-timeout must be 1-8 digits and a unit");
     let text = value.to_str().map_err(|_| bad())?;
     let (digits, unit) = text.split_at(text.len().saturating_sub(1));
     if digits.is_empty() || digits.len() > 8 || !digits.bytes().all(|b| b.is_ascii_digit()) {
@@ -65,7 +68,10 @@ fn deadline_passed(what: &str, last: u64) -> Status {
 }
 
 /// Waits for `next` until `deadline` (forever without one); `None` when it passed.
-async fn until<T>(deadline: Option<tokio::time::Instant>, next: impl std::future::Future<Output = T>) -> Option<T> {
+async fn until<T>(
+    deadline: Option<tokio::time::Instant>,
+    next: impl std::future::Future<Output = T>,
+) -> Option<T> {
     match deadline {
         Some(d) => tokio::time::timeout_at(d, next).await.ok(),
         None => Some(next.await),
@@ -134,7 +140,13 @@ pub async fn stream_events(
         latest_sequence: page.latest,
         oldest_retained_sequence: page.oldest,
     };
-    Ok(async_stream(page.events, control, page.tail, last, deadline))
+    Ok(async_stream(
+        page.events,
+        control,
+        page.tail,
+        last,
+        deadline,
+    ))
 }
 
 fn async_stream(
