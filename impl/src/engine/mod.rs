@@ -14,6 +14,7 @@
 //!
 //! This module owns the protocol's types and negotiation rules; it never opens a socket.
 
+pub mod bench;
 pub mod cli;
 pub mod client;
 pub mod compat;

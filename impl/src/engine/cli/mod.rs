@@ -51,6 +51,17 @@ pub enum EngineCommand {
         #[arg(long)]
         snapshot_key_file: Option<PathBuf>,
     },
+    /// Measure the daemon against the floor on this machine (unary round trip, event
+    /// replay, durable event writes) and print ratios.
+    Bench {
+        /// Unary calls measured.
+        #[arg(long, default_value_t = 2_000)]
+        rounds: usize,
+        /// Events in the measured run (below the daemon's retention, so all replay).
+        #[arg(long, default_value_t = 50_000,
+              value_parser = clap::value_parser!(u64).range(1..99_000))]
+        events: u64,
+    },
     /// The client calls.
     #[command(flatten)]
     Client(ClientCommand),
@@ -248,6 +259,36 @@ pub fn run(args: EngineArgs) -> ExitCode {
                 Err(e) => {
                     eprintln!("contract-impl engine serve: {e} ({})", e.code());
                     ExitCode::from(2)
+                }
+            }
+        }
+        EngineCommand::Bench { rounds, events } => {
+            match runtime.block_on(crate::engine::bench::run(rounds, events)) {
+                Ok(r) => {
+                    println!("engine bench ({rounds} unary calls, a run of {events} events):");
+                    println!(
+                        "  unary round trip (Health)  {:10.1} µs    floor (bare tonic, same socket) {:10.1} µs   {:5.2}× the floor",
+                        r.unary_us.ours,
+                        r.unary_us.floor,
+                        r.unary_us.ours / r.unary_us.floor
+                    );
+                    println!(
+                        "  event replay (StreamEvents){:10.0} ev/s  floor (bare tonic, from memory) {:10.0} ev/s {:5.2}× slower",
+                        r.replay_eps.ours,
+                        r.replay_eps.floor,
+                        r.replay_eps.floor / r.replay_eps.ours
+                    );
+                    println!(
+                        "  durable event writes       {:10.0} ev/s  floor (batched SQLite inserts)  {:10.0} ev/s {:5.2}× slower",
+                        r.write_eps.ours,
+                        r.write_eps.floor,
+                        r.write_eps.floor / r.write_eps.ours
+                    );
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("contract-impl engine bench: {e}");
+                    ExitCode::from(1)
                 }
             }
         }
