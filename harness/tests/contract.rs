@@ -208,6 +208,12 @@ fn main() {
             Side::Host,
             "worker host --profile different",
         ),
+        (
+            "engine::vendor_mode_passes_a_different_but_correct_daemon",
+            "engine",
+            Side::Daemon,
+            "engine serve --profile different",
+        ),
     ] {
         let scenarios = load_family(&scenarios_dir, family).unwrap_or_default();
         trials.push(Trial::test(name, move || {

@@ -50,6 +50,10 @@ pub enum EngineCommand {
         /// hex, mode 0600); without it the daemon signs with its own key.
         #[arg(long)]
         snapshot_key_file: Option<PathBuf>,
+        /// `different`: make every choice the spec leaves free otherwise (status codes and
+        /// texts of refusals, sentinels, identifiers), for vendor-mode trials.
+        #[arg(long, value_enum, default_value_t = ProfileArg::Reference)]
+        profile: ProfileArg,
     },
     /// Measure the daemon against the floor on this machine (unary round trip, event
     /// replay, durable event writes) and print ratios.
@@ -65,6 +69,15 @@ pub enum EngineCommand {
     /// The client calls.
     #[command(flatten)]
     Client(ClientCommand),
+}
+
+/// `--profile`.
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+pub enum ProfileArg {
+    /// Our reference choices.
+    Reference,
+    /// Another correct implementation's choices.
+    Different,
 }
 
 /// Where a client finds the daemon, and who it is.
@@ -249,10 +262,15 @@ pub fn run(args: EngineArgs) -> ExitCode {
             data_dir,
             retained_events,
             snapshot_key_file,
+            profile,
         } => {
             let config = crate::engine::daemon::Config {
                 retained_events,
                 snapshot_key_file,
+                profile: match profile {
+                    ProfileArg::Reference => crate::engine::daemon::Profile::Reference,
+                    ProfileArg::Different => crate::engine::daemon::Profile::Different,
+                },
             };
             match runtime.block_on(crate::engine::daemon::serve(&socket, &data_dir, &config)) {
                 Ok(()) => ExitCode::SUCCESS,

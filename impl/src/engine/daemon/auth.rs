@@ -29,6 +29,7 @@ pub fn new_token() -> String {
 #[derive(Clone)]
 pub struct TokenCheck {
     digest: Arc<[u8; 32]>,
+    profile: super::Profile,
 }
 
 impl std::fmt::Debug for TokenCheck {
@@ -42,7 +43,14 @@ impl TokenCheck {
     pub fn new(token: &str) -> Self {
         Self {
             digest: Arc::new(Sha256::digest(token.as_bytes()).into()),
+            profile: super::Profile::Reference,
         }
+    }
+
+    /// The same check, its refusals worded by `profile`.
+    pub fn with_profile(mut self, profile: super::Profile) -> Self {
+        self.profile = profile;
+        self
     }
 
     fn accepts(&self, presented: &[u8]) -> bool {
@@ -62,12 +70,12 @@ impl tonic::service::Interceptor for TokenCheck {
             .and_then(|v| v.as_bytes().strip_prefix(b"Bearer "));
         match presented {
             Some(token) if self.accepts(token) => Ok(request),
-            Some(_) => Err(Status::unauthenticated(
-                "the endpoint token is not this daemon's",
-            )),
-            None => Err(Status::unauthenticated(
-                "the call carries no endpoint token (`authorization: Bearer <token>`)",
-            )),
+            Some(_) => Err(self.profile.refusal(Status::unauthenticated(
+                "token_mismatch: the endpoint token is not this daemon's",
+            ))),
+            None => Err(self.profile.refusal(Status::unauthenticated(
+                "token_missing: the call carries no endpoint token (`authorization: Bearer <token>`)",
+            ))),
         }
     }
 }

@@ -43,6 +43,8 @@ pub struct Deps {
     pub log: Arc<EventLog>,
     /// The state database (`runs`).
     pub db: Arc<Mutex<Connection>>,
+    /// How the free choices are made.
+    pub profile: super::Profile,
 }
 
 /// Starts the executor of `run` from `progress`: fresh (emitting `RunStarted`) or, when
@@ -71,7 +73,7 @@ pub fn spawn(deps: Deps, run: Arc<Run>, progress: Progress, fresh: bool) {
                 "the executor was stopped; the run's effects are unknown"
             };
             let detail = UncertainDetail {
-                sentinel: SENTINEL_EXECUTOR_PANIC.into(),
+                sentinel: deps.profile.sentinel_panic().into(),
                 summary: summary.into(),
             };
             let _ = end(&deps, &run, Outcome::Uncertain, Some(detail)).await;
@@ -177,7 +179,7 @@ impl Executor {
                 (
                     Outcome::Uncertain,
                     Some(UncertainDetail {
-                        sentinel: SENTINEL_EXECUTOR_PANIC.into(),
+                        sentinel: self.deps.profile.sentinel_panic().into(),
                         summary: "the run's event log failed; its effects are unknown".into(),
                     }),
                 )
@@ -251,7 +253,7 @@ impl Executor {
                         ToolResult::Uncertain => (
                             Outcome::Uncertain,
                             Some(UncertainDetail {
-                                sentinel: SENTINEL_ACK_LOST.into(),
+                                sentinel: self.deps.profile.sentinel_ack_lost().into(),
                                 summary: "the tool's acknowledgement was lost; it is not replayed"
                                     .into(),
                             }),

@@ -19,6 +19,7 @@ pub mod ledger;
 pub mod limits;
 pub mod log;
 pub mod operations;
+pub mod profile;
 pub mod runs;
 pub mod service;
 pub mod snapshot;
@@ -26,6 +27,7 @@ pub mod state;
 pub mod store;
 pub mod streams;
 
+pub use profile::Profile;
 pub use state::Config;
 
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
@@ -147,7 +149,10 @@ pub async fn serve(socket: &Path, data_dir: &Path, config: &Config) -> Result<()
     let engine = EngineServiceServer::new(service::Engine::new(daemon))
         .max_decoding_message_size(limits::MAX_REQUEST_BYTES)
         .max_encoding_message_size(limits::MAX_RESPONSE_BYTES);
-    let authenticated = InterceptedService::new(engine, auth::TokenCheck::new(&token));
+    let authenticated = InterceptedService::new(
+        engine,
+        auth::TokenCheck::new(&token).with_profile(config.profile),
+    );
     eprintln!(
         "contract-impl engine: listening on {} (token in {})",
         socket.display(),

@@ -112,7 +112,7 @@ pub async fn start_run(
             || daemon.fence(Some(&session)).map(|_| ()),
             move |entry| async move {
                 // Prepare: the immutable run ID, the plan lease, the run's log.
-                let run_id = format!("run-{}", uuid::Uuid::new_v4().simple());
+                let run_id = owner.profile.run_id();
                 let plan = plan_id(&definition);
                 let log = RunLog::new(&run_id, 0, 1, false);
                 let response = pb::StartRunResponse {

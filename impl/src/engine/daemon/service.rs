@@ -74,30 +74,11 @@ impl Engine {
         Self { daemon }
     }
 
-    fn health(&self) -> pb::HealthResponse {
-        pb::HealthResponse {
-            readiness: pb::Readiness::Ready as i32,
-            version: Some(build()),
-            replay_limits: Some(pb::ReplayLimits {
-                retained_events_per_run: self.daemon.log.retained(),
-                max_page_events: limits::MAX_PAGE_EVENTS,
-                max_page_bytes: limits::MAX_PAGE_BYTES,
-            }),
-            active_runs: u32::try_from(self.daemon.runs.active()).unwrap_or(u32::MAX),
-            degraded_reasons: Vec::new(),
-        }
-    }
-}
-
-type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
-
-#[tonic::async_trait]
-impl EngineService for Engine {
-    async fn initialize(
+    /// `Initialize` ("Initialization"): negotiation, then the ownership claim.
+    fn initialize_inner(
         &self,
-        request: Request<pb::InitializeRequest>,
+        r: pb::InitializeRequest,
     ) -> Result<Response<pb::InitializeResponse>, Status> {
-        let r = request.into_inner();
         if r.required_capabilities.len() > limits::MAX_COLLECTION_COUNT as usize
             || r.supported_capabilities.len() > limits::MAX_COLLECTION_COUNT as usize
         {
@@ -198,6 +179,33 @@ impl EngineService for Engine {
         }))
     }
 
+    fn health(&self) -> pb::HealthResponse {
+        pb::HealthResponse {
+            readiness: pb::Readiness::Ready as i32,
+            version: Some(build()),
+            replay_limits: Some(pb::ReplayLimits {
+                retained_events_per_run: self.daemon.log.retained(),
+                max_page_events: limits::MAX_PAGE_EVENTS,
+                max_page_bytes: limits::MAX_PAGE_BYTES,
+            }),
+            active_runs: u32::try_from(self.daemon.runs.active()).unwrap_or(u32::MAX),
+            degraded_reasons: Vec::new(),
+        }
+    }
+}
+
+type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl EngineService for Engine {
+    async fn initialize(
+        &self,
+        request: Request<pb::InitializeRequest>,
+    ) -> Result<Response<pb::InitializeResponse>, Status> {
+        self.initialize_inner(request.into_inner())
+            .map_err(|s| self.daemon.profile.refusal(s))
+    }
+
     async fn health(
         &self,
         _request: Request<pb::HealthRequest>,
@@ -212,6 +220,7 @@ impl EngineService for Engine {
         operations::start_run(&self.daemon, request.into_inner())
             .await
             .map(Response::new)
+            .map_err(|s| self.daemon.profile.refusal(s))
     }
 
     type StreamEventsStream = BoxStream<pb::StreamEventsResponse>;
@@ -220,8 +229,12 @@ impl EngineService for Engine {
         &self,
         request: Request<pb::StreamEventsRequest>,
     ) -> Result<Response<Self::StreamEventsStream>, Status> {
-        let deadline = streams::deadline(request.metadata())?;
-        let stream = streams::stream_events(&self.daemon, request.into_inner(), deadline).await?;
+        let p = self.daemon.profile;
+        let deadline = streams::deadline(request.metadata()).map_err(|s| p.refusal(s))?;
+        let stream = streams::stream_events(&self.daemon, request.into_inner(), deadline)
+            .await
+            .map_err(|s| p.refusal(s))?;
+        let stream = tokio_stream::StreamExt::map(stream, move |r| r.map_err(|s| p.refusal(s)));
         Ok(Response::new(Box::pin(stream)))
     }
 
@@ -231,9 +244,12 @@ impl EngineService for Engine {
         &self,
         request: Request<pb::StreamInteractionsRequest>,
     ) -> Result<Response<Self::StreamInteractionsStream>, Status> {
-        let deadline = streams::deadline(request.metadata())?;
-        let stream =
-            streams::stream_interactions(&self.daemon, request.into_inner(), deadline).await?;
+        let p = self.daemon.profile;
+        let deadline = streams::deadline(request.metadata()).map_err(|s| p.refusal(s))?;
+        let stream = streams::stream_interactions(&self.daemon, request.into_inner(), deadline)
+            .await
+            .map_err(|s| p.refusal(s))?;
+        let stream = tokio_stream::StreamExt::map(stream, move |r| r.map_err(|s| p.refusal(s)));
         Ok(Response::new(Box::pin(stream)))
     }
 
@@ -244,6 +260,7 @@ impl EngineService for Engine {
         operations::cancel_run(&self.daemon, request.into_inner())
             .await
             .map(Response::new)
+            .map_err(|s| self.daemon.profile.refusal(s))
     }
 
     async fn respond_interaction(
@@ -253,6 +270,7 @@ impl EngineService for Engine {
         operations::respond_interaction(&self.daemon, request.into_inner())
             .await
             .map(Response::new)
+            .map_err(|s| self.daemon.profile.refusal(s))
     }
 
     async fn suspend_run(
@@ -262,6 +280,7 @@ impl EngineService for Engine {
         operations::suspend_run(&self.daemon, request.into_inner())
             .await
             .map(Response::new)
+            .map_err(|s| self.daemon.profile.refusal(s))
     }
 
     async fn resume_run(
@@ -271,6 +290,7 @@ impl EngineService for Engine {
         operations::resume_run(&self.daemon, request.into_inner())
             .await
             .map(Response::new)
+            .map_err(|s| self.daemon.profile.refusal(s))
     }
 
     async fn export_snapshot(
@@ -280,6 +300,7 @@ impl EngineService for Engine {
         operations::export_snapshot(&self.daemon, request.into_inner())
             .await
             .map(Response::new)
+            .map_err(|s| self.daemon.profile.refusal(s))
     }
 
     async fn import_snapshot(
@@ -289,5 +310,6 @@ impl EngineService for Engine {
         operations::import_snapshot(&self.daemon, request.into_inner())
             .await
             .map(Response::new)
+            .map_err(|s| self.daemon.profile.refusal(s))
     }
 }

@@ -29,6 +29,8 @@ pub struct Config {
     pub retained_events: u64,
     /// An operator-provided snapshot key (shared by daemons that trust each other).
     pub snapshot_key_file: Option<PathBuf>,
+    /// How the free choices are made.
+    pub profile: super::Profile,
 }
 
 impl Default for Config {
@@ -36,6 +38,7 @@ impl Default for Config {
         Self {
             retained_events: limits::RETAINED_EVENTS_PER_RUN,
             snapshot_key_file: None,
+            profile: super::Profile::Reference,
         }
     }
 }
@@ -55,6 +58,8 @@ pub struct Daemon {
     pub authority: Authority,
     /// The runs.
     pub runs: Registry,
+    /// How the free choices are made.
+    pub profile: super::Profile,
 }
 
 impl Daemon {
@@ -80,6 +85,7 @@ impl Daemon {
             ledger,
             authority,
             runs: Registry::default(),
+            profile: config.profile,
         });
         daemon.recover().await?;
         Ok(daemon)
@@ -90,6 +96,7 @@ impl Daemon {
         Deps {
             log: self.log.clone(),
             db: self.db.clone(),
+            profile: self.profile,
         }
     }
 
@@ -129,7 +136,7 @@ impl Daemon {
                 }
                 Lifecycle::Running => {
                     let detail = UncertainDetail {
-                        sentinel: executor::SENTINEL_DAEMON_RESTARTED.into(),
+                        sentinel: self.profile.sentinel_restarted().into(),
                         summary: "the daemon stopped while the run was executing; its effects since then are unknown".into(),
                     };
                     executor::end(&self.deps(), &run, Outcome::Uncertain, Some(detail)).await?;
