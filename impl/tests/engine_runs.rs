@@ -24,6 +24,14 @@ fn scripted() -> pb::DefinitionRef {
     }
 }
 
+/// Starts `program` of the scripted definition; its run ID.
+async fn started(s: &mut Session, program: &str) -> String {
+    s.start_run(scripted(), program, &operation_id())
+        .await
+        .unwrap()
+        .run_id
+}
+
 async fn session(d: &Daemon) -> Session {
     Session::open(&d.socket, &d.token_file, &Ownership::New, &[])
         .await
@@ -126,11 +134,7 @@ async fn a_run_starts_once_per_operation_and_is_followed_to_its_end() {
 async fn pages_are_bounded_and_has_more_is_exactly_page_last_below_latest() {
     let d = start();
     let mut s = session(&d).await;
-    let run = s
-        .start_run(scripted(), "#!script\nrepeat 1100 x", &operation_id())
-        .await
-        .unwrap()
-        .run_id;
+    let run = started(&mut s, "#!script\nrepeat 1100 x").await;
     let all = events(&mut s, &run).await;
     assert_eq!(all.len(), 1102);
     // Page by hand at the bound, one under it, and refuse one over it.
@@ -264,11 +268,7 @@ async fn replay_switches_to_tail_without_gap_and_interactions_resolve_once() {
 async fn cancel_is_idempotent_and_says_when_the_run_was_already_terminal() {
     let d = start();
     let mut s = session(&d).await;
-    let run = s
-        .start_run(scripted(), "#!script\nsay a\nhold", &operation_id())
-        .await
-        .unwrap()
-        .run_id;
+    let run = started(&mut s, "#!script\nsay a\nhold").await;
     let op = operation_id();
     let first = s.cancel(&run, &op).await.unwrap();
     assert!(!first.already_terminal);
@@ -376,11 +376,7 @@ async fn suspend_export_and_import_into_a_daemon_sharing_the_key_preserves_the_r
     );
     let stranger = start();
     let mut sa = session(&a).await;
-    let run = sa
-        .start_run(scripted(), "#!script\nsay one\nturn\nhold", &operation_id())
-        .await
-        .unwrap()
-        .run_id;
+    let run = started(&mut sa, "#!script\nsay one\nturn\nhold").await;
     let not_yet = sa.export(&run).await;
     // The run may or may not have reached its hold; a running run is not exportable.
     if let Err(e) = &not_yet {
@@ -498,11 +494,7 @@ async fn minor_zero_clients_cannot_export() {
 async fn a_slow_reader_is_cut_off_with_its_last_sequence_and_the_run_goes_on() {
     let d = start();
     let mut s = session(&d).await;
-    let run = s
-        .start_run(scripted(), "#!script\nhold", &operation_id())
-        .await
-        .unwrap()
-        .run_id;
+    let run = started(&mut s, "#!script\nhold").await;
     // Tail from the head, then stop reading.
     let mut stream = s
         .client
