@@ -687,3 +687,28 @@ async fn sigkill_loses_nothing_committed_and_a_restart_ends_running_runs_uncerta
     );
     assert_eq!(outcome(&ev).0, Outcome::Succeeded as i32);
 }
+
+#[tokio::test]
+async fn message_bounds_hold_at_their_edge_and_one_past_it() {
+    use contract_impl::engine::daemon::{limits, operations};
+    let d = start();
+    let mut s = session(&d).await;
+    // The initial message: exactly at the bound is served, one byte more refused.
+    let at = "x".repeat(operations::INITIAL_MESSAGE_MAX_BYTES);
+    s.start_run(scripted(), &at, &operation_id()).await.unwrap();
+    let over = s
+        .start_run(scripted(), &format!("{at}x"), &operation_id())
+        .await
+        .unwrap_err();
+    assert_eq!(over.code(), Code::InvalidArgument);
+    assert!(over.message().starts_with("message_too_large"), "{over:?}");
+    // Past the encoded-request limit the decoder refuses it as a resource, not Internal.
+    let huge = "y".repeat(limits::MAX_REQUEST_BYTES + 1);
+    let e = s
+        .start_run(scripted(), &huge, &operation_id())
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::ResourceExhausted, "{e:?}");
+    // The daemon keeps serving.
+    s.client.health(pb::HealthRequest {}).await.unwrap();
+}

@@ -37,3 +37,25 @@ pub fn message_limits() -> MessageLimits {
         max_page_bytes: MAX_PAGE_BYTES,
     }
 }
+
+/// The message tonic's decoder gives a request over [`MAX_REQUEST_BYTES`].
+const OVERSIZE_TEXT: &str = "message length too large";
+
+/// Rewrites the status of a request refused for its size from tonic's `OUT_OF_RANGE` to
+/// `RESOURCE_EXHAUSTED`, the code gRPC gives a message over the receiver's limit (tonic
+/// decodes the request before any handler runs, so the rewrite is on the response). Only
+/// that refusal is touched.
+pub fn size_status<B>(mut response: http::Response<B>) -> http::Response<B> {
+    let headers = response.headers_mut();
+    let oversize = headers.get("grpc-status").is_some_and(|v| v == "11")
+        && headers
+            .get("grpc-message")
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|m| {
+                m.contains(OVERSIZE_TEXT) || m.contains("message%20length%20too%20large")
+            });
+    if oversize {
+        headers.insert("grpc-status", http::HeaderValue::from_static("8"));
+    }
+    response
+}

@@ -167,6 +167,7 @@ pub async fn serve(socket: &Path, data_dir: &Path, config: &Config) -> Result<()
         }
     };
     let served = Server::builder()
+        .layer(tower::util::MapResponseLayer::new(limits::size_status))
         .add_service(authenticated)
         .serve_with_incoming_shutdown(UnixListenerStream::new(listener), stop)
         .await;
