@@ -441,3 +441,77 @@ fn the_run_subcommands_start_follow_steer_and_keep_the_client_epoch() {
         "each command reconnected: {recorded}"
     );
 }
+
+#[test]
+fn sigterm_ends_open_streams_and_the_daemon_promptly() {
+    let mut daemon = start();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let mut stream = rt.block_on(async {
+        let mut s = contract_impl::engine::session::Session::open(
+            &daemon.socket,
+            &daemon.token_file,
+            &contract_impl::engine::client::Ownership::New,
+            &[],
+        )
+        .await
+        .unwrap();
+        let run = s
+            .start_run(
+                pb::DefinitionRef {
+                    id: "scripted".into(),
+                    revision: 1,
+                },
+                "#!script\nsay a\nhold",
+                "op-term",
+            )
+            .await
+            .unwrap()
+            .run_id;
+        let mut stream = s
+            .client
+            .stream_events(pb::StreamEventsRequest {
+                run_id: run,
+                after_sequence: 0,
+                cursor: Some(pb::PageCursor {
+                    max_events: 10,
+                    tail: true,
+                }),
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        stream.message().await.unwrap().unwrap();
+        stream
+    });
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(daemon.child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let started = std::time::Instant::now();
+    let status = loop {
+        if let Some(status) = daemon.child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(10),
+            "the daemon did not stop within 10 s of SIGTERM with a stream open"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    assert!(status.success(), "{status:?}");
+    assert!(!daemon.socket.exists(), "the socket is removed");
+    // The open stream ended with the daemon: `UNAVAILABLE` (`daemon_stopping`), not a hang
+    // and not a clean end the reader would take for the run's.
+    let end = rt.block_on(async {
+        loop {
+            match stream.message().await {
+                Ok(Some(_)) => {}
+                Ok(None) => break None,
+                Err(s) => break Some((s.code(), s.message().to_string())),
+            }
+        }
+    });
+    let (code, message) = end.expect("the stream ends with a status");
+    assert_eq!(code, tonic::Code::Unavailable, "{message}");
+}

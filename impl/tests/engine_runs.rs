@@ -712,3 +712,29 @@ async fn message_bounds_hold_at_their_edge_and_one_past_it() {
     // The daemon keeps serving.
     s.client.health(pb::HealthRequest {}).await.unwrap();
 }
+
+#[tokio::test]
+async fn a_follower_across_pruned_events_is_told_what_it_missed() {
+    let d = start_with(tempfile::tempdir().unwrap(), &["--retained-events", "5"]);
+    let mut s = session(&d).await;
+    let run = started(&mut s, "#!script\nrepeat 20 x\nturn\nhold").await;
+    s.suspend(&run, &operation_id()).await.unwrap();
+    // 20 deltas, the turn and the suspension: 23 events, of which 19..=23 are retained.
+    let strict = s.follow(&run, 0, 10, false, |_| {}).await.unwrap_err();
+    assert_eq!(strict.code(), Code::OutOfRange);
+    let (mut seen, mut gaps) = (Vec::new(), Vec::new());
+    let end = s
+        .follow_across_gaps(
+            &run,
+            0,
+            10,
+            false,
+            |e| seen.push(e.sequence),
+            |a, b| gaps.push((a, b)),
+        )
+        .await
+        .unwrap();
+    assert_eq!(gaps, vec![(1, 18)]);
+    assert_eq!(seen, (19..=23).collect::<Vec<_>>());
+    assert_eq!(end.last_sequence, 23);
+}

@@ -307,14 +307,50 @@ impl Session {
     /// `on_event` sees every event once, in order.
     ///
     /// # Errors
-    /// The daemon's status, or a sequence gap (`DATA_LOSS`), which would be a daemon bug.
+    /// The daemon's status; `cursor_gap` when events the reader had not read were pruned
+    /// ([`Session::follow_across_gaps`] goes on instead); a sequence gap inside a stream
+    /// (`DATA_LOSS`), which would be a daemon bug.
     pub async fn follow(
         &mut self,
         run_id: &str,
         after: u64,
         page: u32,
         tail: bool,
+        on_event: impl FnMut(&pb::RunEvent),
+    ) -> Result<Followed, Status> {
+        self.follow_inner(run_id, after, page, tail, on_event, None)
+            .await
+    }
+
+    /// As [`Session::follow`], but when events the reader had not read yet were pruned
+    /// (retention) it calls `on_gap(first_missed, last_missed)` and goes on from the
+    /// oldest retained event: a person following a fast run sees what was lost, and the
+    /// rest.
+    ///
+    /// # Errors
+    /// As [`Session::follow`], except `cursor_gap` when the daemon names its oldest
+    /// retained sequence.
+    pub async fn follow_across_gaps(
+        &mut self,
+        run_id: &str,
+        after: u64,
+        page: u32,
+        tail: bool,
+        on_event: impl FnMut(&pb::RunEvent),
+        mut on_gap: impl FnMut(u64, u64) + Send,
+    ) -> Result<Followed, Status> {
+        self.follow_inner(run_id, after, page, tail, on_event, Some(&mut on_gap))
+            .await
+    }
+
+    async fn follow_inner(
+        &mut self,
+        run_id: &str,
+        after: u64,
+        page: u32,
+        tail: bool,
         mut on_event: impl FnMut(&pb::RunEvent),
+        mut on_gap: Option<&mut (dyn FnMut(u64, u64) + Send)>,
     ) -> Result<Followed, Status> {
         use pb::stream_events_response::Frame;
         let mut last = after;
@@ -333,6 +369,20 @@ impl Session {
                 Err(s) if retryable(&s) && reopened < FOLLOW_REOPENS => {
                     reopened += 1;
                     tokio::time::sleep(RETRY_BACKOFF).await;
+                    continue;
+                }
+                Err(s) if s.code() == Code::OutOfRange && on_gap.is_some() => {
+                    let oldest = s
+                        .metadata()
+                        .get(super::daemon::streams::OLDEST_RETAINED_TRAILER)
+                        .and_then(|v| v.to_str().ok())
+                        .and_then(|v| v.parse::<u64>().ok())
+                        .filter(|o| *o > last + 1);
+                    let (Some(oldest), Some(report)) = (oldest, on_gap.as_mut()) else {
+                        return Err(s);
+                    };
+                    report(last + 1, oldest - 1);
+                    last = oldest - 1;
                     continue;
                 }
                 Err(s) => return Err(s),

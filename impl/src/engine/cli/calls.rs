@@ -192,15 +192,30 @@ async fn follow(
 ) -> Result<(), Failure> {
     let progress = !endpoint.json && std::io::stderr().is_terminal();
     let mut count = 0u64;
+    let mut missed = 0u64;
     let followed = session
-        .follow(run, after, page, tail, |e| {
-            count += 1;
-            let value = to_json(e, "engine.v1.RunEvent").unwrap_or_default();
-            say(endpoint, value, event_line(e));
-            if progress && count.is_multiple_of(256) {
-                eprint!("\rfollowing {run}: {count} events, at #{}", e.sequence);
-            }
-        })
+        .follow_across_gaps(
+            run,
+            after,
+            page,
+            tail,
+            |e| {
+                count += 1;
+                let value = to_json(e, "engine.v1.RunEvent").unwrap_or_default();
+                say(endpoint, value, event_line(e));
+                if progress && count.is_multiple_of(256) {
+                    eprint!("\rfollowing {run}: {count} events, at #{}", e.sequence);
+                }
+            },
+            |from, to| {
+                missed += to + 1 - from;
+                say(
+                    endpoint,
+                    json!({"gap": {"first": from, "last": to}}),
+                    format!("#{from}..#{to} were pruned before this reader read them (the daemon's retention)"),
+                );
+            },
+        )
         .await?;
     if progress && count >= 256 {
         eprintln!();
@@ -211,10 +226,15 @@ async fn follow(
             .as_ref()
             .map_or_else(|| "still running".to_string(), |t| outcome_name(t.outcome));
         eprintln!(
-            "run {run}: {end}; {count} events followed, last #{}{}",
+            "run {run}: {end}; {count} events followed, last #{}{}{}",
             followed.last_sequence,
             if followed.reopened > 0 {
                 format!(", {} streams reopened", followed.reopened)
+            } else {
+                String::new()
+            },
+            if missed > 0 {
+                format!(", {missed} events missed (pruned before they were read)")
             } else {
                 String::new()
             }

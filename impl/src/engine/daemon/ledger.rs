@@ -224,6 +224,18 @@ impl Ledger {
                         self.forget(&key);
                         return Err(Status::internal("the operation was started twice"));
                     };
+                    // An owner that finished between the lookup and the registration has
+                    // committed: answer its outcome, never run the work a second time.
+                    if let Some((method, digest, response)) = self.lookup(&key)? {
+                        self.forget(&key);
+                        if method != entry.method || digest != entry.digest {
+                            return Err(conflict(&method));
+                        }
+                        return Ok(Answer {
+                            response,
+                            deduplicated: true,
+                        });
+                    }
                     if let Err(e) = fence() {
                         self.forget(&key);
                         return Err(e);

@@ -26,6 +26,16 @@ pub const MAX_PAGE_BYTES: u64 = 1024 * 1024;
 /// Events retained per run for replay.
 pub const RETAINED_EVENTS_PER_RUN: u64 = 100_000;
 
+/// Idle time after which the daemon pings a connection (HTTP/2 keepalive).
+pub const KEEPALIVE_INTERVAL: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// How long a ping may go unanswered before the connection is closed: a peer that stopped
+/// reading its socket is disconnected after at most interval + timeout.
+pub const KEEPALIVE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// How long connections may take to finish after SIGTERM before the daemon exits anyway.
+pub const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// The limits as `Initialize` reports them.
 pub fn message_limits() -> MessageLimits {
     MessageLimits {
@@ -41,10 +51,10 @@ pub fn message_limits() -> MessageLimits {
 /// The message tonic's decoder gives a request over [`MAX_REQUEST_BYTES`].
 const OVERSIZE_TEXT: &str = "message length too large";
 
-/// Rewrites the status of a request refused for its size from tonic's `OUT_OF_RANGE` to
-/// `RESOURCE_EXHAUSTED`, the code gRPC gives a message over the receiver's limit (tonic
-/// decodes the request before any handler runs, so the rewrite is on the response). Only
-/// that refusal is touched.
+/// Rewrites two refusals tonic's decoder makes before any handler runs (so the rewrite is
+/// on the response): a request over the size limit, `OUT_OF_RANGE` → `RESOURCE_EXHAUSTED`
+/// (the code gRPC gives a message over the receiver's limit), and a payload that does not
+/// decode, `INTERNAL` → `INVALID_ARGUMENT`. Nothing else is touched.
 pub fn size_status<B>(mut response: http::Response<B>) -> http::Response<B> {
     let headers = response.headers_mut();
     let oversize = headers.get("grpc-status").is_some_and(|v| v == "11")
@@ -56,6 +66,18 @@ pub fn size_status<B>(mut response: http::Response<B>) -> http::Response<B> {
             });
     if oversize {
         headers.insert("grpc-status", http::HeaderValue::from_static("8"));
+    }
+    // A payload that is not the method's message is the caller's error, not ours.
+    let malformed = headers.get("grpc-status").is_some_and(|v| v == "13")
+        && headers
+            .get("grpc-message")
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|m| {
+                m.contains("failed to decode Protobuf message")
+                    || m.contains("failed%20to%20decode%20Protobuf%20message")
+            });
+    if malformed {
+        headers.insert("grpc-status", http::HeaderValue::from_static("3"));
     }
     response
 }

@@ -34,6 +34,9 @@ pub const TAIL_QUEUE_MAX: usize = 1_024;
 /// Events queued to the writer thread before a run waits for the disk.
 pub const WRITE_QUEUE_MAX: usize = 8_192;
 
+/// Times a failed batch is committed again before the daemon stops.
+pub const COMMIT_ATTEMPTS: u32 = 4;
+
 /// Most events committed in one transaction.
 pub const WRITE_BATCH_MAX: usize = 2_048;
 
@@ -233,6 +236,26 @@ impl EventLog {
         .map_err(|e| e.to_string())
     }
 
+    /// The last stored event of `run_id`.
+    ///
+    /// # Errors
+    /// The SQLite error, or a stored event that does not decode, as text.
+    pub fn last_event(&self, run_id: &str) -> Result<Option<RunEvent>, String> {
+        use rusqlite::OptionalExtension;
+        let conn = self.reader();
+        let bytes: Option<Vec<u8>> = conn
+            .query_row(
+                "SELECT event FROM events WHERE run_id = ?1 ORDER BY sequence DESC LIMIT 1",
+                params![run_id],
+                |row| row.get(0),
+            )
+            .optional()
+            .map_err(|e| e.to_string())?;
+        bytes
+            .map(|b| RunEvent::decode(b.as_slice()).map_err(|e| e.to_string()))
+            .transpose()
+    }
+
     fn reader(&self) -> std::sync::MutexGuard<'_, Connection> {
         self.reader
             .lock()
@@ -357,12 +380,20 @@ fn writer(mut conn: Connection, mut rx: mpsc::Receiver<Append>, retained: u64) {
                 Err(_) => break,
             }
         }
-        if let Err(e) = commit(&mut conn, &batch, retained) {
-            // Nothing of this batch is published; the runs see their events never
-            // commit, which the daemon reports as unavailable rather than losing them.
-            eprintln!("contract-impl engine: the event log failed to commit: {e}");
-            batch.clear();
-            continue;
+        let mut attempt = 0;
+        while let Err(e) = commit(&mut conn, &batch, retained) {
+            attempt += 1;
+            if attempt >= COMMIT_ATTEMPTS {
+                // Fail-stop: events that cannot be made durable are never published, and
+                // the daemon does not go on with a hole in a run's sequence. A restart
+                // recovers what was committed (the runs that were executing end
+                // uncertain).
+                eprintln!(
+                    "contract-impl engine: the event log cannot commit ({e}); stopping so that nothing uncommitted is reported"
+                );
+                std::process::exit(70);
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50 << attempt));
         }
         let mut runs: HashMap<&str, (&Arc<RunLog>, u64)> = HashMap::new();
         for a in &batch {

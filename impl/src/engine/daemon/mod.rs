@@ -146,6 +146,7 @@ pub async fn serve(socket: &Path, data_dir: &Path, config: &Config) -> Result<()
     let listener = UnixListener::bind(socket).map_err(|e| setup(socket, e))?;
     std::fs::set_permissions(socket, std::fs::Permissions::from_mode(0o600))
         .map_err(|e| setup(socket, e))?;
+    let stopping = daemon.stopping.clone();
     let engine = EngineServiceServer::new(service::Engine::new(daemon))
         .max_decoding_message_size(limits::MAX_REQUEST_BYTES)
         .max_encoding_message_size(limits::MAX_RESPONSE_BYTES);
@@ -158,19 +159,36 @@ pub async fn serve(socket: &Path, data_dir: &Path, config: &Config) -> Result<()
         socket.display(),
         token_path.display()
     );
-    let stop = async {
+    let (signalled, mut signal_seen) = tokio::sync::watch::channel(false);
+    let stop = async move {
         let mut term =
             tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
         tokio::select! {
             _ = async { match term.as_mut() { Some(t) => { t.recv().await; } None => std::future::pending().await } } => {}
             _ = tokio::signal::ctrl_c() => {}
         }
+        // Open streams end now (`UNAVAILABLE`, their last sequence named), so the
+        // graceful shutdown does not wait on a tail that would never end.
+        stopping.send_replace(true);
+        signalled.send_replace(true);
     };
-    let served = Server::builder()
+    let server = Server::builder()
+        // A peer that stops reading its socket altogether is dropped by the keepalive.
+        .http2_keepalive_interval(Some(limits::KEEPALIVE_INTERVAL))
+        .http2_keepalive_timeout(Some(limits::KEEPALIVE_TIMEOUT))
+        .timeout(std::time::Duration::from_millis(limits::MAX_DEADLINE_MS))
         .layer(tower::util::MapResponseLayer::new(limits::size_status))
         .add_service(authenticated)
-        .serve_with_incoming_shutdown(UnixListenerStream::new(listener), stop)
-        .await;
+        .serve_with_incoming_shutdown(UnixListenerStream::new(listener), stop);
+    // After the signal, connections get SHUTDOWN_GRACE to finish; then the daemon exits.
+    let grace = async move {
+        let _ = signal_seen.wait_for(|s| *s).await;
+        tokio::time::sleep(limits::SHUTDOWN_GRACE).await;
+    };
+    let served = tokio::select! {
+        served = server => served.map_err(|e| ServeError::Setup(e.to_string())),
+        () = grace => Ok(()),
+    };
     let _ = std::fs::remove_file(socket);
-    served.map_err(|e| ServeError::Setup(e.to_string()))
+    served
 }

@@ -60,6 +60,8 @@ pub struct Daemon {
     pub runs: Registry,
     /// How the free choices are made.
     pub profile: super::Profile,
+    /// Raised at SIGTERM: open streams end.
+    pub stopping: tokio::sync::watch::Sender<bool>,
 }
 
 impl Daemon {
@@ -86,6 +88,7 @@ impl Daemon {
             authority,
             runs: Registry::default(),
             profile: config.profile,
+            stopping: tokio::sync::watch::channel(false).0,
         });
         daemon.recover().await?;
         Ok(daemon)
@@ -110,7 +113,25 @@ impl Daemon {
                 Some((max, min)) => (max.max(row.base_sequence), min),
                 None => (row.base_sequence, row.base_sequence + 1),
             };
+            // A run whose terminal event committed before the daemon stopped, but whose
+            // row was not updated yet, ended: it never gets a second terminal event.
+            let logged_end = match row.state.as_str() {
+                "terminal" => None,
+                _ => match self.log.last_event(&row.run_id)?.and_then(|e| e.kind) {
+                    Some(pb::run_event::Kind::Terminal(t)) => {
+                        let conn = self.db.lock().map_err(|_| "poisoned".to_string())?;
+                        runs::update(&conn, &row.run_id, "terminal", None, 0, t.outcome)
+                            .map_err(|e| e.to_string())?;
+                        Some(t.outcome)
+                    }
+                    _ => None,
+                },
+            };
             let lifecycle = match row.state.as_str() {
+                _ if logged_end.is_some() => Lifecycle::Terminal {
+                    outcome: Outcome::try_from(logged_end.unwrap_or_default())
+                        .unwrap_or(Outcome::Unspecified),
+                },
                 "terminal" => Lifecycle::Terminal {
                     outcome: Outcome::try_from(row.outcome).unwrap_or(Outcome::Unspecified),
                 },
@@ -196,9 +217,15 @@ impl Daemon {
 /// `session_required` (`INVALID_ARGUMENT`).
 pub fn session_of(session: Option<&pb::ClientSession>) -> Result<&pb::ClientSession, Status> {
     match session {
-        Some(s) if !s.client_id.is_empty() && s.client_id.len() <= 128 && s.epoch >= 1 => Ok(s),
-        _ => Err(Status::invalid_argument(
+        None => Err(Status::invalid_argument(
             "session_required: a mutating request carries session { client_id, epoch ≥ 1 }",
         )),
+        Some(s) if s.client_id.is_empty() || s.client_id.len() > 128 => Err(
+            Status::invalid_argument("invalid_client_id: session.client_id must be 1..=128 bytes"),
+        ),
+        Some(s) if s.epoch == 0 => Err(Status::invalid_argument(
+            "invalid_epoch: session.epoch must be at least 1",
+        )),
+        Some(s) => Ok(s),
     }
 }

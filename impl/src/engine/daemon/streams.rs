@@ -67,16 +67,50 @@ fn deadline_passed(what: &str, last: u64) -> Status {
     ))
 }
 
-/// Waits for `next` until `deadline` (forever without one); `None` when it passed.
+/// What a stream waiting for its next frame got.
+enum Wait<T> {
+    /// The frame.
+    Next(T),
+    /// The call's deadline passed.
+    Deadline,
+    /// The daemon is stopping.
+    Stopping,
+}
+
+/// Waits for `next` until `deadline` (forever without one) or the daemon stops.
 async fn until<T>(
     deadline: Option<tokio::time::Instant>,
+    stopping: &mut tokio::sync::watch::Receiver<bool>,
     next: impl std::future::Future<Output = T>,
-) -> Option<T> {
-    match deadline {
-        Some(d) => tokio::time::timeout_at(d, next).await.ok(),
-        None => Some(next.await),
+) -> Wait<T> {
+    let deadline = async {
+        match deadline {
+            Some(d) => tokio::time::sleep_until(d).await,
+            None => std::future::pending().await,
+        }
+    };
+    tokio::select! {
+        v = next => Wait::Next(v),
+        () = deadline => Wait::Deadline,
+        _ = stopping.wait_for(|s| *s) => Wait::Stopping,
     }
 }
+
+fn stopping_status(what: &str, last: u64) -> Status {
+    let mut status = Status::unavailable(format!(
+        "daemon_stopping: the daemon is shutting down; last delivered {what} {last}"
+    ));
+    if what == "sequence"
+        && let Ok(v) = last.to_string().parse()
+    {
+        status.metadata_mut().insert(LAST_DELIVERED_TRAILER, v);
+    }
+    status
+}
+
+/// The trailer of a `cursor_gap` refusal naming the oldest retained sequence, so a client
+/// can resume from just before it.
+pub const OLDEST_RETAINED_TRAILER: &str = "engine-oldest-retained-sequence";
 
 /// The trailer naming a cut-off reader's last delivered sequence.
 pub const LAST_DELIVERED_TRAILER: &str = "engine-last-delivered-sequence";
@@ -130,7 +164,14 @@ pub async fn stream_events(
     .map_err(|e| Status::internal(e.to_string()))?
     .map_err(|e| match e {
         CaptureError::Store(_) => Status::unavailable(e.to_string()),
-        _ => Status::out_of_range(e.to_string()),
+        CaptureError::Gap { oldest, .. } => {
+            let mut status = Status::out_of_range(e.to_string());
+            if let Ok(v) = oldest.to_string().parse() {
+                status.metadata_mut().insert(OLDEST_RETAINED_TRAILER, v);
+            }
+            status
+        }
+        CaptureError::Ahead { .. } => Status::out_of_range(e.to_string()),
     })?;
     let last = page.events.last().map_or(after, |e| e.sequence);
     let control = pb::StreamControl {
@@ -140,12 +181,14 @@ pub async fn stream_events(
         latest_sequence: page.latest,
         oldest_retained_sequence: page.oldest,
     };
+    let stopping = daemon.stopping.subscribe();
     Ok(async_stream(
         page.events,
         control,
         page.tail,
         last,
         deadline,
+        stopping,
     ))
 }
 
@@ -155,6 +198,7 @@ fn async_stream(
     tail: Option<super::log::Tail>,
     last: u64,
     deadline: Option<tokio::time::Instant>,
+    stopping: tokio::sync::watch::Receiver<bool>,
 ) -> impl Stream<Item = Result<pb::StreamEventsResponse, Status>> + Send {
     let frame = |f| Ok(pb::StreamEventsResponse { frame: Some(f) });
     let head = tokio_stream::iter(
@@ -163,27 +207,30 @@ fn async_stream(
             .map(move |e| frame(EventFrame::Event(e)))
             .chain(std::iter::once(frame(EventFrame::Control(control)))),
     );
-    let tail = futures_util::stream::unfold(tail.map(|t| (t, last)), move |state| async move {
-        let (mut tail, last) = state?;
-        if tail.lagged() {
-            return Some((Err(slow_reader("sequence", last)), None));
-        }
-        let Some(next) = until(deadline, tail.rx.recv()).await else {
-            return Some((Err(deadline_passed("sequence", last)), None));
-        };
-        match next {
-            Some(event) if !tail.lagged() => {
-                let last = event.sequence;
-                Some((
-                    frame(EventFrame::Event((*event).clone())),
-                    Some((tail, last)),
-                ))
+    let tail =
+        futures_util::stream::unfold(tail.map(|t| (t, last, stopping)), move |state| async move {
+            let (mut tail, last, mut stopping) = state?;
+            if tail.lagged() {
+                return Some((Err(slow_reader("sequence", last)), None));
             }
-            Some(_) => Some((Err(slow_reader("sequence", last)), None)),
-            None if tail.lagged() => Some((Err(slow_reader("sequence", last)), None)),
-            None => None,
-        }
-    });
+            let next = match until(deadline, &mut stopping, tail.rx.recv()).await {
+                Wait::Next(next) => next,
+                Wait::Deadline => return Some((Err(deadline_passed("sequence", last)), None)),
+                Wait::Stopping => return Some((Err(stopping_status("sequence", last)), None)),
+            };
+            match next {
+                Some(event) if !tail.lagged() => {
+                    let last = event.sequence;
+                    Some((
+                        frame(EventFrame::Event((*event).clone())),
+                        Some((tail, last, stopping)),
+                    ))
+                }
+                Some(_) => Some((Err(slow_reader("sequence", last)), None)),
+                None if tail.lagged() => Some((Err(slow_reader("sequence", last)), None)),
+                None => None,
+            }
+        });
     tokio_stream::StreamExt::chain(head, tail)
 }
 
@@ -211,10 +258,11 @@ pub async fn stream_interactions(
         ],
         Some(_) => vec![frame(IFrame::Snapshot(snapshot))],
     };
+    let stopping = daemon.stopping.subscribe();
     let rest = futures_util::stream::unfold(
-        subscription.map(|s| (s, revision)),
+        subscription.map(|s| (s, revision, stopping)),
         move |state| async move {
-            let ((mut rx, lagged), mut revision) = state?;
+            let ((mut rx, lagged), mut revision, mut stopping) = state?;
             let slow = || {
                 let mut s = slow_reader("revision", revision);
                 s.metadata_mut().remove(LAST_DELIVERED_TRAILER);
@@ -223,13 +271,18 @@ pub async fn stream_interactions(
             if lagged.load(std::sync::atomic::Ordering::Acquire) {
                 return Some((Err(slow()), None));
             }
-            let Some(next) = until(deadline, rx.recv()).await else {
-                return Some((Err(deadline_passed("revision", revision)), None));
+            let next = match until(deadline, &mut stopping, rx.recv()).await {
+                Wait::Next(next) => next,
+                Wait::Deadline => return Some((Err(deadline_passed("revision", revision)), None)),
+                Wait::Stopping => return Some((Err(stopping_status("revision", revision)), None)),
             };
             match next {
                 Some(InteractionFrame::Delta(d)) => {
                     revision = d.revision;
-                    Some((frame(IFrame::Delta(d)), Some(((rx, lagged), revision))))
+                    Some((
+                        frame(IFrame::Delta(d)),
+                        Some(((rx, lagged), revision, stopping)),
+                    ))
                 }
                 Some(InteractionFrame::Control(c)) => Some((frame(IFrame::Control(c)), None)),
                 None if lagged.load(std::sync::atomic::Ordering::Acquire) => {
