@@ -515,3 +515,25 @@ fn sigterm_ends_open_streams_and_the_daemon_promptly() {
     let (code, message) = end.expect("the stream ends with a status");
     assert_eq!(code, tonic::Code::Unavailable, "{message}");
 }
+
+#[tokio::test]
+async fn capability_lists_are_bounded_at_their_edge() {
+    use contract_impl::engine::daemon::limits::MAX_COLLECTION_COUNT;
+    let daemon = start();
+    let mut client = EngineServiceClient::new(channel(&daemon.socket).await);
+    let caps = |n: u32| -> Vec<String> { (0..n).map(|i| format!("cap-{i}")).collect() };
+    let mut at = init(1, 1, &[], new_owner());
+    at.supported_capabilities = caps(MAX_COLLECTION_COUNT);
+    let answer = client.initialize(authed(&daemon.token, at)).await.unwrap();
+    assert!(matches!(
+        answer.into_inner().result,
+        Some(pb::initialize_response::Result::Initialized(_))
+    ));
+    let mut over = init(1, 1, &[], new_owner());
+    over.supported_capabilities = caps(MAX_COLLECTION_COUNT + 1);
+    let refused = client
+        .initialize(authed(&daemon.token, over))
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::InvalidArgument, "{refused:?}");
+}

@@ -377,11 +377,9 @@ async fn suspend_export_and_import_into_a_daemon_sharing_the_key_preserves_the_r
     let stranger = start();
     let mut sa = session(&a).await;
     let run = started(&mut sa, "#!script\nsay one\nturn\nhold").await;
-    let not_yet = sa.export(&run).await;
-    // The run may or may not have reached its hold; a running run is not exportable.
-    if let Err(e) = &not_yet {
-        assert_eq!(e.code(), Code::FailedPrecondition);
-    }
+    // Not suspended yet (running or holding): nothing to export at this boundary.
+    let not_yet = sa.export(&run).await.unwrap_err();
+    assert_eq!(not_yet.code(), Code::FailedPrecondition, "{not_yet:?}");
     let suspended = sa.suspend(&run, &operation_id()).await.unwrap();
     assert_eq!(
         suspended.boundary_sequence, 3,

@@ -20,9 +20,7 @@ use std::time::Duration;
 use bytes::{Buf, BufMut};
 use hyper_util::rt::TokioIo;
 use prost::Message;
-use prost_reflect::{
-    DescriptorPool, DeserializeOptions, DynamicMessage, MethodDescriptor, SerializeOptions,
-};
+use prost_reflect::{DescriptorPool, DeserializeOptions, DynamicMessage, MethodDescriptor};
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
 use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
@@ -180,22 +178,8 @@ pub const CODE_NAMES: &[&str] = &[
     "UNAUTHENTICATED",
 ];
 
-/// A message in the proto3 JSON mapping (64-bit integers as strings, enums by name,
-/// defaults omitted).
-///
-/// # Errors
-/// Bytes that do not decode as `descriptor`'s message.
-pub fn to_json(
-    descriptor: prost_reflect::MessageDescriptor,
-    bytes: &[u8],
-) -> Result<Value, String> {
-    let message = DynamicMessage::decode(descriptor, bytes).map_err(|e| e.to_string())?;
-    let mut out = serde_json::Serializer::new(Vec::new());
-    message
-        .serialize_with_options(&mut out, &SerializeOptions::new())
-        .map_err(|e| e.to_string())?;
-    serde_json::from_slice(&out.into_inner()).map_err(|e| e.to_string())
-}
+/// A message in the proto3 JSON mapping: the implementation's one converter.
+pub use contract_impl::engine::json::bytes_to_json as to_json;
 
 /// Encodes `value` (proto3 JSON) as `descriptor`'s message. Unknown JSON fields are
 /// refused: a scenario sends unknown fields as a raw payload.

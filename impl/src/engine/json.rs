@@ -32,8 +32,18 @@ pub fn to_json(
     let descriptor = pool()
         .get_message_by_name(full_name)
         .ok_or_else(|| format!("no message type {full_name}"))?;
-    let dynamic = DynamicMessage::decode(descriptor, message.encode_to_vec().as_slice())
-        .map_err(|e| e.to_string())?;
+    bytes_to_json(descriptor, &message.encode_to_vec())
+}
+
+/// Encoded `bytes` of `descriptor`'s message as proto3 JSON (as [`to_json`]).
+///
+/// # Errors
+/// Bytes that do not decode as the message.
+pub fn bytes_to_json(
+    descriptor: prost_reflect::MessageDescriptor,
+    bytes: &[u8],
+) -> Result<serde_json::Value, String> {
+    let dynamic = DynamicMessage::decode(descriptor, bytes).map_err(|e| e.to_string())?;
     let mut out = serde_json::Serializer::new(Vec::new());
     dynamic
         .serialize_with_options(&mut out, &SerializeOptions::new())

@@ -296,16 +296,8 @@ impl Executor {
             if self.canceled() {
                 return Err(Stop::Canceled);
             }
-            let answered = {
-                let mut a = self
-                    .run
-                    .signals
-                    .answered
-                    .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner);
-                let hit = a.iter().position(|x| *x == id);
-                hit.map(|i| a.remove(i)).is_some()
-            };
+            // Answered: recorded with the pending prompts, closed (and forgotten) below.
+            let answered = self.run.interactions().answered.contains(&id);
             if answered {
                 self.run.interactions().close(&id);
                 self.emit(Kind::InteractionClosed(pb::InteractionClosed {

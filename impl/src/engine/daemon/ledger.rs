@@ -184,19 +184,11 @@ impl Ledger {
                 key.1
             ))
         };
+        let (want_method, want_digest) = (entry.method, entry.digest);
         let mut start = Some((entry, fence, work));
         loop {
             if let Some((method, digest, response)) = self.lookup(&key)? {
-                let (method_now, digest_now) = match &start {
-                    Some((e, _, _)) => (e.method, e.digest),
-                    None => {
-                        return Ok(Answer {
-                            response,
-                            deduplicated: true,
-                        });
-                    }
-                };
-                if method != method_now || digest != digest_now {
+                if method != want_method || digest != want_digest {
                     return Err(conflict(&method));
                 }
                 return Ok(Answer {

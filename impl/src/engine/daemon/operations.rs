@@ -274,11 +274,6 @@ pub async fn respond_interaction(
                     }
                     interactions.answered.push(id.clone());
                 }
-                run.signals
-                    .answered
-                    .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner)
-                    .push(id);
                 run.signals.wake.notify_one();
                 Ok(Done {
                     response: pb::RespondInteractionResponse {
@@ -428,11 +423,8 @@ pub async fn export_snapshot(
     };
     let progress = {
         let conn = daemon.db.lock().map_err(|_| Status::internal("poisoned"))?;
-        runs::load(&conn)
+        runs::progress(&conn, &run.id)
             .map_err(unavailable)?
-            .into_iter()
-            .find(|r| r.run_id == run.id)
-            .map(|r| r.progress)
             .ok_or_else(|| Status::internal("the run's row is missing"))?
     };
     let state = SnapshotState {

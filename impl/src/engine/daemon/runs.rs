@@ -59,8 +59,6 @@ pub struct Signals {
     pub suspend: AtomicBool,
     /// Resume a suspended run.
     pub resume: AtomicBool,
-    /// Answered interactions, in order.
-    pub answered: Mutex<Vec<String>>,
     /// Wakes the executor.
     pub wake: Notify,
 }
@@ -391,6 +389,25 @@ pub fn load(conn: &Connection) -> Result<Vec<RunRow>, String> {
         });
     }
     Ok(out)
+}
+
+/// The stored progress of `run_id` (`None`: no such run).
+///
+/// # Errors
+/// The SQLite error, or progress that does not parse.
+pub fn progress(conn: &Connection, run_id: &str) -> Result<Option<Progress>, String> {
+    let text: Option<String> = conn
+        .query_row(
+            "SELECT progress FROM runs WHERE run_id = ?1",
+            params![run_id],
+            |r| r.get(0),
+        )
+        .optional()
+        .map_err(|e| e.to_string())?;
+    text.map(|t| {
+        serde_json::from_str(&t).map_err(|e| format!("run {run_id}: stored progress: {e}"))
+    })
+    .transpose()
 }
 
 /// Whether `run_id` is stored.
