@@ -133,19 +133,26 @@ pub async fn serve(socket: &Path, data_dir: &Path, config: &Config) -> Result<()
     let daemon = state::Daemon::open(data_dir, config)
         .await
         .map_err(ServeError::Setup)?;
+    // The socket is bound inside the 0700 directory and made 0600 before the token
+    // file exists: the token file is what a client waits for, so no client ever sees
+    // the socket with the umask's mode.
+    let listener = UnixListener::bind(socket).map_err(|e| setup(socket, e))?;
+    std::fs::set_permissions(socket, std::fs::Permissions::from_mode(0o600))
+        .map_err(|e| setup(socket, e))?;
     let token = auth::new_token();
     let token_path = data_dir.join(TOKEN_FILE);
-    let _ = std::fs::remove_file(&token_path);
+    // Written whole under a temporary name and renamed: a client never reads half a token.
+    let partial = data_dir.join(format!("{TOKEN_FILE}.partial"));
+    let _ = std::fs::remove_file(&partial);
     let mut file = std::fs::OpenOptions::new()
         .write(true)
         .create_new(true)
         .mode(0o600)
-        .open(&token_path)
-        .map_err(|e| setup(&token_path, e))?;
-    std::io::Write::write_all(&mut file, token.as_bytes()).map_err(|e| setup(&token_path, e))?;
-    let listener = UnixListener::bind(socket).map_err(|e| setup(socket, e))?;
-    std::fs::set_permissions(socket, std::fs::Permissions::from_mode(0o600))
-        .map_err(|e| setup(socket, e))?;
+        .open(&partial)
+        .map_err(|e| setup(&partial, e))?;
+    std::io::Write::write_all(&mut file, token.as_bytes()).map_err(|e| setup(&partial, e))?;
+    drop(file);
+    std::fs::rename(&partial, &token_path).map_err(|e| setup(&token_path, e))?;
     let stopping = daemon.stopping.clone();
     let engine = EngineServiceServer::new(service::Engine::new(daemon))
         .max_decoding_message_size(limits::MAX_REQUEST_BYTES)
