@@ -14,10 +14,10 @@ JOBS    ?=
 HARNESS_ARGS ?=
 
 .PHONY: check-runtime-contract check setup build test lint fmt fmt-check clippy doc proto-check proto-baseline \
-        contract contract-core contract-worker contract-worker-host contract-engine coverage golden-review golden-accept schema bench clean
+        contract contract-core contract-worker contract-worker-host contract-engine contract-engine-client coverage golden-review golden-accept schema bench clean
 
 ## The main job: build everything, replay every scenario against our binaries, print coverage.
-check-runtime-contract: setup build contract contract-core contract-worker contract-worker-host contract-engine coverage
+check-runtime-contract: setup build contract contract-core contract-worker contract-worker-host contract-engine contract-engine-client coverage
 
 ## What CI runs (.ci/run): formatting, lints, docs, schema checks, unit tests and the
 ## contract suite.
@@ -56,6 +56,12 @@ contract-worker-host: build
 contract-engine: build
 	$(HARNESS) run --family engine --side daemon \
 	  --target-cmd '$(IMPL) engine serve' $(if $(JOBS),--jobs $(JOBS)) $(HARNESS_ARGS)
+
+## The engine family with our client as the target (the harness plays its daemon and drives
+## the client over its control channel, docs/engine-client-control.md).
+contract-engine-client: build
+	$(HARNESS) run --family engine --side client \
+	  --target-cmd '$(IMPL) engine controlled' $(if $(JOBS),--jobs $(JOBS)) $(HARNESS_ARGS)
 
 ## Requirement coverage of every family.
 coverage: build

@@ -6,7 +6,10 @@
 //! * [`engine`]: the local engine protocol (its generated gRPC code and negotiation).
 //! * [`process`]: process-group supervision and bounded output tails, for every host
 //!   that runs programs.
+//! * [`control`]: the line-oriented control channel through which a conformance harness
+//!   drives our worker host and our engine client.
 
+pub mod control;
 pub mod core_runtime;
 pub mod durable;
 pub mod engine;

@@ -14,6 +14,7 @@
 //! contract-impl worker host [--data-dir DIR]   (see docs/worker-host-control.md)
 //! contract-impl engine serve --socket PATH --data-dir DIR
 //! contract-impl engine initialize|health --socket PATH --token-file FILE [--json]
+//! contract-impl engine controlled        (see docs/engine-client-control.md)
 //! contract-impl core serve|credential …   (see docs/core-api.md)
 //! ```
 //!

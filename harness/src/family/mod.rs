@@ -3,7 +3,7 @@
 //!
 //! * [`core_runtime`]: the Core ↔ Runtime family (sides `runtime` and `core`).
 //! * [`worker`]: the host ↔ worker family (sides `worker` and `host`).
-//! * [`engine`]: the local engine family (side `daemon`).
+//! * [`engine`]: the local engine family (sides `daemon` and `client`).
 //!
 //! `--family`/`--side`, the runner, `contract-harness list` and the contract test are all
 //! driven from [`FAMILIES`]. A new family adds a folder here, its scenarios and goldens,
@@ -93,11 +93,18 @@ pub const FAMILIES: &[FamilyInfo] = &[
     FamilyInfo {
         name: engine::FAMILY,
         spec: "engine-protocol",
-        sides: &[SideInfo {
-            side: Side::Daemon,
-            harness_plays: "the daemon's client (gRPC over its Unix socket, dynamic messages)",
-            impl_args: "engine serve",
-        }],
+        sides: &[
+            SideInfo {
+                side: Side::Daemon,
+                harness_plays: "the daemon's client (gRPC over its Unix socket, dynamic messages)",
+                impl_args: "engine serve",
+            },
+            SideInfo {
+                side: Side::Client,
+                harness_plays: "the client's daemon (gRPC server on a Unix socket), client control channel",
+                impl_args: "engine controlled",
+            },
+        ],
     },
 ];
 
@@ -162,7 +169,7 @@ pub fn generated_keys(family_name: &str, side: Side) -> &'static [&'static str] 
     match family_name {
         core_runtime::FAMILY => core_runtime::generated_keys(side),
         worker::FAMILY => worker::GENERATED_KEYS,
-        engine::FAMILY => engine::GENERATED_KEYS,
+        engine::FAMILY => engine::generated_keys(side),
         _ => &[],
     }
 }

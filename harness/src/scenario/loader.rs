@@ -1121,7 +1121,7 @@ steps:
         assert_eq!(s.steps[0], Step::Crash);
         let err = load_err("x", &format!("{head}steps:\n  - crash: {{}}\n"));
         assert!(
-            err.contains("crash restarts the target Core or engine daemon"),
+            err.contains("crash restarts the target Core, engine daemon or engine client"),
             "{err}"
         );
         let err = load_err(

@@ -393,16 +393,16 @@ impl Checker<'_> {
             }
             Step::Api(api) => self.api(location, api),
             // The sides whose launch contract restarts the target: Core and the engine
-            // daemon (same data directory).
+            // daemon (same data directory), the engine client (same state directory).
             Step::Crash
                 if !matches!(
                     self.scenario.sides.as_deref(),
-                    Some([Side::Core]) | Some([Side::Daemon])
+                    Some([Side::Core]) | Some([Side::Daemon]) | Some([Side::Client])
                 ) =>
             {
                 self.issue(
                     Some(location),
-                    "crash restarts the target Core or engine daemon: it needs `sides: [core]` or `sides: [daemon]`",
+                    "crash restarts the target Core, engine daemon or engine client: it needs `sides: [core]`, `sides: [daemon]` or `sides: [client]`",
                 )
             }
             Step::ExpectExit { code, stderr } => {

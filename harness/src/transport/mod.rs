@@ -7,6 +7,8 @@
 //!   WebSocket dial (side `core`).
 //! * [`framed`]: 4-byte big-endian length-prefixed payloads over a Unix stream socket
 //!   ([`framed::FrameDecoder`], [`framed::FramedConnection`]), the maximum given by the family.
+//! * [`grpc`] / [`grpc_server`]: gRPC over a Unix socket with dynamic messages, as the
+//!   client of a target daemon or as the daemon of a target client.
 //! * [`relay`]: the link to `contract-harness peer relay`, the program the harness hands a
 //!   target that launches its peer itself (stdio, dialled and accepted sockets).
 //! * [`ws`]: one upgraded WebSocket connection ([`ws::WsConnection`]): a bounded event queue
@@ -21,6 +23,7 @@ pub mod client;
 pub mod control;
 pub mod framed;
 pub mod grpc;
+pub mod grpc_server;
 pub mod http;
 pub mod relay;
 pub mod ws;

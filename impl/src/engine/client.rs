@@ -13,7 +13,7 @@ use hyper_util::rt::TokioIo;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Channel, Endpoint};
 
-use super::compat::{MINOR_MAX, PROTOCOL_MAJOR};
+use super::compat::PROTOCOL_MAJOR;
 use super::proto::common::v1::{BuildIdentity, ProtocolVersion};
 use super::proto::engine::v1 as pb;
 use pb::engine_service_client::EngineServiceClient;
@@ -78,6 +78,20 @@ impl tonic::service::Interceptor for Bearer {
 /// A connected, authenticated client.
 pub type Client = EngineServiceClient<InterceptedService<Channel, Bearer>>;
 
+/// The endpoint token in `token_file` (one line; surrounding white space dropped). It is
+/// a secret: the caller keeps it in memory only and never prints it.
+///
+/// # Errors
+/// [`ClientError::Token`] when the file cannot be read (the error never holds the token).
+pub fn read_token(token_file: &Path) -> Result<String, ClientError> {
+    std::fs::read_to_string(token_file)
+        .map(|token| token.trim().to_string())
+        .map_err(|e| ClientError::Token {
+            path: token_file.to_path_buf(),
+            reason: e.to_string(),
+        })
+}
+
 /// Connects to the daemon at `socket` with the token in `token_file`.
 ///
 /// The channel names the authority `localhost`: the socket path is not an authority (a
@@ -86,11 +100,8 @@ pub type Client = EngineServiceClient<InterceptedService<Channel, Bearer>>;
 /// # Errors
 /// [`ClientError::Token`], [`ClientError::Connect`].
 pub async fn connect(socket: &Path, token_file: &Path) -> Result<Client, ClientError> {
-    let token = std::fs::read_to_string(token_file).map_err(|e| ClientError::Token {
-        path: token_file.to_path_buf(),
-        reason: e.to_string(),
-    })?;
-    let value = format!("Bearer {}", token.trim())
+    let token = read_token(token_file)?;
+    let value = format!("Bearer {token}")
         .parse()
         .map_err(|_| ClientError::Token {
             path: token_file.to_path_buf(),
@@ -133,7 +144,8 @@ pub enum Ownership {
     },
 }
 
-/// `Initialize` at our highest version, requiring `required`.
+/// `Initialize` presenting protocol `1.minor` (ours is [`super::compat::MINOR_MAX`]) and the
+/// capabilities of that minor, requiring `required`.
 ///
 /// # Errors
 /// [`ClientError::Status`] when the call fails (typed refusals are results, not errors).
@@ -141,6 +153,7 @@ pub async fn initialize(
     client: &mut Client,
     ownership: &Ownership,
     required: &[String],
+    minor: u32,
 ) -> Result<pb::initialize_response::Result, ClientError> {
     use pb::ownership_claim::Claim;
     let claim = match ownership {
@@ -153,14 +166,14 @@ pub async fn initialize(
     let request = pb::InitializeRequest {
         protocol: Some(ProtocolVersion {
             major: PROTOCOL_MAJOR,
-            minor: MINOR_MAX,
+            minor,
         }),
         client_build: Some(BuildIdentity {
             name: "contract-impl engine".into(),
             version: env!("CARGO_PKG_VERSION").into(),
             revision: String::new(),
         }),
-        supported_capabilities: super::compat::capabilities(MINOR_MAX)
+        supported_capabilities: super::compat::capabilities(minor)
             .iter()
             .map(|c| (*c).to_string())
             .collect(),

@@ -51,6 +51,22 @@ pub fn bytes_to_json(
     serde_json::from_slice(&out.into_inner()).map_err(|e| e.to_string())
 }
 
+/// `value` in the proto3 JSON mapping as a message of type `full_name` (64-bit integers
+/// as strings or numbers, enums by name or number; unknown fields refused).
+///
+/// # Errors
+/// An unknown type name, or a value that is not such a message.
+pub fn from_json<M: prost::Message + Default>(
+    value: &serde_json::Value,
+    full_name: &str,
+) -> Result<M, String> {
+    let descriptor = pool()
+        .get_message_by_name(full_name)
+        .ok_or_else(|| format!("no message type {full_name}"))?;
+    let dynamic = DynamicMessage::deserialize(descriptor, value).map_err(|e| e.to_string())?;
+    M::decode(prost::Message::encode_to_vec(&dynamic).as_slice()).map_err(|e| e.to_string())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -69,5 +85,32 @@ mod tests {
             to_json(&event, "engine.v1.RunEvent").unwrap(),
             serde_json::json!({"runId": "run-1", "sequence": "7", "turnCompleted": {"turn": 2}})
         );
+    }
+
+    #[test]
+    fn messages_are_read_from_the_proto3_json_mapping() {
+        let want = pb::DefinitionRef {
+            id: "scripted".into(),
+            revision: 1,
+        };
+        for value in [
+            serde_json::json!({"id": "scripted", "revision": "1"}),
+            serde_json::json!({"id": "scripted", "revision": 1}),
+        ] {
+            assert_eq!(
+                from_json::<pb::DefinitionRef>(&value, "engine.v1.DefinitionRef").unwrap(),
+                want
+            );
+        }
+        for bad in [
+            serde_json::json!({"id": "scripted", "revision": -1}),
+            serde_json::json!({"id": "scripted", "bogus": 1}),
+            serde_json::json!("scripted@1"),
+        ] {
+            assert!(
+                from_json::<pb::DefinitionRef>(&bad, "engine.v1.DefinitionRef").is_err(),
+                "{bad}"
+            );
+        }
     }
 }

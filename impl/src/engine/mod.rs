@@ -9,6 +9,10 @@
 //!   capability negotiation ("Initialization").
 //! * [`client`]: the client library: an authenticated channel to the daemon's socket and
 //!   the ownership claim.
+//! * [`session`]: an initialized client's run operations (retries with the same
+//!   operation ID, following across cut-offs and gaps).
+//! * [`controlled`]: our client driven over the control channel of
+//!   `docs/engine-client-control.md` (`contract-impl engine controlled`).
 //! * [`daemon`]: the daemon on its Unix socket: token check before decoding, the durable
 //!   client store with the ownership compare-and-swap, `Initialize` and `Health`.
 //!
@@ -18,6 +22,7 @@ pub mod bench;
 pub mod cli;
 pub mod client;
 pub mod compat;
+pub mod controlled;
 pub mod daemon;
 pub mod json;
 pub mod kernel;

@@ -3,9 +3,15 @@
 //! starts, follows and steers runs.
 //!
 //! * Every mutation carries a client operation ID. "Transport failure never implies a
-//!   mutating request failed before commit": a call that fails in transport (or with
-//!   `UNAVAILABLE`) is sent again with the same operation ID, up to [`RETRIES`] times;
-//!   the daemon's ledger answers the committed outcome if there was one.
+//!   mutating request failed before commit": a call that fails in transport (the
+//!   connection dropped or reset before a status, whatever code tonic gives that) or
+//!   with `UNAVAILABLE` is sent again with the same operation ID, up to [`RETRIES`]
+//!   times, on a new connection when the daemon dropped the old one (the channel
+//!   reconnects on its own); the daemon's ledger answers the committed outcome if there
+//!   was one.
+//! * "A minor-1 client must require snapshot-authority-v1 before relying on export or
+//!   import": [`Session::export`] and [`Session::import`] refuse, before any call, a
+//!   session that did not negotiate it ([`SessionError::CapabilityNotNegotiated`]).
 //! * [`Session::follow`] reads a run's events from any sequence through pages and the
 //!   live tail, and after a cut-off or a broken stream resumes from the last delivered
 //!   sequence, so the caller sees every event once, in order, without a gap.
@@ -17,6 +23,7 @@ use std::time::Duration;
 use tonic::{Code, Status};
 
 use super::client::{self, Client, ClientError, Ownership};
+use super::compat::{CAP_SNAPSHOT_AUTHORITY_V1, MINOR_MAX};
 use super::proto::engine::v1 as pb;
 use pb::initialize_response::Result as InitResult;
 
@@ -54,6 +61,33 @@ pub enum SessionError {
     /// `Initialize` refused (a typed result).
     #[error("initialize refused: {0:?}")]
     Refused(Box<InitResult>),
+    /// Refused by the client before any call: the session did not negotiate the
+    /// capability the operation relies on.
+    #[error("the session did not negotiate `{capability}`; refused before any call")]
+    CapabilityNotNegotiated {
+        /// The capability missing from the negotiated ones.
+        capability: &'static str,
+    },
+}
+
+impl SessionError {
+    /// The stable code (`capability_not_negotiated`, `initialize_refused`, or the
+    /// [`ClientError::code`]).
+    pub fn code(&self) -> &'static str {
+        match self {
+            SessionError::Client(c) => c.code(),
+            SessionError::Refused(_) => "initialize_refused",
+            SessionError::CapabilityNotNegotiated { .. } => "capability_not_negotiated",
+        }
+    }
+
+    /// The daemon's status, when a call ended with one.
+    pub fn status(&self) -> Option<&Status> {
+        match self {
+            SessionError::Client(ClientError::Status(s)) => Some(s),
+            _ => None,
+        }
+    }
 }
 
 impl From<Status> for SessionError {
@@ -62,11 +96,42 @@ impl From<Status> for SessionError {
     }
 }
 
+/// Whether a call that ended with `status` is sent again: a status the daemon did not
+/// send (the call failed in transport), or `UNAVAILABLE`, `UNKNOWN`, `CANCELLED` that is
+/// not a fence.
 fn retryable(status: &Status) -> bool {
-    matches!(
-        status.code(),
-        Code::Unavailable | Code::Unknown | Code::Cancelled
-    ) && !status.message().starts_with("fenced")
+    in_transport(status)
+        || (matches!(
+            status.code(),
+            Code::Unavailable | Code::Unknown | Code::Cancelled
+        ) && !status.message().starts_with("fenced"))
+}
+
+/// Whether `status` was made by the client's transport rather than received from the
+/// daemon: tonic attaches the transport error (hyper's, an I/O error, a connect error) as
+/// the source of such a status, whatever code it chose (`UNKNOWN` for a reset
+/// connection, `UNAVAILABLE` for a refused one, `INTERNAL` for a `GOAWAY`); a status
+/// received in trailers has no source.
+fn in_transport(status: &Status) -> bool {
+    let mut source = std::error::Error::source(status);
+    while let Some(e) = source {
+        if e.is::<hyper::Error>() || e.is::<std::io::Error>() || e.is::<tonic::transport::Error>() {
+            return true;
+        }
+        source = e.source();
+    }
+    false
+}
+
+/// The oldest retained sequence a `cursor_gap` status names, when it lies past the
+/// reader's next sequence after `last` (events it had not read were pruned).
+fn oldest_retained(status: &Status, last: u64) -> Option<u64> {
+    status
+        .metadata()
+        .get(super::daemon::streams::OLDEST_RETAINED_TRAILER)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok())
+        .filter(|o| last.checked_add(1).is_some_and(|next| *o > next))
 }
 
 /// How following a run ended.
@@ -91,8 +156,22 @@ impl Session {
         ownership: &Ownership,
         required: &[String],
     ) -> Result<Self, SessionError> {
-        let mut c = client::connect(socket, token_file).await?;
-        match client::initialize(&mut c, ownership, required).await? {
+        let c = client::connect(socket, token_file).await?;
+        Self::initialize(c, ownership, required, MINOR_MAX).await
+    }
+
+    /// Initializes on the connected `client` as `ownership`, presenting protocol
+    /// `1.minor`, requiring `required`.
+    ///
+    /// # Errors
+    /// [`SessionError::Refused`] with the daemon's typed result, or the call's failure.
+    pub async fn initialize(
+        mut c: Client,
+        ownership: &Ownership,
+        required: &[String],
+        minor: u32,
+    ) -> Result<Self, SessionError> {
+        match client::initialize(&mut c, ownership, required, minor).await? {
             InitResult::Initialized(i) => Ok(Self {
                 client: c,
                 session: pb::ClientSession {
@@ -107,6 +186,20 @@ impl Session {
 
     fn session(&self) -> Option<pb::ClientSession> {
         Some(self.session.clone())
+    }
+
+    /// Refuses, before any call, a session that did not negotiate `capability`.
+    fn negotiated(&self, capability: &'static str) -> Result<(), SessionError> {
+        if self
+            .initialized
+            .capabilities
+            .iter()
+            .any(|c| c == capability)
+        {
+            Ok(())
+        } else {
+            Err(SessionError::CapabilityNotNegotiated { capability })
+        }
     }
 
     async fn retry<T, F, Fut>(&mut self, mut call: F) -> Result<T, Status>
@@ -240,11 +333,12 @@ impl Session {
         .await
     }
 
-    /// `ExportSnapshot`.
+    /// `ExportSnapshot`, when the session negotiated `snapshot-authority-v1`.
     ///
     /// # Errors
-    /// The daemon's status.
-    pub async fn export(&mut self, run_id: &str) -> Result<pb::Snapshot, Status> {
+    /// [`SessionError::CapabilityNotNegotiated`] (no call made), or the daemon's status.
+    pub async fn export(&mut self, run_id: &str) -> Result<pb::Snapshot, SessionError> {
+        self.negotiated(CAP_SNAPSHOT_AUTHORITY_V1)?;
         let request = pb::ExportSnapshotRequest {
             run_id: run_id.into(),
             session: self.session(),
@@ -256,18 +350,19 @@ impl Session {
             })
             .await?;
         r.snapshot
-            .ok_or_else(|| Status::internal("ExportSnapshot answered no snapshot"))
+            .ok_or_else(|| Status::internal("ExportSnapshot answered no snapshot").into())
     }
 
-    /// `ImportSnapshot`.
+    /// `ImportSnapshot`, when the session negotiated `snapshot-authority-v1`.
     ///
     /// # Errors
-    /// The daemon's status.
+    /// [`SessionError::CapabilityNotNegotiated`] (no call made), or the daemon's status.
     pub async fn import(
         &mut self,
         snapshot: pb::Snapshot,
         op: &str,
-    ) -> Result<pb::ImportSnapshotResponse, Status> {
+    ) -> Result<pb::ImportSnapshotResponse, SessionError> {
+        self.negotiated(CAP_SNAPSHOT_AUTHORITY_V1)?;
         let request = pb::ImportSnapshotRequest {
             client_operation_id: op.into(),
             snapshot: Some(snapshot),
@@ -278,6 +373,7 @@ impl Session {
             async move { c.import_snapshot(r).await }
         })
         .await
+        .map_err(SessionError::from)
     }
 
     /// The pending interactions of `run_id` (the stream's first frame).
@@ -355,7 +451,7 @@ impl Session {
         use pb::stream_events_response::Frame;
         let mut last = after;
         let mut reopened = 0;
-        loop {
+        'streams: loop {
             let request = pb::StreamEventsRequest {
                 run_id: run_id.into(),
                 after_sequence: last,
@@ -372,13 +468,8 @@ impl Session {
                     continue;
                 }
                 Err(s) if s.code() == Code::OutOfRange && on_gap.is_some() => {
-                    let oldest = s
-                        .metadata()
-                        .get(super::daemon::streams::OLDEST_RETAINED_TRAILER)
-                        .and_then(|v| v.to_str().ok())
-                        .and_then(|v| v.parse::<u64>().ok())
-                        .filter(|o| *o > last + 1);
-                    let (Some(oldest), Some(report)) = (oldest, on_gap.as_mut()) else {
+                    let (Some(oldest), Some(report)) = (oldest_retained(&s, last), on_gap.as_mut())
+                    else {
                         return Err(s);
                     };
                     report(last + 1, oldest - 1);
@@ -393,10 +484,10 @@ impl Session {
                     Ok(Some(pb::StreamEventsResponse {
                         frame: Some(Frame::Event(e)),
                     })) => {
-                        if e.sequence != last + 1 {
+                        let next = last.checked_add(1);
+                        if next != Some(e.sequence) {
                             return Err(Status::data_loss(format!(
-                                "sequence gap: expected {}, got {}",
-                                last + 1,
+                                "sequence gap: expected the one after {last}, got {}",
                                 e.sequence
                             )));
                         }
@@ -432,6 +523,18 @@ impl Session {
                         // Cut off as slow, or the stream broke: resume from `last`.
                         reopened += 1;
                         break;
+                    }
+                    // A gap reported after the response headers rather than instead of
+                    // them: the same as at the call.
+                    Err(s) if s.code() == Code::OutOfRange && on_gap.is_some() => {
+                        let (Some(oldest), Some(report)) =
+                            (oldest_retained(&s, last), on_gap.as_mut())
+                        else {
+                            return Err(s);
+                        };
+                        report(last + 1, oldest - 1);
+                        last = oldest - 1;
+                        continue 'streams;
                     }
                     Err(s) => return Err(s),
                 }

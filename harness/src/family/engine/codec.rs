@@ -100,10 +100,10 @@ pub fn check_call(frame: &Value) -> Result<(), String> {
         (None, Some(Value::String(_))) | (Some(_), None) | (None, None) => {}
         (None, Some(_)) => return Err("`request_base64` must be a string".into()),
     }
-    match map.get("auth").and_then(Value::as_str) {
-        None if map.get("auth").is_none() => {}
-        Some("token" | "none" | "wrong") => {}
-        _ => return Err("`auth` is `token` (default), `none` or `wrong`".into()),
+    match map.get("auth") {
+        None | Some(Value::Object(_)) => {}
+        Some(Value::String(a)) if ["token", "none", "wrong"].contains(&a.as_str()) => {}
+        Some(_) => return Err("`auth` is `token` (default), `none` or `wrong`".into()),
     }
     if let Some(t) = map.get("timeout_ms")
         && t.as_u64().is_none_or(|t| t == 0)
@@ -131,14 +131,19 @@ pub fn check_event(frame: &Value) -> Result<(), String> {
     if !matches!(map.get("call"), Some(Value::String(_))) {
         return Err("`call` must be a string".into());
     }
-    let kinds = ["message", "status", "raw"]
+    let kinds = ["message", "message_base64", "status", "raw"]
         .iter()
         .filter(|k| map.contains_key(**k))
         .count();
     if kinds != 1 || map.len() != 2 {
         return Err(
-            "a daemon frame is exactly {call, message}, {call, status} or {call, raw}".into(),
+            "a daemon frame is exactly {call, message}, {call, message_base64}, {call, status} or {call, raw}".into(),
         );
+    }
+    if let Some(b64) = map.get("message_base64")
+        && !b64.is_string()
+    {
+        return Err("`message_base64` must be a string".into());
     }
     if let Some(status) = map.get("status") {
         let code = status.get("code").and_then(Value::as_str);
@@ -191,6 +196,62 @@ impl Codec for RpcCodec {
         "nothing may follow the last step: every message and status of every call is a step"
     }
 }
+
+/// The codec of side `client` (the harness is the daemon): the client's calls are
+/// emitted frames, the daemon's answers are sent.
+#[derive(Debug, Clone, Copy)]
+pub struct ServerCodec;
+
+impl Codec for ServerCodec {
+    fn decode(&self, text: &str) -> Result<Value, WireFault> {
+        serde_json::from_str(text).map_err(|e| fault("invalid_json", e.to_string()))
+    }
+
+    fn check_emitted(&self, frame: &Value) -> Result<(), WireFault> {
+        if let Some(why) = frame.get("undecodable").and_then(Value::as_str) {
+            return Err(fault(
+                "undecodable_message",
+                format!("the client's request does not decode: {why}"),
+            ));
+        }
+        check_call(frame).map_err(|e| fault("invalid_call", e))
+    }
+
+    fn check_outgoing(&self, frame: &Value) -> Result<(), WireFault> {
+        check_event(frame).map_err(|e| fault("invalid_frame", e))
+    }
+
+    fn encode(&self, frame: &Value) -> Result<String, WireFault> {
+        serde_json::to_string(frame).map_err(|e| fault("invalid_value", e.to_string()))
+    }
+
+    fn may_trail(&self, _frame: &Value) -> bool {
+        false
+    }
+
+    fn trailing_rule(&self) -> &'static str {
+        "the client calls only when a control request asks it to: every call is a step"
+    }
+}
+
+/// The role on side `client`.
+pub static CLIENT_ROLE: Role = Role {
+    codec: &ServerCodec,
+    target: Party::Client,
+    plays: &[Party::Daemon],
+    emitted_label: "client call",
+    target_name: "the client",
+    refuses: &[
+        (
+            "send_bytes",
+            "the harness is the daemon: malformed answers are `message_base64`",
+        ),
+        (
+            "half_close",
+            "a server does not half-close; `disconnect` drops the client's connections",
+        ),
+    ],
+};
 
 /// The role on side `daemon`.
 pub static DAEMON_ROLE: Role = Role {

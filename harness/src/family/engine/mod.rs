@@ -3,10 +3,14 @@
 //!
 //! * Side `daemon` ([`daemon_side`]): the daemon under test; the harness plays its
 //!   client over the Unix socket with dynamic messages from `proto/`.
+//! * Side `client` ([`client_side`]): the client under test; the harness plays its
+//!   daemon on a Unix socket and drives the client over its control channel
+//!   (`docs/engine-client-control.md`).
 //!
 //! Both run on the step engine ([`crate::drive`]); this module holds only what is the
 //! engine protocol's. It never renders or compares goldens and never prints.
 
+pub mod client_side;
 pub mod codec;
 pub mod daemon_side;
 
@@ -21,6 +25,18 @@ pub const FAMILY: &str = "engine";
 /// Keys whose values the daemon generates (aliased in goldens): identities, plans, MACs
 /// and snapshot state (which embeds them).
 pub const GENERATED_KEYS: &[&str] = &["runId", "clientId", "planId", "mac", "scopeId", "state"];
+
+/// Keys whose values the client generates on side `client` (aliased in goldens): the
+/// harness's name of each call and the client's operation IDs.
+pub const CLIENT_GENERATED_KEYS: &[&str] = &["call", "clientOperationId"];
+
+/// The generated keys of `side`.
+pub fn generated_keys(side: Side) -> &'static [&'static str] {
+    match side {
+        Side::Client => CLIENT_GENERATED_KEYS,
+        _ => GENERATED_KEYS,
+    }
+}
 
 /// Generated identifiers inside status messages, masked in goldens (`run-<32 hex>` →
 /// `run-<id>`).
@@ -65,6 +81,7 @@ fn mask_ids(s: &str) -> String {
 pub async fn drive(scenario: &Scenario, side: Side, opts: &DriveOptions) -> DriveOutcome {
     match side {
         Side::Daemon => drive::drive(scenario, opts, daemon_side::start(scenario, opts)).await,
+        Side::Client => drive::drive(scenario, opts, client_side::start(opts)).await,
         other => DriveOutcome::failed(drive::Failure::outside(
             &scenario.id(),
             drive::Phase::Launch,

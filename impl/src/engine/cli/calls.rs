@@ -2,13 +2,12 @@
 //! statuses and the client-state file).
 
 use std::io::{IsTerminal, Write};
-use std::os::unix::fs::OpenOptionsExt;
-use std::path::Path;
 use std::process::ExitCode;
 
 use prost::Message;
 use serde_json::json;
 
+use super::state::{ClientState, StateError, write_private};
 use super::{ClientCommand, Endpoint};
 use crate::engine::client::{self, ClientError, Ownership};
 use crate::engine::json::to_json;
@@ -46,7 +45,16 @@ impl From<SessionError> for Failure {
         match e {
             SessionError::Client(c) => c.into(),
             SessionError::Refused(r) => Failure::Refused(describe_refusal(&r)),
+            other @ SessionError::CapabilityNotNegotiated { .. } => {
+                Failure::Refused(format!("{other} ({})", other.code()))
+            }
         }
+    }
+}
+
+impl From<StateError> for Failure {
+    fn from(e: StateError) -> Self {
+        Failure::Unreachable(format!("{e} ({})", e.code()))
     }
 }
 
@@ -86,52 +94,18 @@ fn say(endpoint: &Endpoint, value: serde_json::Value, text: impl std::fmt::Displ
     };
 }
 
-#[derive(serde::Serialize, serde::Deserialize)]
-struct ClientState {
-    client_id: String,
-    epoch: u64,
-}
-
-fn write_private(path: &Path, bytes: &[u8]) -> Result<(), Failure> {
-    let tmp = path.with_extension("tmp");
-    let _ = std::fs::remove_file(&tmp);
-    let fail = |e: std::io::Error| Failure::Unreachable(format!("{}: {e}", path.display()));
-    let mut file = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(&tmp)
-        .map_err(fail)?;
-    file.write_all(bytes).map_err(fail)?;
-    file.sync_all().map_err(fail)?;
-    std::fs::rename(&tmp, path).map_err(fail)
-}
-
 /// Opens a session: a reconnect as the recorded client (then the new epoch recorded), or
 /// a new owner.
 async fn open(endpoint: &Endpoint, required: &[String]) -> Result<Session, Failure> {
     let recorded = match &endpoint.client_state {
-        Some(path) if path.exists() => {
-            let text = std::fs::read_to_string(path)
-                .map_err(|e| Failure::Unreachable(format!("{}: {e}", path.display())))?;
-            let state: ClientState = serde_json::from_str(&text)
-                .map_err(|e| Failure::Unreachable(format!("{}: {e}", path.display())))?;
-            Some(state)
-        }
-        _ => None,
+        Some(path) => ClientState::load(path)?,
+        None => None,
     };
-    let ownership = recorded.map_or(Ownership::New, |s| Ownership::Reconnect {
-        client_id: s.client_id,
-        epoch: s.epoch,
-    });
+    let ownership = ClientState::ownership(recorded);
     let session =
         Session::open(&endpoint.socket, &endpoint.token_file, &ownership, required).await?;
     if let Some(path) = &endpoint.client_state {
-        let state = ClientState {
-            client_id: session.session.client_id.clone(),
-            epoch: session.session.epoch,
-        };
-        write_private(path, &serde_json::to_vec(&state).unwrap_or_default())?;
+        ClientState::of(&session).store(path)?;
     }
     Ok(session)
 }
@@ -286,7 +260,13 @@ async fn call(command: ClientCommand) -> Result<(), Failure> {
                 (Some(client_id), Some(epoch)) => Ownership::Reconnect { client_id, epoch },
                 _ => Ownership::New,
             };
-            let result = client::initialize(&mut c, &ownership, &required).await?;
+            let result = client::initialize(
+                &mut c,
+                &ownership,
+                &required,
+                crate::engine::compat::MINOR_MAX,
+            )
+            .await?;
             let value = to_json(
                 &pb::InitializeResponse {
                     result: Some(result.clone()),

@@ -12,9 +12,14 @@
 //! daemon's compare-and-swap to the next epoch) and records the new epoch (0600);
 //! without it each command is a new owner.
 //!
+//! `engine controlled` is our client driven over the control channel of
+//! `docs/engine-client-control.md` ([`super::controlled`]); it keeps its client state in
+//! `CONTRACT_ENGINE_STATE_DIR` the same way ([`state`]).
+//!
 //! This module owns argument parsing and output; the calls are [`super::session`]'s.
 
 mod calls;
+pub mod state;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -66,6 +71,12 @@ pub enum EngineCommand {
               value_parser = clap::value_parser!(u64).range(1..99_000))]
         events: u64,
     },
+    /// Our client driven over a control channel (docs/engine-client-control.md): the
+    /// conformance harness plays the daemon and causes every call. Reads
+    /// `CONTRACT_ENGINE_SOCKET`, `CONTRACT_ENGINE_TOKEN_FILE`,
+    /// `CONTRACT_ENGINE_CONTROL_SOCKET` and `CONTRACT_ENGINE_STATE_DIR`; exits 0 when the
+    /// control channel ends or on SIGTERM, 2 when it cannot start.
+    Controlled,
     /// The client calls.
     #[command(flatten)]
     Client(ClientCommand),
@@ -309,6 +320,9 @@ pub fn run(args: EngineArgs) -> ExitCode {
                     ExitCode::from(1)
                 }
             }
+        }
+        EngineCommand::Controlled => {
+            ExitCode::from(runtime.block_on(crate::engine::controlled::run()))
         }
         EngineCommand::Client(call) => runtime.block_on(calls::run(call)),
     }

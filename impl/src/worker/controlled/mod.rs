@@ -16,9 +16,10 @@
 //! * SIGTERM or the end of the control channel stops every worker (a running cell is
 //!   stopped hard) and ends the process.
 //!
-//! This module owns the control channel's framing and the mapping of its operations
-//! (the private `ops` module) onto [`super::host`], [`super::policy`], [`super::activation`] and
-//! [`super::lane`]; it never speaks the worker wire itself.
+//! The framing, the request checks, the outcome registry and `await` are the shared
+//! [`crate::control`]'s. This module owns the mapping of the host's operations (the
+//! private `ops` module) onto [`super::host`], [`super::policy`], [`super::activation`]
+//! and [`super::lane`]; it never speaks the worker wire itself.
 
 mod ops;
 mod services;
@@ -26,18 +27,15 @@ mod services;
 use std::ffi::OsString;
 use std::path::Path;
 use std::sync::Arc;
-use std::time::Duration;
 
 use serde_json::{Value, json};
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
-use tokio::net::UnixStream;
-use tokio::sync::{Semaphore, mpsc};
 
 use super::activation::Policies;
 use super::host::{CellRecord, Choices};
 use super::lane::OperatorLane;
 use super::policy::INVOKE_BUDGET;
-use ops::{Dispatch, Host};
+pub use crate::control::{AWAIT_MAX, AWAITS_MAX, CONTROL_LINE_MAX_BYTES, OUTCOMES_MAX};
+use ops::Host;
 
 /// The first line the host sends on the control channel.
 pub const HELLO_LINE: &str = r#"{"hello":{"adapter":"worker-host","protocol":1}}"#;
@@ -47,24 +45,6 @@ pub const CONTROL_ENV: &str = "CONTRACT_HOST_CONTROL_SOCKET";
 
 /// The variable naming the worker program (a JSON array of strings).
 pub const PROGRAM_ENV: &str = "CONTRACT_WORKER_PROGRAM";
-
-/// Longest control line in either direction (bytes, without the `\n`); a longer one
-/// ends the control session (the framing is lost).
-pub const CONTROL_LINE_MAX_BYTES: usize = 4 * 1024 * 1024;
-
-/// Longest `await`, and the bound of every `*_ms` argument.
-pub const AWAIT_MAX: Duration = Duration::from_secs(600);
-
-/// `await`s waiting at once; past it the host reads no further request until one ends.
-pub const AWAITS_MAX: usize = 256;
-
-/// Outcomes kept and not yet awaited; past it a long operation is refused
-/// `too_many_operations` (an outcome is dropped once it was awaited).
-pub const OUTCOMES_MAX: usize = 1024;
-
-/// Responses queued for the control client; past it the host waits for the client to
-/// read.
-const RESPONSES_MAX: usize = 256;
 
 /// Reads the worker program from [`PROGRAM_ENV`] (default: this binary's Python worker).
 ///
@@ -124,79 +104,7 @@ async fn serve(data_dir: &Path, different: bool) -> Result<(), String> {
         Arc::new(lane),
         different,
     ));
-    let stream = UnixStream::connect(&socket)
-        .await
-        .map_err(|e| format!("{socket}: {e}"))?;
-    let (read, mut write) = stream.into_split();
-    let (tx, mut rx) = mpsc::channel::<String>(RESPONSES_MAX);
-    let writer = tokio::spawn(async move {
-        let mut hello = HELLO_LINE.to_string();
-        hello.push('\n');
-        if write.write_all(hello.as_bytes()).await.is_err() {
-            return;
-        }
-        while let Some(mut line) = rx.recv().await {
-            line.push('\n');
-            if write.write_all(line.as_bytes()).await.is_err() {
-                return;
-            }
-        }
-    });
-    let awaits = Arc::new(Semaphore::new(AWAITS_MAX));
-    let mut reader = BufReader::new(read);
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        .map_err(|e| e.to_string())?;
-    loop {
-        let mut line = Vec::new();
-        let mut limited = (&mut reader).take(CONTROL_LINE_MAX_BYTES as u64 + 1);
-        let read = tokio::select! {
-            read = limited.read_until(b'\n', &mut line) => read,
-            _ = term.recv() => break,
-        };
-        match read {
-            Ok(0) | Err(_) => break,
-            Ok(_) if line.last() != Some(&b'\n') => {
-                let e = ops::bad("an unterminated or over-long line ends the control session");
-                let _ = tx.send(error_line(None, &e)).await;
-                break;
-            }
-            Ok(_) => {}
-        }
-        line.pop();
-        match host.dispatch(&line).await {
-            Dispatch::Now(response) => {
-                let sent = tokio::select! {
-                    sent = tx.send(response) => sent.is_ok(),
-                    _ = term.recv() => false,
-                };
-                if !sent {
-                    break;
-                }
-            }
-            Dispatch::Later(wait) => {
-                let permit = tokio::select! {
-                    permit = awaits.clone().acquire_owned() => permit,
-                    _ = term.recv() => break,
-                };
-                let Ok(permit) = permit else { break };
-                let tx = tx.clone();
-                tokio::spawn(async move {
-                    let response = wait.await;
-                    let _ = tx.send(response).await;
-                    drop(permit);
-                });
-            }
-        }
-    }
-    drop(tx);
-    host.stop().await;
-    writer.abort();
-    Ok(())
-}
-
-/// An error response; `seq` is `null` when the request had none the host could read.
-fn error_line(seq: Option<u64>, e: &ops::OpError) -> String {
-    json!({"seq": seq, "ok": false, "error": {"code": e.code, "message": e.message}}).to_string()
+    crate::control::serve(Path::new(&socket), HELLO_LINE, host).await
 }
 
 /// A cell record as the control channel reports it.

@@ -2,25 +2,23 @@
 //! argument checks, the outcomes of long operations, and what each op does to the
 //! workbench, the hook generation and the activation epoch.
 //!
-//! Every op but `await` is applied when it is read ([`Host::dispatch`] returns
-//! [`Dispatch::Now`]); a long op registers its outcome under its name first, so an
-//! `await` sent right after it always finds it. Nothing here blocks on a running cell:
+//! Every op but `await` is applied when it is read (the shared [`crate::control`] calls
+//! [`Ops::apply`]); a long op registers its outcome under its name first, so an `await`
+//! sent right after it always finds it. Nothing here blocks on a running cell:
 //! `interrupt`, `diagnostics` and the stop go through handles taken when the workbench
 //! started.
 
-use std::collections::HashMap;
 use std::ffi::OsString;
-use std::future::Future;
 use std::path::PathBuf;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::{Map, Value, json};
-use tokio::sync::{Mutex, watch};
+use tokio::sync::Mutex;
 
+use super::record_json;
 use super::services::Services;
-use super::{AWAIT_MAX, OUTCOMES_MAX, error_line, record_json};
+use crate::control::{OpError, Ops, Outcomes, bad, ms_arg, required, str_arg, uint_arg};
 use crate::worker::activation::Policies;
 use crate::worker::host::{
     Choices, HANDSHAKE_TIMEOUT, HostConfig, INTERRUPT_GRACE, Interrupter, Killer, SEND_TIMEOUT,
@@ -29,31 +27,6 @@ use crate::worker::host::{
 use crate::worker::lane::OperatorLane;
 use crate::worker::policy::Policy;
 use crate::worker::wire::Identifier;
-
-/// A control operation failed (stable `code`).
-#[derive(Debug, Clone)]
-pub(super) struct OpError {
-    pub(super) code: &'static str,
-    pub(super) message: String,
-}
-
-pub(super) fn bad(message: impl Into<String>) -> OpError {
-    OpError {
-        code: "bad_request",
-        message: message.into(),
-    }
-}
-
-/// How a request is answered.
-pub(super) enum Dispatch {
-    /// Applied; this is the response line.
-    Now(String),
-    /// An `await`: the response once the outcome is known.
-    Later(Pin<Box<dyn Future<Output = String> + Send>>),
-}
-
-/// The outcome of a long operation, once known.
-type Outcome = watch::Receiver<Option<Value>>;
 
 /// Handles on the running workbench that never wait for its cell.
 #[derive(Clone)]
@@ -78,7 +51,7 @@ pub(super) struct Host {
     lane: Arc<OperatorLane>,
     workbench: Arc<Mutex<Option<Worker>>>,
     handles: std::sync::Mutex<Option<WorkbenchHandles>>,
-    outcomes: std::sync::Mutex<HashMap<String, Outcome>>,
+    outcomes: Outcomes,
     timers: std::sync::Mutex<Timers>,
     different: bool,
 }
@@ -97,31 +70,8 @@ fn allowed(op: &str) -> Option<&'static [&'static str]> {
         "attention" | "review" => &["input", "as"],
         "activate" => &["path", "expected_epoch", "as"],
         "interrupt" | "epoch" | "diagnostics" => &[],
-        "await" => &["as", "timeout_ms"],
         _ => return None,
     })
-}
-
-fn str_arg<'a>(args: &'a Map<String, Value>, key: &str) -> Result<&'a str, OpError> {
-    args.get(key)
-        .and_then(Value::as_str)
-        .ok_or_else(|| bad(format!("`{key}` must be a string")))
-}
-
-/// A `*_ms` argument: an integer of at most [`AWAIT_MAX`].
-fn ms_arg(args: &Map<String, Value>, key: &str) -> Result<Option<Duration>, OpError> {
-    match args.get(key) {
-        None => Ok(None),
-        Some(v) => match v.as_u64() {
-            Some(ms) if u128::from(ms) <= AWAIT_MAX.as_millis() => {
-                Ok(Some(Duration::from_millis(ms)))
-            }
-            _ => Err(bad(format!(
-                "`{key}` must be an integer of milliseconds, at most {}",
-                AWAIT_MAX.as_millis()
-            ))),
-        },
-    }
 }
 
 /// The session every connection of the controlled host carries.
@@ -138,142 +88,16 @@ fn outcome_code(different: bool, ours: &str) -> String {
     }
 }
 
-impl Host {
-    pub(super) fn new(
-        program: Vec<OsString>,
-        policies: Arc<Policies>,
-        lane: Arc<OperatorLane>,
-        different: bool,
-    ) -> Self {
-        Self {
-            program,
-            policies,
-            lane,
-            workbench: Arc::new(Mutex::new(None)),
-            handles: std::sync::Mutex::new(None),
-            outcomes: std::sync::Mutex::new(HashMap::new()),
-            timers: std::sync::Mutex::new(Timers {
-                interrupt_grace: INTERRUPT_GRACE,
-                handshake: HANDSHAKE_TIMEOUT,
-                send: SEND_TIMEOUT,
-            }),
-            different,
-        }
+impl Ops for Host {
+    fn allowed(&self, op: &str) -> Option<&'static [&'static str]> {
+        allowed(op)
     }
 
-    /// Decodes one request line and applies it (or, for `await`, returns the wait).
-    pub(super) async fn dispatch(self: &Arc<Self>, line: &[u8]) -> Dispatch {
-        let parsed = crate::wire::parse_strict_with_nulls(line);
-        let Ok(Value::Object(mut args)) = parsed else {
-            return Dispatch::Now(error_line(
-                None,
-                &bad("a request must be one strict JSON object"),
-            ));
-        };
-        let Some(seq) = args.remove("seq").and_then(|s| s.as_u64()) else {
-            return Dispatch::Now(error_line(
-                None,
-                &bad("a request needs an unsigned integer `seq`"),
-            ));
-        };
-        let Some(op) = args
-            .remove("op")
-            .and_then(|o| o.as_str().map(str::to_string))
-        else {
-            return Dispatch::Now(error_line(Some(seq), &bad("a request needs a string `op`")));
-        };
-        let respond = move |result: Result<Value, OpError>| match result {
-            Ok(result) => json!({"seq": seq, "ok": true, "result": result}).to_string(),
-            Err(e) => error_line(Some(seq), &e),
-        };
-        let Some(keys) = allowed(&op) else {
-            return Dispatch::Now(respond(Err(OpError {
-                code: "unknown_op",
-                message: format!("unknown op `{op}`"),
-            })));
-        };
-        if let Some(key) = args.keys().find(|k| !keys.contains(&k.as_str())) {
-            return Dispatch::Now(respond(Err(bad(format!(
-                "`{op}` takes no argument `{key}` (it takes: {})",
-                keys.join(", ")
-            )))));
-        }
-        let name = match args.get("as") {
-            None => op.clone(),
-            Some(Value::String(name)) if !name.is_empty() && name.len() <= 128 => name.clone(),
-            Some(_) => {
-                return Dispatch::Now(respond(Err(bad("`as` must be a name of 1..128 bytes"))));
-            }
-        };
-        if op == "await" {
-            let wait = self.await_outcome(name, &args);
-            return Dispatch::Later(Box::pin(async move { respond(wait.await) }));
-        }
-        Dispatch::Now(respond(self.op(&op, name, &args).await))
+    fn outcomes(&self) -> &Outcomes {
+        &self.outcomes
     }
 
-    /// Registers the outcome `name` of a long operation and runs it in the background.
-    fn spawn_outcome<F>(self: &Arc<Self>, name: String, work: F) -> Result<Value, OpError>
-    where
-        F: Future<Output = Value> + Send + 'static,
-    {
-        let (tx, rx) = watch::channel(None);
-        {
-            let mut outcomes = self.outcomes.lock().map_err(|_| bad("poisoned"))?;
-            if outcomes.len() >= OUTCOMES_MAX && !outcomes.contains_key(&name) {
-                return Err(OpError {
-                    code: "too_many_operations",
-                    message: format!(
-                        "{OUTCOMES_MAX} outcomes are waiting to be awaited; await some first"
-                    ),
-                });
-            }
-            outcomes.insert(name, rx);
-        }
-        tokio::spawn(async move {
-            let value = work.await;
-            let _ = tx.send(Some(value));
-        });
-        Ok(json!({}))
-    }
-
-    /// `await`: the outcome `name` once known (then forgotten).
-    fn await_outcome(
-        self: &Arc<Self>,
-        name: String,
-        args: &Map<String, Value>,
-    ) -> impl Future<Output = Result<Value, OpError>> + Send + 'static {
-        let host = self.clone();
-        let bound = ms_arg(args, "timeout_ms").map(|b| b.unwrap_or(AWAIT_MAX));
-        let found = self
-            .outcomes
-            .lock()
-            .ok()
-            .and_then(|o| o.get(&name).cloned());
-        async move {
-            let bound = bound?;
-            let mut rx = found.ok_or_else(|| OpError {
-                code: "unknown_operation",
-                message: format!("no operation `{name}` was started (or it was awaited already)"),
-            })?;
-            let value = tokio::time::timeout(bound, rx.wait_for(Option::is_some))
-                .await
-                .map_err(|_| OpError {
-                    code: "timeout",
-                    message: format!("`{name}` did not end within {bound:?}"),
-                })?
-                .map_err(|_| bad("the operation was dropped"))?
-                .clone();
-            if let Ok(mut outcomes) = host.outcomes.lock()
-                && outcomes.get(&name).is_some_and(|r| r.same_channel(&rx))
-            {
-                outcomes.remove(&name);
-            }
-            Ok(value.unwrap_or(Value::Null))
-        }
-    }
-
-    async fn op(
+    async fn apply(
         self: &Arc<Self>,
         op: &str,
         name: String,
@@ -298,18 +122,20 @@ impl Host {
             }
             "start_workbench" => {
                 if self.workbench_running() {
-                    return Err(OpError {
-                        code: "workbench_running",
-                        message: "a workbench is running; shut it down first".into(),
-                    });
+                    return Err(OpError::new(
+                        "workbench_running",
+                        "a workbench is running; shut it down first",
+                    ));
                 }
                 let host = self.clone();
-                self.spawn_outcome(name, async move { host.start_workbench().await })
+                self.outcomes
+                    .spawn(name, async move { host.start_workbench().await })
             }
             "execute" => {
                 let code = str_arg(args, "code")?.to_string();
                 let host = self.clone();
-                self.spawn_outcome(name, async move { host.execute(code).await })
+                self.outcomes
+                    .spawn(name, async move { host.execute(code).await })
             }
             "interrupt" => {
                 let handles = self.handles.lock().ok().and_then(|h| h.clone());
@@ -323,7 +149,7 @@ impl Host {
                     .ok_or_else(|| bad("`input` is required"))?;
                 let pinned = self.policies.pin();
                 let review = op == "review";
-                self.spawn_outcome(name, async move {
+                self.outcomes.spawn(name, async move {
                     let outcome = if review {
                         Policy::review(pinned.as_deref(), &input)
                             .await
@@ -340,12 +166,12 @@ impl Host {
             }
             "activate" => {
                 let path = PathBuf::from(str_arg(args, "path")?);
-                let expected = args
-                    .get("expected_epoch")
-                    .and_then(Value::as_u64)
-                    .ok_or_else(|| bad("`expected_epoch` must be an unsigned integer"))?;
+                let expected = required(
+                    "expected_epoch",
+                    uint_arg(args, "expected_epoch", u64::MAX)?,
+                )?;
                 let policies = self.policies.clone();
-                self.spawn_outcome(name, async move {
+                self.outcomes.spawn(name, async move {
                     match policies.activate(&path, expected).await {
                         Ok(a) => {
                             json!({"status": "activated", "epoch": a.epoch, "revision": a.revision})
@@ -358,17 +184,15 @@ impl Host {
             }
             "diagnostics" => {
                 let handles = self.handles.lock().ok().and_then(|h| h.clone());
-                let handles = handles.ok_or_else(|| OpError {
-                    code: "no_workbench",
-                    message: "no workbench was started".into(),
-                })?;
+                let handles = handles
+                    .ok_or_else(|| OpError::new("no_workbench", "no workbench was started"))?;
                 Ok(handles.tails.diagnostics())
             }
             "epoch" => {
-                let current = self.policies.current().map_err(|e| OpError {
-                    code: "store_failed",
-                    message: e.to_string(),
-                })?;
+                let current = self
+                    .policies
+                    .current()
+                    .map_err(|e| OpError::new("store_failed", e.to_string()))?;
                 let serving = self.policies.pin().map(|p| p.revision().to_string());
                 Ok(
                     json!({"epoch": current.epoch, "revision": current.revision, "serving": serving}),
@@ -376,7 +200,7 @@ impl Host {
             }
             "shutdown" => {
                 let host = self.clone();
-                self.spawn_outcome(name, async move {
+                self.outcomes.spawn(name, async move {
                     let status = match host.workbench.lock().await.take() {
                         Some(mut w) => w.shutdown(SHUTDOWN_GRACE).await.and_then(|s| s.code()),
                         None => None,
@@ -384,10 +208,35 @@ impl Host {
                     json!({"exit_code": status})
                 })
             }
-            other => Err(OpError {
-                code: "unknown_op",
-                message: format!("unknown op `{other}`"),
+            other => Err(OpError::new("unknown_op", format!("unknown op `{other}`"))),
+        }
+    }
+
+    async fn stop(&self) {
+        self.stop_all().await;
+    }
+}
+
+impl Host {
+    pub(super) fn new(
+        program: Vec<OsString>,
+        policies: Arc<Policies>,
+        lane: Arc<OperatorLane>,
+        different: bool,
+    ) -> Self {
+        Self {
+            program,
+            policies,
+            lane,
+            workbench: Arc::new(Mutex::new(None)),
+            handles: std::sync::Mutex::new(None),
+            outcomes: Outcomes::new(),
+            timers: std::sync::Mutex::new(Timers {
+                interrupt_grace: INTERRUPT_GRACE,
+                handshake: HANDSHAKE_TIMEOUT,
+                send: SEND_TIMEOUT,
             }),
+            different,
         }
     }
 
@@ -459,7 +308,7 @@ impl Host {
 
     /// Stops everything: a running cell's generation hard (it does not wait for the
     /// cell), then the workbench and the hook generation.
-    pub(super) async fn stop(&self) {
+    async fn stop_all(&self) {
         let handles = self.handles.lock().ok().and_then(|h| h.clone());
         let graceful =
             tokio::time::timeout(Duration::from_millis(200), self.workbench.lock()).await;

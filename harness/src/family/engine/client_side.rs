@@ -1,0 +1,359 @@
+//! Side `client` of the engine family: the client under test is launched per
+//! `docs/engine-client-control.md` and the harness plays its **daemon** on a Unix socket
+//! (every answer scripted), while a control channel tells the client what to do. Steps:
+//!
+//! | step | what the harness does |
+//! |---|---|
+//! | `native: {op: args}` | one request on the client's control channel; `expect:` matches its result |
+//! | `client: {call, method, auth, request}` | the next call the client makes must match (bind `call` to a placeholder) |
+//! | `daemon: {call, message}` | one response message on that call (proto3 JSON, the method's output type) |
+//! | `daemon: {call, message_base64}` | one response message of those payload bytes (unknown fields on purpose) |
+//! | `daemon: {call, status: {code, message?, trailers?}}` | ends that call |
+//! | `disconnect` | drops every connection of the client (no status: a transport failure) |
+//! | `crash` | SIGKILL of the client, then the same launch again (same state directory) |
+//!
+//! The endpoint token is the run's secret: the client may present it only as
+//! `authorization` metadata; calls are recorded with `auth: token|wrong|none`, never the
+//! value.
+
+use std::os::unix::fs::DirBuilderExt as _;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use base64::Engine as _;
+use serde_json::{Value, json};
+
+use super::codec::{CLIENT_ROLE, SERVICE, pool};
+use crate::drive::{
+    Connection, DriveOptions, Event, FailureCode, NoOther, Outgoing, Peer, Process, Role, Run,
+    Started, StepError, StepResult, fail,
+};
+use crate::scenario::model::Step;
+use crate::target::{LaunchSpec, RunDir, Target, check_socket_path};
+use crate::transport::control::{ControlChannel, ControlListener, Flavor};
+use crate::transport::grpc::{self, CODE_NAMES};
+use crate::transport::grpc_server::{GrpcServer, IncomingCall};
+
+/// The daemon's socket in the run directory.
+pub const SOCKET: &str = "engine.sock";
+
+/// The token file in the run directory.
+pub const TOKEN_FILE: &str = "endpoint-token";
+
+/// The client's state directory in the run directory.
+pub const STATE_DIR: &str = "state";
+
+/// The variables of the launch contract.
+pub const SOCKET_ENV: &str = "CONTRACT_ENGINE_SOCKET";
+/// The token file's variable.
+pub const TOKEN_FILE_ENV: &str = "CONTRACT_ENGINE_TOKEN_FILE";
+/// The control socket's variable.
+pub const CONTROL_ENV: &str = "CONTRACT_ENGINE_CONTROL_SOCKET";
+/// The state directory's variable.
+pub const STATE_DIR_ENV: &str = "CONTRACT_ENGINE_STATE_DIR";
+
+/// The client's control channel: `{"hello":{"adapter":"engine-client","protocol":1}}`;
+/// outcomes carry `null` (`terminal: null`).
+pub const ENGINE_CLIENT: Flavor = Flavor {
+    adapter: "engine-client",
+    nulls: true,
+};
+
+/// How long past its own `timeout_ms` a control request may take.
+const CONTROL_GRACE: Duration = Duration::from_secs(5);
+
+/// The daemon the harness plays against a target client.
+pub struct ScriptedDaemonPeer {
+    link: DaemonLink,
+    control: Option<ControlChannel>,
+    spec: LaunchSpec,
+    run_dir: RunDir,
+}
+
+/// The listening daemon and the end of the run.
+pub struct DaemonLink {
+    server: GrpcServer,
+    /// The run's end was signalled: once nothing is queued, the link reads as ended.
+    closing: bool,
+}
+
+/// A call as the emitted frame the scenario matches.
+fn call_frame(call: IncomingCall) -> Value {
+    let mut frame = json!({"call": call.call, "method": call.method, "auth": call.auth.as_str()});
+    match call.request {
+        Ok(request) => frame["request"] = request,
+        Err(e) => frame["undecodable"] = json!(e),
+    }
+    frame
+}
+
+fn code_named(name: &str) -> Option<tonic::Code> {
+    (0..CODE_NAMES.len() as i32)
+        .map(tonic::Code::from_i32)
+        .find(|c| grpc::code_name(*c) == name)
+}
+
+/// The status of a `daemon: {call, status}` frame (`None`: `OK` without trailers).
+fn status_of(status: &Value) -> Result<Option<tonic::Status>, String> {
+    let name = status.get("code").and_then(Value::as_str).unwrap_or("OK");
+    let code = code_named(name).ok_or_else(|| format!("unknown status code `{name}`"))?;
+    let message = status.get("message").and_then(Value::as_str).unwrap_or("");
+    let mut metadata = tonic::metadata::MetadataMap::new();
+    if let Some(trailers) = status.get("trailers") {
+        let Value::Object(map) = trailers else {
+            return Err("`trailers` must map names to text".into());
+        };
+        for (k, v) in map {
+            let key = tonic::metadata::AsciiMetadataKey::from_bytes(k.as_bytes())
+                .map_err(|_| format!("`{k}` is not a metadata name"))?;
+            let value = v
+                .as_str()
+                .and_then(|v| v.parse().ok())
+                .ok_or_else(|| format!("trailer `{k}` must be printable ASCII text"))?;
+            metadata.insert(key, value);
+        }
+    }
+    if code == tonic::Code::Ok && metadata.is_empty() {
+        return Ok(None);
+    }
+    Ok(Some(tonic::Status::with_metadata(code, message, metadata)))
+}
+
+impl DaemonLink {
+    async fn answer(&mut self, frame: &Value) -> StepResult {
+        let invalid = |m: String| StepError::new(FailureCode::ScenarioInvalid, m);
+        let call = frame
+            .get("call")
+            .and_then(Value::as_str)
+            .ok_or_else(|| invalid("a daemon frame names its `call`".into()))?;
+        let in_flight = |e: String| StepError::new(FailureCode::TransportFailed, e);
+        if let Some(status) = frame.get("status") {
+            let status = status_of(status).map_err(invalid)?;
+            return self.server.finish(call, status).await.map_err(in_flight);
+        }
+        let payload =
+            match (frame.get("message"), frame.get("message_base64")) {
+                (_, Some(Value::String(b64))) => base64::engine::general_purpose::STANDARD
+                    .decode(b64)
+                    .map_err(|e| invalid(format!("`message_base64`: {e}")))?,
+                (Some(message), _) => {
+                    let method = self.server.method(call).ok_or_else(|| {
+                        in_flight(format!(
+                            "call `{call}` is not in flight (it ended, or was never made)"
+                        ))
+                    })?;
+                    grpc::from_json(method.output(), message).map_err(|e| {
+                        invalid(format!(
+                            "`message` is not a {}: {e}",
+                            method.output().full_name()
+                        ))
+                    })?
+                }
+                _ => return Err(invalid(
+                    "a daemon frame is {call, message}, {call, message_base64} or {call, status}"
+                        .into(),
+                )),
+            };
+        self.server.message(call, payload).await.map_err(in_flight)
+    }
+}
+
+#[async_trait]
+impl Connection for DaemonLink {
+    fn is_open(&self) -> bool {
+        self.server.connected()
+    }
+
+    fn abort(&mut self) -> bool {
+        self.server.disconnect()
+    }
+
+    async fn send(&mut self, message: Outgoing, _timeout: Duration) -> StepResult {
+        match message {
+            Outgoing::Text(text) => {
+                let frame: Value = serde_json::from_str(&text).map_err(|e| {
+                    StepError::new(FailureCode::ScenarioInvalid, format!("a daemon frame: {e}"))
+                })?;
+                self.answer(&frame).await
+            }
+            Outgoing::Binary(_) | Outgoing::TextBytes(_) => Err(fail::unsupported(
+                "`send_bytes` is not a step of the engine family's side client (answer with `message_base64`)",
+            )),
+        }
+    }
+
+    async fn send_close(&mut self, _code: u16, _reason: &str, _timeout: Duration) -> StepResult {
+        self.closing = true;
+        Ok(())
+    }
+
+    async fn end(&mut self, _timeout: Duration) {
+        self.server.close();
+    }
+}
+
+fn private_file(path: &std::path::Path, contents: &str) -> Result<(), String> {
+    use std::io::Write as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    file.write_all(contents.as_bytes())
+        .map_err(|e| format!("{}: {e}", path.display()))
+}
+
+async fn launch(
+    spec: &LaunchSpec,
+    control_socket: &std::path::Path,
+    timeout: Duration,
+) -> Result<(Target, ControlChannel), String> {
+    // A restart: the last launch's listener is gone with its socket file.
+    let _ = std::fs::remove_file(control_socket);
+    let control = ControlListener::bind(control_socket).map_err(|e| e.to_string())?;
+    let mut target = Target::spawn(spec).map_err(|e| e.to_string())?;
+    match target
+        .await_ready(control.accept(ENGINE_CLIENT), timeout)
+        .await
+    {
+        Ok(channel) => Ok((target, channel)),
+        Err(e) => {
+            target.shutdown().await;
+            Err(e.to_string())
+        }
+    }
+}
+
+/// Listens as the daemon in a private run directory, writes the token file, launches the
+/// client with the launch contract's environment and waits for its hello.
+///
+/// # Errors
+/// The launch failed (the text names why, with the client's stderr tail).
+pub async fn start(opts: &DriveOptions) -> Result<Started<ScriptedDaemonPeer>, String> {
+    let run_dir = RunDir::new().map_err(|e| e.to_string())?;
+    let socket: PathBuf = run_dir.path().join(SOCKET);
+    check_socket_path(&socket).map_err(|e| e.to_string())?;
+    let token = format!(
+        "{}{}",
+        uuid::Uuid::new_v4().simple(),
+        uuid::Uuid::new_v4().simple()
+    );
+    let token_file = run_dir.path().join(TOKEN_FILE);
+    private_file(&token_file, &token)?;
+    let state = run_dir.path().join(STATE_DIR);
+    std::fs::DirBuilder::new()
+        .mode(0o700)
+        .create(&state)
+        .map_err(|e| format!("{}: {e}", state.display()))?;
+    let server = GrpcServer::bind(&socket, pool(), SERVICE, &token)?;
+    let path = |p: &std::path::Path| p.display().to_string();
+    let spec = LaunchSpec {
+        command: opts.target_cmd.clone(),
+        env: vec![
+            (SOCKET_ENV.to_string(), path(&socket)),
+            (TOKEN_FILE_ENV.to_string(), path(&token_file)),
+            (CONTROL_ENV.to_string(), path(&run_dir.control_socket())),
+            (STATE_DIR_ENV.to_string(), path(&state)),
+        ],
+        cwd: run_dir.cwd(),
+        secret: token.clone(),
+        capture_stdout: false,
+    };
+    let (target, control) = launch(&spec, &run_dir.control_socket(), opts.startup_timeout).await?;
+    Ok(Started {
+        ready: true,
+        peer: ScriptedDaemonPeer {
+            link: DaemonLink {
+                server,
+                closing: false,
+            },
+            control: Some(control),
+            spec,
+            run_dir,
+        },
+        process: Box::new(target),
+        secret: token,
+        normalize: super::normalize,
+        prebound: Vec::new(),
+    })
+}
+
+#[async_trait]
+impl Peer for ScriptedDaemonPeer {
+    type Other = NoOther;
+
+    const ROLE: &'static Role = &CLIENT_ROLE;
+
+    async fn recv(&mut self, timeout: Duration) -> StepResult<Option<Event<NoOther>>> {
+        if self.link.closing {
+            // Calls already queued are read (and fail the run as trailing output).
+            tokio::task::yield_now().await;
+            return Ok(Some(match self.link.server.rx.try_recv() {
+                Ok(call) => Event::Text(call_frame(call).to_string()),
+                Err(_) => {
+                    self.link.server.close();
+                    self.link.closing = false;
+                    Event::Eof
+                }
+            }));
+        }
+        match tokio::time::timeout(timeout, self.link.server.rx.recv()).await {
+            Ok(Some(call)) => Ok(Some(Event::Text(call_frame(call).to_string()))),
+            Err(_) | Ok(None) => Ok(None),
+        }
+    }
+
+    fn leak_in_other(&self, other: &NoOther, _secret: &str) -> Option<String> {
+        match *other {}
+    }
+
+    fn connection(&mut self) -> &mut dyn Connection {
+        &mut self.link
+    }
+
+    fn trailing_other(&mut self, other: NoOther) -> StepResult {
+        match other {}
+    }
+
+    async fn family_step(&mut self, run: &mut Run, step: &Step) -> StepResult {
+        match step {
+            Step::Native { op, args, expect } => {
+                // The client's own `await` bound is `timeout_ms` (600 s without it).
+                crate::drive::control::native_step(
+                    self.control.as_mut(),
+                    run,
+                    op,
+                    args,
+                    expect.as_ref(),
+                    Duration::ZERO,
+                    CONTROL_GRACE,
+                )
+                .await
+            }
+            other => Err(fail::unsupported(format!(
+                "`{}` is not a step of the engine family's side client",
+                other.keyword()
+            ))),
+        }
+    }
+
+    fn crashed(&mut self) {
+        self.control = None;
+        self.link.server.disconnect();
+    }
+
+    async fn relaunch(&mut self, startup_timeout: Duration) -> Result<Box<dyn Process>, String> {
+        let (target, control) =
+            launch(&self.spec, &self.run_dir.control_socket(), startup_timeout).await?;
+        self.control = Some(control);
+        Ok(Box::new(target))
+    }
+
+    fn release(&mut self) {
+        self.control = None;
+        self.link.server.close();
+    }
+}
