@@ -35,11 +35,13 @@ fn fault(code: &str, message: impl Into<String>) -> WireFault {
     }
 }
 
-/// Whether `value` holds a placeholder anywhere (then it is encoded only once bound).
+/// Whether `value` holds a placeholder or a `{$text: …}` anywhere (then it is encoded
+/// only once bound and expanded).
 pub fn has_placeholder(value: &Value) -> bool {
     match value {
         Value::String(s) => crate::bind::placeholder(s).is_some(),
         Value::Array(a) => a.iter().any(has_placeholder),
+        Value::Object(o) if o.len() == 1 && o.contains_key("$text") => true,
         Value::Object(o) => o.values().any(has_placeholder),
         _ => false,
     }
@@ -72,6 +74,7 @@ pub fn check_call(frame: &Value) -> Result<(), String> {
         "auth",
         "timeout_ms",
         "metadata",
+        "request_size",
     ];
     if let Some(k) = map.keys().find(|k| !KEYS.contains(&k.as_str())) {
         return Err(format!("unknown key `{k}` (keys: {})", KEYS.join(", ")));
@@ -104,6 +107,11 @@ pub fn check_call(frame: &Value) -> Result<(), String> {
         None | Some(Value::Object(_)) => {}
         Some(Value::String(a)) if ["token", "none", "wrong"].contains(&a.as_str()) => {}
         Some(_) => return Err("`auth` is `token` (default), `none` or `wrong`".into()),
+    }
+    if let Some(n) = map.get("request_size")
+        && n.as_u64().is_none()
+    {
+        return Err("`request_size` must be a byte count".into());
     }
     if let Some(t) = map.get("timeout_ms")
         && t.as_u64().is_none_or(|t| t == 0)

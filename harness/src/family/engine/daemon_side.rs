@@ -6,7 +6,7 @@
 //!
 //! | step | what the harness does |
 //! |---|---|
-//! | `client: {call, method, request, …}` | starts the call (engine); its events arrive as daemon frames |
+//! | `client: {call, method, request, …}` | starts the call (engine); its events arrive as daemon frames; `request_size: n` pads the encoded request to exactly `n` bytes with an unknown field |
 //! | `client: {call, cancel: true}` | cancels the call in flight (RST_STREAM) |
 //! | `daemon: {call, message}` / `{call, status}` | the next event of any call must match (engine) |
 //! | `send_bytes: {base64}` | those bytes on a fresh connection; the daemon's answer is `{call: raw, raw: {goaway, closed}}` |
@@ -91,6 +91,16 @@ impl ClientLink {
             })?,
             _ => Vec::new(),
         };
+        let payload = match frame.get("request_size") {
+            None => payload,
+            Some(size) => {
+                let size = size
+                    .as_u64()
+                    .and_then(|s| usize::try_from(s).ok())
+                    .ok_or_else(|| invalid("`request_size` must be a byte count".into()))?;
+                pad_to(payload, size).map_err(invalid)?
+            }
+        };
         let mut metadata = Vec::new();
         match frame.get("auth").and_then(Value::as_str).unwrap_or("token") {
             "none" => {}
@@ -122,6 +132,49 @@ impl ClientLink {
             })
             .map_err(|e| StepError::new(FailureCode::TransportFailed, e))
     }
+}
+
+/// The field number of the padding [`pad_to`] appends: one no engine message defines.
+pub const PADDING_FIELD: u32 = 15_000;
+
+fn varint_len(mut n: usize) -> usize {
+    let mut len = 1;
+    while n >= 0x80 {
+        n >>= 7;
+        len += 1;
+    }
+    len
+}
+
+/// `payload` with one unknown length-delimited field ([`PADDING_FIELD`]) appended so the
+/// encoded message is exactly `size` bytes: a request at a byte bound, and one past it,
+/// whatever its fields ("Additive optional fields are tolerated").
+///
+/// # Errors
+/// `size` leaves no room for the padding field after `payload`.
+pub fn pad_to(mut payload: Vec<u8>, size: usize) -> Result<Vec<u8>, String> {
+    let tag = (PADDING_FIELD << 3 | 2) as usize;
+    let room = size
+        .checked_sub(payload.len() + varint_len(tag))
+        .ok_or_else(|| {
+            format!(
+                "`request_size` {size} is below the request's own {} bytes plus padding",
+                payload.len()
+            )
+        })?;
+    let len = (0..=room)
+        .rev()
+        .find(|len| len + varint_len(*len) == room)
+        .ok_or_else(|| format!("`request_size` {size} cannot be reached with one padding field"))?;
+    for mut n in [tag, len] {
+        while n >= 0x80 {
+            payload.push((n as u8 & 0x7f) | 0x80);
+            n >>= 7;
+        }
+        payload.push(n as u8);
+    }
+    payload.resize(payload.len() + len, b'p');
+    Ok(payload)
 }
 
 #[async_trait]
@@ -360,5 +413,28 @@ impl Peer for ScriptedClientPeer {
 
     fn release(&mut self) {
         self.link.grpc.abort();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn padding_reaches_exactly_the_size_asked_and_decodes_as_an_unknown_field() {
+        let health = grpc::method(pool(), SERVICE, "Health").unwrap();
+        let start = grpc::method(pool(), SERVICE, "StartRun").unwrap();
+        let request = grpc::from_json(start.input(), &json!({"initialMessage": "hi"})).unwrap();
+        // Every size across the varint boundaries of the padding's length.
+        for size in [10, 127, 128, 129, 130, 16_384, 16_389, 4_194_304, 4_194_305] {
+            let padded = pad_to(request.clone(), size).unwrap();
+            assert_eq!(padded.len(), size, "{size}");
+            let back = grpc::to_json(start.input(), &padded).unwrap();
+            assert_eq!(back, json!({"initialMessage": "hi"}), "{size}");
+        }
+        let empty = pad_to(Vec::new(), 4_194_304).unwrap();
+        assert_eq!(empty.len(), 4_194_304);
+        assert_eq!(grpc::to_json(health.input(), &empty).unwrap(), json!({}));
+        assert!(pad_to(request, 3).is_err());
     }
 }
