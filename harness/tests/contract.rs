@@ -214,6 +214,12 @@ fn main() {
             Side::Daemon,
             "engine serve --profile different",
         ),
+        (
+            "engine::vendor_mode_passes_a_different_but_correct_client",
+            "engine",
+            Side::Client,
+            "engine controlled --profile different",
+        ),
     ] {
         let scenarios = load_family(&scenarios_dir, family).unwrap_or_default();
         trials.push(Trial::test(name, move || {

@@ -76,7 +76,13 @@ pub enum EngineCommand {
     /// `CONTRACT_ENGINE_SOCKET`, `CONTRACT_ENGINE_TOKEN_FILE`,
     /// `CONTRACT_ENGINE_CONTROL_SOCKET` and `CONTRACT_ENGINE_STATE_DIR`; exits 0 when the
     /// control channel ends or on SIGTERM, 2 when it cannot start.
-    Controlled,
+    Controlled {
+        /// `different`: make every choice the spec leaves to a client otherwise (other
+        /// refusal codes, no use of our daemon's cursor-gap trailer, smaller pages,
+        /// other operation IDs), for the suite's vendor-mode trial.
+        #[arg(long, value_enum, default_value_t = ProfileArg::Reference)]
+        profile: ProfileArg,
+    },
     /// The client calls.
     #[command(flatten)]
     Client(ClientCommand),
@@ -321,9 +327,9 @@ pub fn run(args: EngineArgs) -> ExitCode {
                 }
             }
         }
-        EngineCommand::Controlled => {
-            ExitCode::from(runtime.block_on(crate::engine::controlled::run()))
-        }
+        EngineCommand::Controlled { profile } => ExitCode::from(runtime.block_on(
+            crate::engine::controlled::run(matches!(profile, ProfileArg::Different)),
+        )),
         EngineCommand::Client(call) => runtime.block_on(calls::run(call)),
     }
 }

@@ -24,6 +24,8 @@
 
 mod ops;
 
+pub use ops::Choices;
+
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -90,10 +92,18 @@ impl Config {
 /// Runs the controlled client until the control channel ends or SIGTERM. Returns the
 /// process exit code: 0, or 2 when it cannot start (a variable missing, the control
 /// socket unreachable).
-pub async fn run() -> u8 {
+///
+/// `different`: the client makes the choices the spec leaves free otherwise
+/// ([`Choices::DIFFERENT`]), for the vendor-mode trial of the suite.
+pub async fn run(different: bool) -> u8 {
+    let choices = if different {
+        Choices::DIFFERENT
+    } else {
+        Choices::REFERENCE
+    };
     let served = match Config::from_env() {
         Ok((config, control)) => {
-            let client = Arc::new(ops::EngineClient::new(config));
+            let client = Arc::new(ops::EngineClient::new(config, choices));
             crate::control::serve(&control, HELLO_LINE, client).await
         }
         Err(e) => Err(e),

@@ -25,6 +25,62 @@ use crate::engine::json::{from_json, to_json};
 use crate::engine::proto::engine::v1 as pb;
 use crate::engine::session::{Session, SessionError, operation_id};
 
+/// The choices the spec leaves to a client, and ours (`engine controlled --profile`):
+/// another correct client reports other codes for its own refusals and for a gap inside
+/// a stream, does not use our daemon's cursor-gap trailer, reads smaller pages and names
+/// its operations otherwise.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Choices {
+    /// Reported codes renamed: `(ours, theirs)`.
+    pub codes: &'static [(&'static str, &'static str)],
+    /// Whether `follow` goes on after a cursor gap from the daemon's trailer.
+    pub across_gaps: bool,
+    /// The page size of `follow` without `page`.
+    pub page: u32,
+    /// The prefix of client operation IDs (`op-` is ours).
+    pub operation_prefix: &'static str,
+}
+
+impl Choices {
+    /// Ours.
+    pub const REFERENCE: Choices = Choices {
+        codes: &[],
+        across_gaps: true,
+        page: MAX_PAGE_EVENTS,
+        operation_prefix: "op-",
+    };
+
+    /// Another correct client's.
+    pub const DIFFERENT: Choices = Choices {
+        codes: &[
+            ("not_initialized", "no_session"),
+            ("capability_not_negotiated", "snapshot_authority_missing"),
+            ("DATA_LOSS", "ABORTED"),
+        ],
+        across_gaps: false,
+        page: 100,
+        operation_prefix: "mutation-",
+    };
+
+    /// A fresh client operation ID.
+    fn operation_id(self) -> String {
+        match operation_id().strip_prefix("op-") {
+            Some(id) => format!("{}{id}", self.operation_prefix),
+            None => operation_id(),
+        }
+    }
+
+    /// `outcome` with its error code renamed as these choices report it.
+    fn rename(self, mut outcome: Value) -> Value {
+        if let Some(code) = outcome.pointer_mut("/error/code")
+            && let Some((_, theirs)) = self.codes.iter().find(|(ours, _)| code == ours)
+        {
+            *code = Value::String((*theirs).to_string());
+        }
+        outcome
+    }
+}
+
 /// The session ops read after an `initialize` use, once that `initialize` ended.
 #[derive(Clone)]
 enum Held {
@@ -95,7 +151,7 @@ enum Call {
 
 impl Call {
     /// Reads the run operation `op` from `args` (only keys [`allowed`] lists).
-    fn parse(op: &str, args: &Map<String, Value>) -> Result<Self, OpError> {
+    fn parse(op: &str, args: &Map<String, Value>, choices: Choices) -> Result<Self, OpError> {
         let run_id = || str_arg(args, "run_id").map(str::to_string);
         Ok(match op {
             "start_run" => Call::StartRun {
@@ -113,7 +169,7 @@ impl Call {
                     uint_arg(args, "after_sequence", u64::MAX)?,
                 )?,
                 page: uint_arg(args, "page", u64::from(u32::MAX))?
-                    .map_or(Ok(MAX_PAGE_EVENTS), u32::try_from)
+                    .map_or(Ok(choices.page), u32::try_from)
                     .map_err(|_| bad("`page` must fit 32 bits"))?,
                 tail: bool_arg(args, "tail")?.unwrap_or(true),
             },
@@ -133,13 +189,15 @@ impl Call {
     }
 
     /// Makes the call(s) on `s`; the outcome.
-    async fn run(self, mut s: Session) -> Value {
+    async fn run(self, mut s: Session, choices: Choices) -> Value {
         match self {
             Call::StartRun {
                 definition,
                 message,
             } => {
-                let r = s.start_run(definition, &message, &operation_id()).await;
+                let r = s
+                    .start_run(definition, &message, &choices.operation_id())
+                    .await;
                 response(r, "engine.v1.StartRunResponse")
             }
             Call::Follow {
@@ -150,16 +208,15 @@ impl Call {
             } => {
                 let mut sequences = Vec::new();
                 let mut missed = Vec::new();
-                let followed = s
-                    .follow_across_gaps(
-                        &run_id,
-                        after,
-                        page,
-                        tail,
-                        |e| sequences.push(e.sequence),
-                        |first, last| missed.push([first, last]),
-                    )
-                    .await;
+                let on_event = |e: &pb::RunEvent| sequences.push(e.sequence);
+                let followed = if choices.across_gaps {
+                    s.follow_across_gaps(&run_id, after, page, tail, on_event, |first, last| {
+                        missed.push([first, last]);
+                    })
+                    .await
+                } else {
+                    s.follow(&run_id, after, page, tail, on_event).await
+                };
                 match followed {
                     Ok(f) => {
                         let terminal = match &f.terminal {
@@ -188,20 +245,25 @@ impl Call {
                 response_json,
             } => {
                 let r = s
-                    .respond(&run_id, &interaction_id, &response_json, &operation_id())
+                    .respond(
+                        &run_id,
+                        &interaction_id,
+                        &response_json,
+                        &choices.operation_id(),
+                    )
                     .await;
                 response(r, "engine.v1.RespondInteractionResponse")
             }
             Call::Cancel { run_id } => response(
-                s.cancel(&run_id, &operation_id()).await,
+                s.cancel(&run_id, &choices.operation_id()).await,
                 "engine.v1.CancelRunResponse",
             ),
             Call::Suspend { run_id } => response(
-                s.suspend(&run_id, &operation_id()).await,
+                s.suspend(&run_id, &choices.operation_id()).await,
                 "engine.v1.SuspendRunResponse",
             ),
             Call::Resume { run_id } => response(
-                s.resume(&run_id, &operation_id()).await,
+                s.resume(&run_id, &choices.operation_id()).await,
                 "engine.v1.ResumeRunResponse",
             ),
             Call::Export { run_id } => match s.export(&run_id).await {
@@ -248,6 +310,7 @@ fn failure(e: &SessionError) -> Value {
 /// The controlled client's state.
 pub(super) struct EngineClient {
     config: Config,
+    choices: Choices,
     outcomes: Outcomes,
     /// The channel to the daemon, made by the first `initialize`.
     client: tokio::sync::Mutex<Option<Client>>,
@@ -258,10 +321,11 @@ pub(super) struct EngineClient {
 }
 
 impl EngineClient {
-    pub(super) fn new(config: Config) -> Self {
+    pub(super) fn new(config: Config, choices: Choices) -> Self {
         let (_, none) = watch::channel(Held::Ready(None));
         Self {
             config,
+            choices,
             outcomes: Outcomes::new(),
             client: tokio::sync::Mutex::new(None),
             token: OnceLock::new(),
@@ -380,11 +444,11 @@ impl Ops for EngineClient {
                 let previous = settled(previous).await;
                 let (outcome, now) = me.initialize(previous, &require, minor).await;
                 tx.send_replace(Held::Ready(now.map(Arc::new)));
-                me.scrub(outcome)
+                me.scrub(me.choices.rename(outcome))
             });
             return Ok(json!({}));
         }
-        let call = Call::parse(op, args)?;
+        let call = Call::parse(op, args, self.choices)?;
         let held = self
             .session
             .lock()
@@ -392,13 +456,13 @@ impl Ops for EngineClient {
             .clone();
         self.outcomes.spawn(name, async move {
             let outcome = match settled(held).await {
-                Some(session) => call.run(session).await,
+                Some(session) => call.run(session, me.choices).await,
                 None => error_outcome(
                     "not_initialized",
                     "no initialize was won before this operation",
                 ),
             };
-            me.scrub(outcome)
+            me.scrub(me.choices.rename(outcome))
         })
     }
 
@@ -418,11 +482,14 @@ mod tests {
     }
 
     fn unreachable_daemon(dir: &std::path::Path) -> Arc<EngineClient> {
-        Arc::new(EngineClient::new(Config {
-            socket: dir.join("no-daemon.sock"),
-            token_file: dir.join("no-token"),
-            state_dir: dir.join("state"),
-        }))
+        Arc::new(EngineClient::new(
+            Config {
+                socket: dir.join("no-daemon.sock"),
+                token_file: dir.join("no-token"),
+                state_dir: dir.join("state"),
+            },
+            Choices::REFERENCE,
+        ))
     }
 
     async fn line(c: &Arc<EngineClient>, l: &str) -> Value {
@@ -437,7 +504,8 @@ mod tests {
         assert_eq!(
             Call::parse(
                 "start_run",
-                &args(json!({"definition": {"id": "scripted", "revision": "1"}, "message": "hi"}))
+                &args(json!({"definition": {"id": "scripted", "revision": "1"}, "message": "hi"})),
+                Choices::REFERENCE,
             )
             .unwrap(),
             Call::StartRun {
@@ -449,7 +517,12 @@ mod tests {
             }
         );
         assert_eq!(
-            Call::parse("follow", &args(json!({"run_id": "r", "after_sequence": 3}))).unwrap(),
+            Call::parse(
+                "follow",
+                &args(json!({"run_id": "r", "after_sequence": 3})),
+                Choices::REFERENCE
+            )
+            .unwrap(),
             Call::Follow {
                 run_id: "r".into(),
                 after: 3,
@@ -460,7 +533,8 @@ mod tests {
         assert_eq!(
             Call::parse(
                 "follow",
-                &args(json!({"run_id": "r", "after_sequence": 0, "page": 2, "tail": false}))
+                &args(json!({"run_id": "r", "after_sequence": 0, "page": 2, "tail": false})),
+                Choices::REFERENCE,
             )
             .unwrap(),
             Call::Follow {
@@ -473,7 +547,8 @@ mod tests {
         assert_eq!(
             Call::parse(
                 "respond",
-                &args(json!({"run_id": "r", "interaction_id": "i", "response": {"ok": "yes"}}))
+                &args(json!({"run_id": "r", "interaction_id": "i", "response": {"ok": "yes"}})),
+                Choices::REFERENCE,
             )
             .unwrap(),
             Call::Respond {
@@ -483,7 +558,7 @@ mod tests {
             }
         );
         assert_eq!(
-            Call::parse("export", &args(json!({"run_id": "r"}))).unwrap(),
+            Call::parse("export", &args(json!({"run_id": "r"})), Choices::REFERENCE).unwrap(),
             Call::Export { run_id: "r".into() }
         );
     }
@@ -516,9 +591,39 @@ mod tests {
             ("cancel", json!({})),
             ("suspend", json!({"run_id": 7})),
         ] {
-            let e = Call::parse(op, &args(a.clone())).unwrap_err();
+            let e = Call::parse(op, &args(a.clone()), Choices::REFERENCE).unwrap_err();
             assert_eq!(e.code, "bad_request", "{op} {a}: {e:?}");
         }
+    }
+
+    #[test]
+    fn another_clients_choices_rename_its_codes_and_operation_ids() {
+        let d = Choices::DIFFERENT;
+        assert_eq!(
+            d.rename(json!({"error": {"code": "not_initialized", "message": "m"}})),
+            json!({"error": {"code": "no_session", "message": "m"}})
+        );
+        assert_eq!(
+            d.rename(json!({"error": {"code": "NOT_FOUND"}})),
+            json!({"error": {"code": "NOT_FOUND"}})
+        );
+        assert_eq!(d.rename(json!({"response": {}})), json!({"response": {}}));
+        assert!(d.operation_id().starts_with("mutation-"));
+        assert!(Choices::REFERENCE.operation_id().starts_with("op-"));
+        assert_eq!(
+            Call::parse(
+                "follow",
+                &args(json!({"run_id": "r", "after_sequence": 0})),
+                d
+            )
+            .unwrap(),
+            Call::Follow {
+                run_id: "r".into(),
+                after: 0,
+                page: 100,
+                tail: true
+            }
+        );
     }
 
     #[tokio::test]
