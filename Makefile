@@ -14,7 +14,7 @@ JOBS    ?=
 HARNESS_ARGS ?=
 
 .PHONY: check-runtime-contract check setup build test lint fmt fmt-check clippy doc proto-check proto-baseline \
-        contract contract-core contract-worker contract-worker-host contract-engine contract-engine-client coverage golden-review golden-accept schema bench clean
+        contract contract-core contract-worker contract-worker-host contract-engine contract-engine-client coverage golden-review golden-accept golden-stable schema bench clean
 
 ## The main job: build everything, replay every scenario against our binaries, print coverage.
 check-runtime-contract: setup build contract contract-core contract-worker contract-worker-host contract-engine contract-engine-client coverage
@@ -97,14 +97,24 @@ clippy:
 doc:
 	RUSTDOCFLAGS='-D warnings' $(CARGO) doc --workspace --no-deps --quiet
 
-## Writes `<golden>.pending` files for every changed or missing golden, then lists them.
+## Replays every family and side of the registry (`contract-harness sides`) against our
+## binaries, writes `<golden>.pending` for every changed or missing golden, shows the raw
+## diffs, then the wire-change report (`golden changes`: per scenario, step and field,
+## with the requirements each scenario covers). `GOLDEN_FAMILY=engine` limits the replay.
+GOLDEN_FAMILY ?=
 golden-review: build
-	-$(HARNESS) run --family $(FAMILY) --side $(SIDE) --target-cmd '$(IMPL) runtime' --pending
+	-$(HARNESS) golden refresh --impl '$(IMPL)' $(if $(GOLDEN_FAMILY),--family $(GOLDEN_FAMILY))
 	$(HARNESS) golden review
+	$(HARNESS) golden changes
 
-## Moves reviewed `.pending` goldens into place.
+## Moves every reviewed `.pending` golden (every family, every side) into place.
 golden-accept: build
 	$(HARNESS) golden accept
+
+## Goldens must not depend on load: every scenario of every side replayed one at a time
+## and in parallel writes byte-identical goldens (`make check` runs a sample of it).
+golden-stable: build
+	$(HARNESS) golden stable --impl '$(IMPL)' 
 
 ## Prints the JSON Schemas of the wires for third parties.
 schema: build

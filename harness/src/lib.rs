@@ -5,6 +5,7 @@
 //! target, family drivers and runner build on it.
 
 pub mod bind;
+pub mod changes;
 pub mod drive;
 pub mod family;
 pub mod golden;
@@ -13,5 +14,6 @@ pub mod report;
 pub mod requirements;
 pub mod runner;
 pub mod scenario;
+pub mod stability;
 pub mod target;
 pub mod transport;

@@ -9,11 +9,17 @@
 //! contract-harness list --family core_runtime [--scenarios DIR]
 //! contract-harness golden review [--golden-dir DIR]
 //! contract-harness golden accept [--golden-dir DIR]
+//! contract-harness golden refresh [--impl BIN] [--family F]
+//! contract-harness golden changes [--base REV] [--json]
+//! contract-harness golden stable [--impl BIN] [--family F] [--sample N] [--jobs N]
+//! contract-harness sides
 //! contract-harness peer relay --socket PATH [-- ARGS…]
 //! ```
 //!
 //! Exit status: 0 success; 1 a scenario failed (or coverage has errors); 2 usage errors
 //! and scenario files that do not load (printed as `file:line:column: message`).
+
+mod golden_cli;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -68,6 +74,8 @@ enum Command {
         #[command(subcommand)]
         action: GoldenAction,
     },
+    /// Every family × side of the registry: `family side contract-impl-arguments`.
+    Sides,
     /// Be the peer a target launches itself, relayed to a running harness.
     Peer {
         #[command(subcommand)]
@@ -171,6 +179,36 @@ enum GoldenAction {
         #[arg(long, default_value = "golden")]
         golden_dir: PathBuf,
     },
+    /// Replay every family × side against our implementation, writing a `.pending`
+    /// file for every golden that changed or is missing.
+    Refresh(golden_cli::ImplArgs),
+    /// The wire-change report: per scenario × side and step, every field that changed
+    /// (`path: old → new`), frames added or removed, and the requirements the scenario
+    /// covers, between the goldens at `--base` and the working tree (pending files
+    /// first). Markdown, or JSON with `--json`.
+    Changes {
+        #[command(flatten)]
+        places: golden_cli::Places,
+        /// The base revision (default: the merge base of HEAD with the main branch).
+        #[arg(long)]
+        base: Option<String>,
+        /// Print the report as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Check that goldens are stable: replay each side's scenarios one at a time and in
+    /// parallel; the goldens written must be byte-identical.
+    Stable {
+        #[command(flatten)]
+        args: golden_cli::ImplArgs,
+        /// Only this many scenarios per side, spread over the family.
+        #[arg(long)]
+        sample: Option<usize>,
+        /// Runs at once in the parallel replay (default: available parallelism, at
+        /// least 2).
+        #[arg(long, value_parser = parse_jobs)]
+        jobs: Option<usize>,
+    },
 }
 
 fn parse_mode(text: &str) -> Result<Mode, String> {
@@ -203,6 +241,7 @@ fn main() -> ExitCode {
         Command::Coverage(args) => coverage(args),
         Command::List(args) => list(&args),
         Command::Golden { action } => golden_action(action),
+        Command::Sides => golden_cli::print_sides(),
         Command::Peer {
             mode: PeerMode::Relay { socket, args: _ },
         } => relay_peer(&socket),
@@ -496,6 +535,11 @@ fn list(args: &FamilyArgs) -> ExitCode {
 
 fn golden_action(action: GoldenAction) -> ExitCode {
     match action {
+        GoldenAction::Refresh(args) => golden_cli::refresh(&args),
+        GoldenAction::Changes { places, base, json } => {
+            golden_cli::changes(&places, base.as_deref(), json)
+        }
+        GoldenAction::Stable { args, sample, jobs } => golden_cli::stable(&args, sample, jobs),
         GoldenAction::Review { golden_dir } => review(&golden_dir),
         GoldenAction::Accept { golden_dir } => match golden::accept_pending(&golden_dir) {
             Ok(written) => {

@@ -227,12 +227,65 @@ fn main() {
         }));
     }
 
+    // Goldens must not depend on load: a sample of every side, replayed one at a time
+    // and in parallel, writes byte-identical goldens (`make golden-stable` runs all).
+    {
+        let scenarios_dir = scenarios_dir.clone();
+        trials.push(Trial::test(
+            "goldens_are_stable_under_parallelism",
+            move || stability_trial(&scenarios_dir),
+        ));
+    }
+
     if !args.list {
         for line in &pending_reasons {
             eprintln!("{line}");
         }
     }
     libtest_mimic::run(&args, trials).exit();
+}
+
+/// Scenarios per side the stability trial replays (twice each).
+const STABILITY_SAMPLE: usize = 3;
+
+/// Replays [`STABILITY_SAMPLE`] scenarios of every side with `--jobs 1` and `--jobs 3`
+/// into scratch golden directories; the two sets must be byte-identical.
+fn stability_trial(scenarios_dir: &Path) -> Result<(), Failed> {
+    use contract_harness::stability;
+    let bin = impl_binary()?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())?;
+    let mut problems = Vec::new();
+    for info in FAMILIES {
+        let all = load_family(scenarios_dir, info.name).map_err(|e| format!("{e:?}"))?;
+        for side in info.sides {
+            let sample = stability::sample(&all, side.side, Some(STABILITY_SAMPLE));
+            let opts = RunOptions {
+                target_cmd: format!(
+                    "{} {}",
+                    shell_words::quote(&bin.display().to_string()),
+                    side.impl_args
+                ),
+                golden_dir: PathBuf::new(),
+                golden_mode: GoldenMode::Accept,
+                step_timeout: runner::DEFAULT_STEP_TIMEOUT,
+                startup_timeout: runner::DEFAULT_STARTUP_TIMEOUT,
+                mode: runner::Mode::Strict,
+                peer_exe: Some(PathBuf::from(env!("CARGO_BIN_EXE_contract-harness"))),
+            };
+            let found = rt.block_on(stability::check_side(&sample, side.side, &opts, 3))?;
+            problems.extend(found.failures);
+            problems.extend(found.differences);
+        }
+    }
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(problems.join("\n").into())
+    }
 }
 
 /// Runs every scenario of `side` against `contract-impl <args>` in vendor mode (all must

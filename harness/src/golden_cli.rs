@@ -1,0 +1,261 @@
+//! `contract-harness golden refresh | changes | stable` and `contract-harness sides`: the
+//! golden work that spans every family and side of the registry.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use clap::Args;
+use contract_harness::changes::{self, Covered};
+use contract_harness::family::FAMILIES;
+use contract_harness::golden::GoldenMode;
+use contract_harness::runner::{self, RunOptions};
+use contract_harness::scenario::{Side, load_family, load_scenario};
+use contract_harness::{requirements, stability};
+
+/// Where the scenarios, the goldens and our implementation are.
+#[derive(Debug, Args)]
+pub struct Places {
+    /// Scenario root directory.
+    #[arg(long, default_value = "scenarios")]
+    pub scenarios: PathBuf,
+    /// Golden root directory.
+    #[arg(long, default_value = "golden")]
+    pub golden_dir: PathBuf,
+}
+
+/// `golden refresh` / `golden stable`: our implementation's binary.
+#[derive(Debug, Args)]
+pub struct ImplArgs {
+    #[command(flatten)]
+    pub places: Places,
+    /// Our implementation (`contract-impl`); each side runs it with the registry's
+    /// arguments (`contract-harness sides`).
+    #[arg(long = "impl", default_value = "target/debug/contract-impl")]
+    pub impl_bin: PathBuf,
+    /// Only this family.
+    #[arg(long)]
+    pub family: Option<String>,
+}
+
+fn rt() -> Result<tokio::runtime::Runtime, String> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())
+}
+
+fn options(args: &ImplArgs, impl_args: &str) -> RunOptions {
+    RunOptions {
+        target_cmd: format!(
+            "{} {impl_args}",
+            shell_words::quote(&args.impl_bin.display().to_string())
+        ),
+        golden_dir: args.places.golden_dir.clone(),
+        golden_mode: GoldenMode::Pending,
+        step_timeout: runner::DEFAULT_STEP_TIMEOUT,
+        startup_timeout: runner::DEFAULT_STARTUP_TIMEOUT,
+        mode: runner::Mode::Strict,
+        peer_exe: std::env::current_exe().ok(),
+    }
+}
+
+/// Every family × side of the registry with the sides' `contract-impl` arguments.
+fn sides(only: Option<&str>) -> Vec<(&'static str, Side, &'static str)> {
+    FAMILIES
+        .iter()
+        .filter(|f| only.is_none_or(|o| o == f.name))
+        .flat_map(|f| f.sides.iter().map(move |s| (f.name, s.side, s.impl_args)))
+        .collect()
+}
+
+/// `contract-harness sides`: `family side contract-impl-arguments`, one per line.
+pub fn print_sides() -> ExitCode {
+    for (family, side, impl_args) in sides(None) {
+        println!("{family} {side} {impl_args}");
+    }
+    ExitCode::SUCCESS
+}
+
+/// `golden refresh`: replays every family × side against our implementation, writing a
+/// `.pending` file for every golden that changed or is missing (side-core goldens too).
+pub fn refresh(args: &ImplArgs) -> ExitCode {
+    if !args.impl_bin.exists() {
+        eprintln!(
+            "--impl {}: no such file (build it first)",
+            args.impl_bin.display()
+        );
+        return ExitCode::from(2);
+    }
+    let rt = match rt() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("{e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let mut failed = 0;
+    for (family, side, impl_args) in sides(args.family.as_deref()) {
+        let scenarios = match load_family(&args.places.scenarios, family) {
+            Ok(s) => s,
+            Err(errors) => {
+                for e in errors {
+                    eprintln!("{e}");
+                }
+                return ExitCode::from(2);
+            }
+        };
+        let runs: Vec<_> = stability::sample(&scenarios, side, None)
+            .into_iter()
+            .map(|s| (s, side))
+            .collect();
+        let opts = options(args, impl_args);
+        let many = rt.block_on(runner::run_many(
+            runs,
+            &opts,
+            runner::default_jobs(),
+            |_| {},
+        ));
+        let golden = many
+            .results
+            .iter()
+            .filter(|r| {
+                r.golden.is_some() && r.failure.as_deref().is_some_and(|f| f.contains("golden"))
+            })
+            .count();
+        let other: Vec<_> = many
+            .results
+            .iter()
+            .filter(|r| !r.passed && !r.failure.as_deref().is_some_and(|f| f.contains("golden")))
+            .collect();
+        failed += other.len();
+        println!(
+            "{family} [{side}]: {} replayed, {golden} golden(s) pending, {} failed otherwise",
+            many.results.len(),
+            other.len()
+        );
+        // A step that no longer matches writes no golden: name it with what the
+        // scenario covers, so the wire change is still told in the spec's terms.
+        for r in other {
+            let covers = scenarios
+                .iter()
+                .find(|s| s.id() == r.scenario)
+                .map(|s| s.covers.join(", "))
+                .unwrap_or_default();
+            println!(
+                "  FAIL {} [{}] (covers {covers}): {}",
+                r.scenario,
+                r.side,
+                r.failure
+                    .as_deref()
+                    .and_then(|f| f.lines().next())
+                    .unwrap_or_default()
+            );
+        }
+    }
+    if failed == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}
+
+/// `golden changes`: the wire-change report since `base`.
+pub fn changes(places: &Places, base: Option<&str>, json: bool) -> ExitCode {
+    let repo = Path::new(".");
+    let base = base.map_or_else(|| changes::default_base(repo), str::to_string);
+    let (pairs, sources) = match changes::collect(repo, &places.golden_dir, &base) {
+        Ok(found) => found,
+        Err(e) => {
+            eprintln!("golden changes: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let covers = |family: &str, name: &str| -> Vec<Covered> {
+        let sections: Vec<requirements::Requirement> = requirements::load_catalog(
+            &places
+                .scenarios
+                .join("requirements")
+                .join(format!("{family}.yaml")),
+        )
+        .unwrap_or_default();
+        let path = places.scenarios.join(family).join(format!("{name}.yaml"));
+        load_scenario(&path)
+            .map(|s| s.covers)
+            .unwrap_or_default()
+            .into_iter()
+            .map(|id| Covered {
+                section: sections
+                    .iter()
+                    .find(|r| r.id == id)
+                    .map(|r| r.section.clone())
+                    .unwrap_or_default(),
+                id,
+            })
+            .collect()
+    };
+    let report = changes::report(base, &pairs, sources, &covers);
+    if json {
+        match serde_json::to_string_pretty(&report) {
+            Ok(text) => println!("{text}"),
+            Err(e) => {
+                eprintln!("{e}");
+                return ExitCode::FAILURE;
+            }
+        }
+    } else {
+        print!("{}", changes::markdown(&report));
+    }
+    ExitCode::SUCCESS
+}
+
+/// `golden stable`: every side's scenarios (or a sample of each) replayed one at a time
+/// and with `jobs` at once must write byte-identical goldens.
+pub fn stable(args: &ImplArgs, sample: Option<usize>, jobs: Option<usize>) -> ExitCode {
+    let rt = match rt() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("{e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let jobs = jobs.unwrap_or_else(runner::default_jobs).max(2);
+    let mut ok = true;
+    for (family, side, impl_args) in sides(args.family.as_deref()) {
+        let scenarios = match load_family(&args.places.scenarios, family) {
+            Ok(s) => stability::sample(&s, side, sample),
+            Err(errors) => {
+                for e in errors {
+                    eprintln!("{e}");
+                }
+                return ExitCode::from(2);
+            }
+        };
+        let opts = options(args, impl_args);
+        match rt.block_on(stability::check_side(&scenarios, side, &opts, jobs)) {
+            Ok(found) => {
+                println!(
+                    "{family} [{side}]: {} replayed with --jobs 1 and --jobs {jobs}: {}",
+                    found.replayed,
+                    if found.is_ok() {
+                        "goldens identical"
+                    } else {
+                        "NOT STABLE"
+                    }
+                );
+                for line in found.failures.iter().chain(&found.differences) {
+                    println!("  {line}");
+                }
+                ok &= found.is_ok();
+            }
+            Err(e) => {
+                eprintln!("{family} [{side}]: {e}");
+                ok = false;
+            }
+        }
+    }
+    if ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}
