@@ -14,7 +14,7 @@
 //! never writes a golden.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
 use serde::Serialize;
@@ -476,7 +476,7 @@ pub fn collect(
         );
     }
     let mut new: BTreeMap<String, String> = BTreeMap::new();
-    for path in golden_files(golden_dir) {
+    for path in crate::golden::files_with_extension(golden_dir, "golden") {
         let Ok(file) = path.strip_prefix(golden_dir) else {
             continue;
         };
@@ -522,27 +522,6 @@ pub fn collect(
     sources.sort();
     sources.dedup();
     Ok((pairs, sources.len()))
-}
-
-/// Every `*.golden` file under `dir`, sorted.
-fn golden_files(dir: &Path) -> Vec<PathBuf> {
-    fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
-        let Ok(entries) = std::fs::read_dir(dir) else {
-            return;
-        };
-        for entry in entries.flatten() {
-            let path = entry.path();
-            if path.is_dir() {
-                walk(&path, out);
-            } else if path.extension().is_some_and(|e| e == "golden") {
-                out.push(path);
-            }
-        }
-    }
-    let mut out = Vec::new();
-    walk(dir, &mut out);
-    out.sort();
-    out
 }
 
 #[cfg(test)]

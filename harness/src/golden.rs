@@ -522,21 +522,26 @@ fn first_value_difference(
 
 /// Every `*.pending` file under `dir` (recursively), sorted.
 pub fn pending_files(dir: &Path) -> Vec<PathBuf> {
-    fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
+    files_with_extension(dir, "pending")
+}
+
+/// Every file under `dir` (recursively) whose extension is `extension`, sorted.
+pub fn files_with_extension(dir: &Path, extension: &str) -> Vec<PathBuf> {
+    fn walk(dir: &Path, extension: &str, out: &mut Vec<PathBuf>) {
         let Ok(entries) = std::fs::read_dir(dir) else {
             return;
         };
         for entry in entries.flatten() {
             let path = entry.path();
             if path.is_dir() {
-                walk(&path, out);
-            } else if path.extension().is_some_and(|e| e == "pending") {
+                walk(&path, extension, out);
+            } else if path.extension().is_some_and(|e| e == extension) {
                 out.push(path);
             }
         }
     }
     let mut out = Vec::new();
-    walk(dir, &mut out);
+    walk(dir, extension, &mut out);
     out.sort();
     out
 }

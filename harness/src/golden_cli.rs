@@ -145,10 +145,7 @@ pub fn refresh(args: &ImplArgs) -> ExitCode {
                 "  FAIL {} [{}] (covers {covers}): {}",
                 r.scenario,
                 r.side,
-                r.failure
-                    .as_deref()
-                    .and_then(|f| f.lines().next())
-                    .unwrap_or_default()
+                r.failure_line()
             );
         }
     }

@@ -80,10 +80,7 @@ pub async fn check_side(
                 "{} [{}] with --jobs {jobs}: {}",
                 r.scenario,
                 r.side,
-                r.failure
-                    .as_deref()
-                    .and_then(|f| f.lines().next())
-                    .unwrap_or_default()
+                r.failure_line()
             ));
         }
         if let Some(why) = many.aborted {

@@ -45,6 +45,14 @@ pub struct ScenarioResult {
 }
 
 impl ScenarioResult {
+    /// The first line of the failure (empty when it passed).
+    pub fn failure_line(&self) -> &str {
+        self.failure
+            .as_deref()
+            .and_then(|f| f.lines().next())
+            .unwrap_or_default()
+    }
+
     /// A passing result.
     pub fn pass(scenario: impl Into<String>, side: Side, duration: Duration) -> Self {
         Self {
