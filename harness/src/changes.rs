@@ -71,6 +71,15 @@ pub enum FrameChange {
         /// The frame.
         frame: Value,
     },
+    /// The same frame, recorded at another step (the scenario's steps were renumbered).
+    Moved {
+        /// The golden header before.
+        from: String,
+        /// The golden header now.
+        to: String,
+        /// What the frame is.
+        what: String,
+    },
     /// A frame the target no longer emits.
     Removed {
         /// The golden header.
@@ -261,7 +270,31 @@ pub fn frame_changes(old: &str, new: &str) -> Vec<FrameChange> {
             }
         }
     }
-    out
+    pair_moves(out)
+}
+
+/// A removed and an added frame that are the same frame, recorded under another step,
+/// become one [`FrameChange::Moved`] (in the added frame's place).
+fn pair_moves(changes: Vec<FrameChange>) -> Vec<FrameChange> {
+    let mut out: Vec<Option<FrameChange>> = changes.into_iter().map(Some).collect();
+    for i in 0..out.len() {
+        let Some(FrameChange::Added { step, what, frame }) = out[i].clone() else {
+            continue;
+        };
+        let removed = out
+            .iter()
+            .position(|c| matches!(c, Some(FrameChange::Removed { frame: f, .. }) if *f == frame));
+        if let Some(r) = removed
+            && let Some(FrameChange::Removed { step: from, .. }) = out[r].take()
+        {
+            out[i] = Some(FrameChange::Moved {
+                from,
+                to: step,
+                what,
+            });
+        }
+    }
+    out.into_iter().flatten().collect()
 }
 
 /// `family`, `name` and `side` of `family/name.side.golden`.
@@ -381,6 +414,9 @@ pub fn markdown(report: &Report) -> String {
                 FrameChange::Added { step, what, frame } => out.push_str(&format!(
                     "- {step} `{what}`: added `{}`\n",
                     serde_json::to_string(frame).unwrap_or_default()
+                )),
+                FrameChange::Moved { from, to, what } => out.push_str(&format!(
+                    "- {from} → {to} `{what}`: the same frame, at another step\n"
                 )),
                 FrameChange::Removed { step, what, frame } => out.push_str(&format!(
                     "- {step} `{what}`: removed `{}`\n",
@@ -574,6 +610,16 @@ mod tests {
             frame_changes(&new, OLD).as_slice(),
             [FrameChange::Removed { what, .. }] if what == "CancelRun"
         ));
+        // Renumbered steps: the same frame, moved.
+        let renumbered = OLD.replace("## step 7 client call", "## step 8 client call");
+        assert_eq!(
+            frame_changes(OLD, &renumbered),
+            vec![FrameChange::Moved {
+                from: "step 7 client call".into(),
+                to: "step 8 client call".into(),
+                what: "StartRun".into(),
+            }]
+        );
         // A field that appears or goes away.
         let gone = OLD.replace(",\n  \"method\": \"Initialize\"", "");
         let fields = match frame_changes(OLD, &gone).as_slice() {

@@ -227,6 +227,15 @@ fn main() {
         }));
     }
 
+    // A client that does not present the endpoint token fails (never a mere difference).
+    {
+        let scenarios_dir = scenarios_dir.clone();
+        trials.push(Trial::test(
+            "engine::a_client_without_the_token_fails",
+            move || hostile_client_trial(&scenarios_dir),
+        ));
+    }
+
     // Goldens must not depend on load: a sample of every side, replayed one at a time
     // and in parallel, writes byte-identical goldens (`make golden-stable` runs all).
     {
@@ -243,6 +252,40 @@ fn main() {
         }
     }
     libtest_mimic::run(&args, trials).exit();
+}
+
+/// Our client started with another token file (a wrong token on every call) must FAIL
+/// in vendor mode, naming the endpoint token.
+fn hostile_client_trial(scenarios_dir: &Path) -> Result<(), Failed> {
+    let bin = shell_words::quote(&impl_binary()?.display().to_string()).into_owned();
+    let all = load_family(scenarios_dir, "engine").map_err(|e| format!("{e:?}"))?;
+    let scenario = all
+        .into_iter()
+        .find(|s| s.name == "client_initialize_as_a_new_owner")
+        .ok_or("client_initialize_as_a_new_owner is missing")?;
+    let wrong = format!(
+        "sh -c 'printf 0123456789abcdef > \"$CONTRACT_ENGINE_STATE_DIR/t\"; \
+         CONTRACT_ENGINE_TOKEN_FILE=\"$CONTRACT_ENGINE_STATE_DIR/t\" exec {bin} engine controlled'"
+    );
+    let goldens = tempfile::tempdir().map_err(|e| e.to_string())?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())?;
+    let opts = RunOptions {
+        target_cmd: wrong,
+        golden_dir: goldens.path().to_path_buf(),
+        golden_mode: GoldenMode::Accept,
+        step_timeout: runner::DEFAULT_STEP_TIMEOUT,
+        startup_timeout: runner::DEFAULT_STARTUP_TIMEOUT,
+        mode: runner::Mode::Vendor,
+        peer_exe: Some(PathBuf::from(env!("CARGO_BIN_EXE_contract-harness"))),
+    };
+    let r = rt.block_on(runner::run_scenario(&scenario, Side::Client, &opts));
+    if r.passed || r.differs || !r.failure_line().contains("endpoint token") {
+        return Err(format!("a client with a wrong token: {}", console::result_line(&r)).into());
+    }
+    Ok(())
 }
 
 /// Scenarios per side the stability trial replays (twice each).

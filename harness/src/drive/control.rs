@@ -46,6 +46,12 @@ pub async fn native_step(
         .request(op, &args, wait)
         .await
         .map_err(|e| StepError::new(FailureCode::ControlFailed, format!("{e} ({})", e.code())))?;
+    // The control channel is one of the target's outputs: the secret may not appear there.
+    if !run.secret.is_empty() && crate::target::contains_secret(&result.to_string(), &run.secret) {
+        return Err(fail::leak(format!(
+            "credential leaked in the result of control op `{op}`"
+        )));
+    }
     if let Some(pattern) = expect {
         match_frame(pattern, &result, &mut run.bindings).map_err(|m| {
             let e = fail::mismatch(format!(

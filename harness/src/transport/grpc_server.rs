@@ -56,7 +56,8 @@ pub const RESPONSE_QUEUE_MAX: usize = 64;
 /// How a call presented the endpoint token.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Auth {
-    /// `authorization: Bearer <the token>`.
+    /// The token in a metadata entry (`authorization: Bearer <token>`, or the token as
+    /// another entry's whole value).
     Token,
     /// An `authorization` entry with anything else.
     Wrong,
@@ -276,13 +277,21 @@ async fn serve_call(
                 .methods()
                 .find(|m| m.name() == name)
         });
+    let auth = auth_of(req.headers(), &shared.token);
     let Some(method) = method else {
+        // Recorded like any call, so a scenario sees it (and fails on it: a client calls
+        // only what an operation asks for), then refused.
+        let n = shared.counter.fetch_add(1, Ordering::Relaxed) + 1;
+        let _ = shared
+            .tx
+            .send(IncomingCall {
+                call: format!("call-{n}"),
+                method: path.clone(),
+                auth,
+                request: Err(format!("{path} is not a method of {}", shared.service)),
+            })
+            .await;
         return Status::unimplemented(format!("no method {path}")).into_http();
-    };
-    let auth = match req.headers().get("authorization") {
-        None => Auth::None,
-        Some(v) if v.as_bytes() == format!("Bearer {}", shared.token).as_bytes() => Auth::Token,
-        Some(_) => Auth::Wrong,
     };
     let handler = Handler {
         shared,
@@ -291,6 +300,24 @@ async fn serve_call(
     };
     let mut grpc = Grpc::new(RawCodec).max_decoding_message_size(REQUEST_MAX_BYTES);
     grpc.server_streaming(handler, req).await
+}
+
+/// How a call presented `token`: [`Auth::Token`] when any metadata entry is the token
+/// or `Bearer <token>` (the spec says only "from gRPC metadata"; the entry's name is the
+/// implementation's), [`Auth::Wrong`] when an `authorization` entry holds anything else,
+/// else [`Auth::None`].
+pub fn auth_of(headers: &http::HeaderMap, token: &str) -> Auth {
+    let bearer = format!("Bearer {token}");
+    let presents = |v: &http::HeaderValue| {
+        v.as_bytes() == token.as_bytes() || v.as_bytes() == bearer.as_bytes()
+    };
+    if headers.values().any(presents) {
+        Auth::Token
+    } else if headers.contains_key("authorization") {
+        Auth::Wrong
+    } else {
+        Auth::None
+    }
 }
 
 /// Records one call and streams what the driver answers.

@@ -92,6 +92,15 @@ pub fn read_token(token_file: &Path) -> Result<String, ClientError> {
         })
 }
 
+/// How long connecting to the daemon's socket may take.
+pub const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// The client's HTTP/2 keepalive: a ping this often, while a call is open or not.
+pub const KEEPALIVE_INTERVAL: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// How long a keepalive ping may go unanswered before the connection is dropped.
+pub const KEEPALIVE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// Connects to the daemon at `socket` with the token in `token_file`.
 ///
 /// The channel names the authority `localhost`: the socket path is not an authority (a
@@ -114,6 +123,12 @@ pub async fn connect(socket: &Path, token_file: &Path) -> Result<Client, ClientE
     };
     let channel = Endpoint::try_from("http://localhost")
         .map_err(|e| connect_err(e.to_string()))?
+        // A daemon that stops answering is noticed on an idle tail too; one that never
+        // completes the connection is given up.
+        .connect_timeout(CONNECT_TIMEOUT)
+        .http2_keep_alive_interval(KEEPALIVE_INTERVAL)
+        .keep_alive_timeout(KEEPALIVE_TIMEOUT)
+        .keep_alive_while_idle(true)
         .connect_with_connector(tower::service_fn(move |_| {
             let path = path.clone();
             async move {
@@ -181,7 +196,9 @@ pub async fn initialize(
         client_limits: Some(super::daemon::limits::message_limits()),
         claim: Some(pb::OwnershipClaim { claim: Some(claim) }),
     };
-    let response = client.initialize(request).await?.into_inner();
+    let response = crate::engine::session::bounded(client.initialize(request))
+        .await?
+        .into_inner();
     response.result.ok_or_else(|| {
         ClientError::Status(tonic::Status::internal("Initialize answered no result"))
     })

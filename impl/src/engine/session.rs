@@ -99,11 +99,35 @@ impl From<Status> for SessionError {
 /// Whether a call that ended with `status` is sent again: a status the daemon did not
 /// send (the call failed in transport), or `UNAVAILABLE`, `UNKNOWN`, `CANCELLED` that is
 /// not a fence.
+/// How long a unary call, or the opening of a stream, waits for the daemon's answer;
+/// then it ends `DEADLINE_EXCEEDED` ("Every unary/stream request has … deadline
+/// limits"). A mutation's outcome is then unknown, so it is sent again with its
+/// operation ID. A tail that is open may stay quiet longer: the channel's HTTP/2
+/// keepalive notices a daemon that stopped answering.
+pub const CALL_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// `call`, or `DEADLINE_EXCEEDED` when it has no answer within [`CALL_TIMEOUT`].
+///
+/// # Errors
+/// The call's status, or the deadline.
+pub async fn bounded<T>(
+    call: impl std::future::Future<Output = Result<T, Status>>,
+) -> Result<T, Status> {
+    tokio::time::timeout(CALL_TIMEOUT, call)
+        .await
+        .unwrap_or_else(|_| {
+            Err(Status::deadline_exceeded(format!(
+                "no answer from the daemon within {} s",
+                CALL_TIMEOUT.as_secs()
+            )))
+        })
+}
+
 fn retryable(status: &Status) -> bool {
     in_transport(status)
         || (matches!(
             status.code(),
-            Code::Unavailable | Code::Unknown | Code::Cancelled
+            Code::Unavailable | Code::Unknown | Code::Cancelled | Code::DeadlineExceeded
         ) && !status.message().starts_with("fenced"))
 }
 
@@ -210,7 +234,7 @@ impl Session {
         let mut pause = RETRY_BACKOFF;
         let mut attempt = 0;
         loop {
-            match call(self.client.clone()).await {
+            match bounded(call(self.client.clone())).await {
                 Ok(r) => return Ok(r.into_inner()),
                 Err(s) if retryable(&s) && attempt < RETRIES => {
                     attempt += 1;
@@ -381,14 +405,15 @@ impl Session {
     /// # Errors
     /// The daemon's status.
     pub async fn interactions(&mut self, run_id: &str) -> Result<pb::InteractionSnapshot, Status> {
-        let mut stream = self
-            .client
-            .stream_interactions(pb::StreamInteractionsRequest {
-                run_id: run_id.into(),
-            })
-            .await?
-            .into_inner();
-        match stream.message().await? {
+        let mut stream = bounded(
+            self.client
+                .stream_interactions(pb::StreamInteractionsRequest {
+                    run_id: run_id.into(),
+                }),
+        )
+        .await?
+        .into_inner();
+        match bounded(stream.message()).await? {
             Some(pb::StreamInteractionsResponse {
                 frame: Some(pb::stream_interactions_response::Frame::Snapshot(s)),
             }) => Ok(s),
@@ -460,7 +485,7 @@ impl Session {
                     tail,
                 }),
             };
-            let mut stream = match self.client.stream_events(request).await {
+            let mut stream = match bounded(self.client.stream_events(request)).await {
                 Ok(s) => s.into_inner(),
                 Err(s) if retryable(&s) && reopened < FOLLOW_REOPENS => {
                     reopened += 1;
@@ -547,5 +572,21 @@ impl Session {
                 });
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_daemon_that_never_answers_ends_the_call_at_its_deadline() {
+        tokio::time::pause();
+        let silent = std::future::pending::<Result<(), Status>>();
+        let e = bounded(silent).await.unwrap_err();
+        assert_eq!(e.code(), Code::DeadlineExceeded);
+        // Its outcome is unknown: a mutation is sent again with its operation ID.
+        assert!(retryable(&e));
+        assert!(bounded(async { Ok::<_, Status>(7) }).await.unwrap() == 7);
     }
 }

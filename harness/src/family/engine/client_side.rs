@@ -60,12 +60,19 @@ pub const ENGINE_CLIENT: Flavor = Flavor {
     nulls: true,
 };
 
+/// How long after the last step the harness still reads calls the client makes (then
+/// the run ends): a call under way when the last control outcome was read arrives well
+/// within it on a loaded machine.
+pub const CLOSE_GRACE: Duration = Duration::from_millis(300);
+
 /// How long past its own `timeout_ms` a control request may take.
 const CONTROL_GRACE: Duration = Duration::from_secs(5);
 
 /// The daemon the harness plays against a target client.
 pub struct ScriptedDaemonPeer {
     link: DaemonLink,
+    /// Calls taken off the server's queue to name them in a failure, still to be read.
+    early: std::collections::VecDeque<IncomingCall>,
     control: Option<ControlChannel>,
     spec: LaunchSpec,
     run_dir: RunDir,
@@ -270,6 +277,7 @@ pub async fn start(opts: &DriveOptions) -> Result<Started<ScriptedDaemonPeer>, S
                 server,
                 closing: false,
             },
+            early: std::collections::VecDeque::new(),
             control: Some(control),
             spec,
             run_dir,
@@ -288,17 +296,25 @@ impl Peer for ScriptedDaemonPeer {
     const ROLE: &'static Role = &CLIENT_ROLE;
 
     async fn recv(&mut self, timeout: Duration) -> StepResult<Option<Event<NoOther>>> {
+        if let Some(call) = self.early.pop_front() {
+            return Ok(Some(Event::Text(call_frame(call).to_string())));
+        }
         if self.link.closing {
-            // Calls already queued are read (and fail the run as trailing output).
-            tokio::task::yield_now().await;
-            return Ok(Some(match self.link.server.rx.try_recv() {
-                Ok(call) => Event::Text(call_frame(call).to_string()),
-                Err(_) => {
-                    self.link.server.close();
-                    self.link.closing = false;
-                    Event::Eof
-                }
-            }));
+            // A call the client makes right after the last step is still read (and fails
+            // the run as trailing output): the control channel is closed first, and the
+            // client gets CLOSE_GRACE to make any call it had under way.
+            self.control = None;
+            let grace = timeout.min(CLOSE_GRACE);
+            return Ok(Some(
+                match tokio::time::timeout(grace, self.link.server.rx.recv()).await {
+                    Ok(Some(call)) => Event::Text(call_frame(call).to_string()),
+                    Ok(None) | Err(_) => {
+                        self.link.server.close();
+                        self.link.closing = false;
+                        Event::Eof
+                    }
+                },
+            ));
         }
         match tokio::time::timeout(timeout, self.link.server.rx.recv()).await {
             Ok(Some(call)) => Ok(Some(Event::Text(call_frame(call).to_string()))),
@@ -322,7 +338,7 @@ impl Peer for ScriptedDaemonPeer {
         match step {
             Step::Native { op, args, expect } => {
                 // The client's own `await` bound is `timeout_ms` (600 s without it).
-                crate::drive::control::native_step(
+                let done = crate::drive::control::native_step(
                     self.control.as_mut(),
                     run,
                     op,
@@ -331,7 +347,26 @@ impl Peer for ScriptedDaemonPeer {
                     Duration::ZERO,
                     CONTROL_GRACE,
                 )
-                .await
+                .await;
+                // An outcome that never came is often a call no step expected (the
+                // client waits for its answer): name the calls it made meanwhile.
+                done.map_err(|mut e| {
+                    while let Ok(call) = self.link.server.rx.try_recv() {
+                        self.early.push_back(call);
+                    }
+                    if !self.early.is_empty() {
+                        let calls: Vec<String> = self
+                            .early
+                            .iter()
+                            .map(|c| format!("{} ({}, {})", c.method, c.call, c.auth.as_str()))
+                            .collect();
+                        e.message.push_str(&format!(
+                            "; meanwhile the client made calls no step has expected yet: {}",
+                            calls.join(", ")
+                        ));
+                    }
+                    e
+                })
             }
             other => Err(fail::unsupported(format!(
                 "`{}` is not a step of the engine family's side client",

@@ -215,12 +215,28 @@ impl Codec for ServerCodec {
         serde_json::from_str(text).map_err(|e| fault("invalid_json", e.to_string()))
     }
 
+    /// Every call must present the endpoint token in its metadata (EN-CLIENT-010:
+    /// "Transport middleware authenticates the endpoint token from gRPC metadata"), name
+    /// an `EngineService` method and carry a request that decodes as its input.
     fn check_emitted(&self, frame: &Value) -> Result<(), WireFault> {
         if let Some(why) = frame.get("undecodable").and_then(Value::as_str) {
             return Err(fault(
                 "undecodable_message",
-                format!("the client's request does not decode: {why}"),
+                format!("the client's call cannot be read: {why}"),
             ));
+        }
+        match frame.get("auth").and_then(Value::as_str) {
+            Some("token") => {}
+            other => {
+                return Err(fault(
+                    "unauthenticated_call",
+                    format!(
+                        "the call does not present the endpoint token in its gRPC metadata \
+                         (auth: {}; EN-CLIENT-010)",
+                        other.unwrap_or("none")
+                    ),
+                ));
+            }
         }
         check_call(frame).map_err(|e| fault("invalid_call", e))
     }
