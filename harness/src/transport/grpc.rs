@@ -82,11 +82,36 @@ pub struct CallSpec {
     pub metadata: Vec<(String, String)>,
     /// The call's deadline (`grpc-timeout`), if any.
     pub timeout: Option<Duration>,
+    /// How its responses are read from the start ([`Reading::Paused`]: on a connection
+    /// of its own, so the stall holds only this stream's flow-control window).
+    pub reading: Reading,
+}
+
+/// How the harness reads a call's responses: a slow reader is scripted by pausing a
+/// stream and later draining it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Reading {
+    /// Every message is an event, as it arrives.
+    #[default]
+    Read,
+    /// Nothing is read: HTTP/2 flow control stops the server once the window is full.
+    Paused,
+    /// Messages are read and dropped; when the call ends, one
+    /// [`CallEvent::Discarded`] names the last event sequence read, then its status.
+    Discard,
 }
 
 /// What a call did.
 #[derive(Debug, Clone, PartialEq)]
 pub enum CallEvent {
+    /// A [`Reading::Discard`] call ended: the last `event.sequence` among the messages
+    /// read and dropped (`None`: no event message came).
+    Discarded {
+        /// The call.
+        call: String,
+        /// The last sequence read, in the JSON mapping (a string).
+        last_sequence: Option<String>,
+    },
     /// A response message in the proto3 JSON mapping.
     Message {
         /// The call.
@@ -112,6 +137,10 @@ impl CallEvent {
     /// `{call, status: {code, message?, trailers?}}`.
     pub fn frame(&self) -> Value {
         match self {
+            CallEvent::Discarded {
+                call,
+                last_sequence,
+            } => json!({"call": call, "discarded": {"lastSequence": last_sequence}}),
             CallEvent::Message { call, message } => json!({"call": call, "message": message}),
             CallEvent::Status {
                 call,
@@ -214,6 +243,7 @@ pub struct GrpcLink {
     socket: PathBuf,
     channel: Option<Channel>,
     calls: HashMap<String, tokio::task::JoinHandle<()>>,
+    readers: HashMap<String, tokio::sync::watch::Sender<Reading>>,
     tx: mpsc::Sender<CallEvent>,
     /// Events of every call, in arrival order.
     pub rx: mpsc::Receiver<CallEvent>,
@@ -256,6 +286,7 @@ impl GrpcLink {
             socket: socket.to_path_buf(),
             channel: None,
             calls: HashMap::new(),
+            readers: HashMap::new(),
             tx,
             rx,
         }
@@ -289,6 +320,18 @@ impl GrpcLink {
     /// Forgets call `call` once its final status was read (its name may be used again).
     pub fn finished(&mut self, call: &str) {
         self.calls.remove(call);
+        self.readers.remove(call);
+    }
+
+    /// Changes how call `call`'s responses are read; `false` when it is not in flight.
+    pub fn set_reading(&mut self, call: &str, reading: Reading) -> bool {
+        match self.readers.get(call) {
+            Some(tx) if self.calls.get(call).is_some_and(|t| !t.is_finished()) => {
+                tx.send_replace(reading);
+                true
+            }
+            _ => false,
+        }
     }
 
     /// Reads the next event, forgetting a call whose final status it is.
@@ -296,6 +339,7 @@ impl GrpcLink {
         let event = self.rx.recv().await?;
         if let CallEvent::Status { call, .. } = &event {
             self.calls.remove(call);
+            self.readers.remove(call);
         }
         Some(event)
     }
@@ -308,14 +352,21 @@ impl GrpcLink {
         if self.calls.contains_key(&spec.call) {
             return Err(format!("call `{}` is still in flight", spec.call));
         }
-        if self.channel.is_none() {
-            self.channel = Some(channel(&self.socket)?);
-        }
-        let channel = self.channel.clone().ok_or("no channel")?;
+        let channel = if spec.reading == Reading::Paused {
+            // Its stalled window must not hold the other calls' connection.
+            channel(&self.socket)?
+        } else {
+            if self.channel.is_none() {
+                self.channel = Some(channel(&self.socket)?);
+            }
+            self.channel.clone().ok_or("no channel")?
+        };
         let tx = self.tx.clone();
         let name = spec.call.clone();
-        let task = tokio::spawn(run_call(channel, spec, tx));
-        self.calls.insert(name, task);
+        let (reading, mode) = tokio::sync::watch::channel(spec.reading);
+        let task = tokio::spawn(run_call(channel, spec, tx, mode));
+        self.calls.insert(name.clone(), task);
+        self.readers.insert(name, reading);
         Ok(())
     }
 }
@@ -345,7 +396,12 @@ fn status_event(call: &str, status: &tonic::Status) -> CallEvent {
 
 /// Runs one call, sending each event as it happens (a streaming call's messages never
 /// wait for its end).
-async fn run_call(channel: Channel, spec: CallSpec, tx: mpsc::Sender<CallEvent>) {
+async fn run_call(
+    channel: Channel,
+    spec: CallSpec,
+    tx: mpsc::Sender<CallEvent>,
+    mut mode: tokio::sync::watch::Receiver<Reading>,
+) {
     let call = spec.call.clone();
     let mut grpc = tonic::client::Grpc::new(channel);
     if let Err(e) = grpc.ready().await {
@@ -387,9 +443,31 @@ async fn run_call(channel: Channel, spec: CallSpec, tx: mpsc::Sender<CallEvent>)
             return;
         }
     };
+    let mut last_sequence: Option<String> = None;
     loop {
-        let event = match stream.message().await {
+        // A paused call reads nothing until the scenario resumes or drains it.
+        let discard = match mode.wait_for(|m| *m != Reading::Paused).await {
+            Ok(m) => *m == Reading::Discard,
+            Err(_) => return,
+        };
+        let received = stream.message().await;
+        if discard && matches!(received, Ok(None) | Err(_)) {
+            let summary = CallEvent::Discarded {
+                call: call.clone(),
+                last_sequence: last_sequence.take(),
+            };
+            if tx.send(summary).await.is_err() {
+                return;
+            }
+        }
+        let event = match received {
             Ok(Some(bytes)) => match to_json(output.clone(), &bytes) {
+                Ok(message) if discard => {
+                    if let Some(seq) = message.pointer("/event/sequence").and_then(Value::as_str) {
+                        last_sequence = Some(seq.to_string());
+                    }
+                    continue;
+                }
                 Ok(message) => CallEvent::Message {
                     call: call.clone(),
                     message,

@@ -393,6 +393,7 @@ mod tests {
                 .map(|a| vec![("authorization".to_string(), a.to_string())])
                 .unwrap_or_default(),
             timeout: None,
+            reading: crate::transport::grpc::Reading::Read,
         }
     }
 

@@ -66,6 +66,20 @@ pub fn check_call(frame: &Value) -> Result<(), String> {
         }
         return Ok(());
     }
+    let read = map.get("read");
+    if let Some(r) = read
+        && !matches!(r.as_str(), Some("read" | "paused" | "discard"))
+    {
+        return Err("`read` is `read`, `paused` or `discard`".into());
+    }
+    if read.is_some() && map.get("method").is_none() {
+        if map.len() != 2 || read.and_then(Value::as_str) == Some("paused") {
+            return Err(
+                "a reading change is exactly {call, read: read|discard} on a call in flight".into(),
+            );
+        }
+        return Ok(());
+    }
     const KEYS: &[&str] = &[
         "call",
         "method",
@@ -75,6 +89,7 @@ pub fn check_call(frame: &Value) -> Result<(), String> {
         "timeout_ms",
         "metadata",
         "request_size",
+        "read",
     ];
     if let Some(k) = map.keys().find(|k| !KEYS.contains(&k.as_str())) {
         return Err(format!("unknown key `{k}` (keys: {})", KEYS.join(", ")));
@@ -139,13 +154,13 @@ pub fn check_event(frame: &Value) -> Result<(), String> {
     if !matches!(map.get("call"), Some(Value::String(_))) {
         return Err("`call` must be a string".into());
     }
-    let kinds = ["message", "message_base64", "status", "raw"]
+    let kinds = ["message", "message_base64", "status", "raw", "discarded"]
         .iter()
         .filter(|k| map.contains_key(**k))
         .count();
     if kinds != 1 || map.len() != 2 {
         return Err(
-            "a daemon frame is exactly {call, message}, {call, message_base64}, {call, status} or {call, raw}".into(),
+            "a daemon frame is exactly {call, message}, {call, message_base64}, {call, status}, {call, raw} or {call, discarded}".into(),
         );
     }
     if let Some(b64) = map.get("message_base64")

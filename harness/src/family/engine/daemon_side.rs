@@ -8,6 +8,8 @@
 //! |---|---|
 //! | `client: {call, method, request, …}` | starts the call (engine); its events arrive as daemon frames; `request_size: n` pads the encoded request to exactly `n` bytes with an unknown field |
 //! | `client: {call, cancel: true}` | cancels the call in flight (RST_STREAM) |
+//! | `client: {call, method, …, read: paused}` | starts the call on a connection of its own and reads nothing (a stalled reader) |
+//! | `client: {call, read: discard}` | from now on reads that call's messages and drops them; when it ends, `{call, discarded: {lastSequence}}` then its status |
 //! | `daemon: {call, message}` / `{call, status}` | the next event of any call must match (engine) |
 //! | `send_bytes: {base64}` | those bytes on a fresh connection; the daemon's answer is `{call: raw, raw: {goaway, closed}}` |
 //! | `disconnect` | drops the connection and every call in flight |
@@ -73,6 +75,23 @@ impl ClientLink {
             self.grpc.cancel(&name);
             return Ok(());
         }
+        let reading = match frame.get("read").and_then(Value::as_str) {
+            None | Some("read") => grpc::Reading::Read,
+            Some("paused") => grpc::Reading::Paused,
+            Some("discard") => grpc::Reading::Discard,
+            Some(other) => return Err(invalid(format!("unknown `read: {other}`"))),
+        };
+        if frame.get("method").is_none() {
+            // `{call, read}`: how an in-flight call is read from now on.
+            return if self.grpc.set_reading(&name, reading) {
+                Ok(())
+            } else {
+                Err(StepError::new(
+                    FailureCode::TransportFailed,
+                    format!("call `{name}` is not in flight"),
+                ))
+            };
+        }
         let method_name = frame
             .get("method")
             .and_then(Value::as_str)
@@ -129,6 +148,7 @@ impl ClientLink {
                 payload,
                 metadata,
                 timeout,
+                reading,
             })
             .map_err(|e| StepError::new(FailureCode::TransportFailed, e))
     }
