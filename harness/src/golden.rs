@@ -46,7 +46,6 @@ use sha2::{Digest as _, Sha256};
 use similar::TextDiff;
 
 use crate::bind::Bindings;
-use crate::matcher::child_path;
 use crate::scenario::{Scenario, Side};
 
 /// What kind of emission a golden entry records.
@@ -456,10 +455,19 @@ pub fn first_difference(golden: &str, emitted: &str) -> String {
             serde_json::from_str::<Value>(&o.body),
             serde_json::from_str::<Value>(&n.body),
         ) {
-            (Ok(ov), Ok(nv)) => match first_value_difference("$", &ov, &nv) {
-                Some((path, g, e)) => format!("{place} field {path}: golden {g}, now {e}"),
-                None => format!("{place}: formatting differs"),
-            },
+            (Ok(ov), Ok(nv)) => {
+                let mut changes = Vec::new();
+                crate::changes::field_changes("$", &ov, &nv, &mut changes);
+                match changes.first() {
+                    Some(c) => format!(
+                        "{place} field {}: golden {}, now {}",
+                        c.path,
+                        show(c.old.as_ref()),
+                        show(c.new.as_ref())
+                    ),
+                    None => format!("{place}: formatting differs"),
+                }
+            }
             _ => format!("{place}: body differs"),
         };
     }
@@ -485,39 +493,6 @@ fn show(value: Option<&Value>) -> String {
         || "(absent)".to_string(),
         |v| serde_json::to_string(v).unwrap_or_default(),
     )
-}
-
-fn first_value_difference(
-    path: &str,
-    old: &Value,
-    new: &Value,
-) -> Option<(String, String, String)> {
-    match (old, new) {
-        (Value::Object(om), Value::Object(nm)) => {
-            let mut keys: Vec<&String> = om.keys().chain(nm.keys()).collect();
-            keys.sort();
-            keys.dedup();
-            for k in keys {
-                let sub = child_path(path, k);
-                match (om.get(k), nm.get(k)) {
-                    (Some(o), Some(n)) => {
-                        if let Some(d) = first_value_difference(&sub, o, n) {
-                            return Some(d);
-                        }
-                    }
-                    (o, n) => return Some((sub, show(o), show(n))),
-                }
-            }
-            None
-        }
-        (Value::Array(oa), Value::Array(na)) if oa.len() == na.len() => oa
-            .iter()
-            .zip(na)
-            .enumerate()
-            .find_map(|(i, (o, n))| first_value_difference(&format!("{path}[{i}]"), o, n)),
-        (o, n) if o == n => None,
-        (o, n) => Some((path.to_string(), show(Some(o)), show(Some(n)))),
-    }
 }
 
 /// Every `*.pending` file under `dir` (recursively), sorted.

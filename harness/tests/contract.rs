@@ -254,6 +254,19 @@ fn main() {
     libtest_mimic::run(&args, trials).exit();
 }
 
+/// Options for a run of our binaries into `golden_dir` (goldens accepted there).
+fn accepting(target_cmd: String, golden_dir: &Path, mode: runner::Mode) -> RunOptions {
+    RunOptions {
+        target_cmd,
+        golden_dir: golden_dir.to_path_buf(),
+        golden_mode: GoldenMode::Accept,
+        step_timeout: runner::DEFAULT_STEP_TIMEOUT,
+        startup_timeout: runner::DEFAULT_STARTUP_TIMEOUT,
+        mode,
+        peer_exe: Some(PathBuf::from(env!("CARGO_BIN_EXE_contract-harness"))),
+    }
+}
+
 /// Our client started with another token file (a wrong token on every call) must FAIL
 /// in vendor mode, naming the endpoint token.
 fn hostile_client_trial(scenarios_dir: &Path) -> Result<(), Failed> {
@@ -272,15 +285,7 @@ fn hostile_client_trial(scenarios_dir: &Path) -> Result<(), Failed> {
         .enable_all()
         .build()
         .map_err(|e| e.to_string())?;
-    let opts = RunOptions {
-        target_cmd: wrong,
-        golden_dir: goldens.path().to_path_buf(),
-        golden_mode: GoldenMode::Accept,
-        step_timeout: runner::DEFAULT_STEP_TIMEOUT,
-        startup_timeout: runner::DEFAULT_STARTUP_TIMEOUT,
-        mode: runner::Mode::Vendor,
-        peer_exe: Some(PathBuf::from(env!("CARGO_BIN_EXE_contract-harness"))),
-    };
+    let opts = accepting(wrong, goldens.path(), runner::Mode::Vendor);
     let r = rt.block_on(runner::run_scenario(&scenario, Side::Client, &opts));
     if r.passed || r.differs || !r.failure_line().contains("endpoint token") {
         return Err(format!("a client with a wrong token: {}", console::result_line(&r)).into());
@@ -306,19 +311,15 @@ fn stability_trial(scenarios_dir: &Path) -> Result<(), Failed> {
         let all = load_family(scenarios_dir, info.name).map_err(|e| format!("{e:?}"))?;
         for side in info.sides {
             let sample = stability::sample(&all, side.side, Some(STABILITY_SAMPLE));
-            let opts = RunOptions {
-                target_cmd: format!(
+            let opts = accepting(
+                format!(
                     "{} {}",
                     shell_words::quote(&bin.display().to_string()),
                     side.impl_args
                 ),
-                golden_dir: PathBuf::new(),
-                golden_mode: GoldenMode::Accept,
-                step_timeout: runner::DEFAULT_STEP_TIMEOUT,
-                startup_timeout: runner::DEFAULT_STARTUP_TIMEOUT,
-                mode: runner::Mode::Strict,
-                peer_exe: Some(PathBuf::from(env!("CARGO_BIN_EXE_contract-harness"))),
-            };
+                Path::new(""),
+                runner::Mode::Strict,
+            );
             let found = rt.block_on(stability::check_side(&sample, side.side, &opts, 3))?;
             problems.extend(found.failures);
             problems.extend(found.differences);
@@ -341,15 +342,11 @@ fn vendor_trial(
 ) -> Result<(), libtest_mimic::Failed> {
     let bin = impl_binary()?;
     let goldens = tempfile::tempdir().map_err(|e| e.to_string())?;
-    let opts = RunOptions {
-        target_cmd: format!("{} {args}", shell_words::quote(&bin.display().to_string())),
-        golden_dir: goldens.path().to_path_buf(),
-        golden_mode: GoldenMode::Accept,
-        step_timeout: runner::DEFAULT_STEP_TIMEOUT,
-        startup_timeout: runner::DEFAULT_STARTUP_TIMEOUT,
-        mode: runner::Mode::Vendor,
-        peer_exe: Some(PathBuf::from(env!("CARGO_BIN_EXE_contract-harness"))),
-    };
+    let opts = accepting(
+        format!("{} {args}", shell_words::quote(&bin.display().to_string())),
+        goldens.path(),
+        runner::Mode::Vendor,
+    );
     let runs: Vec<(contract_harness::scenario::Scenario, Side)> = scenarios
         .iter()
         .filter(|s| s.runs_on(side) && s.pending_reason(side).is_none())
