@@ -186,6 +186,8 @@ impl Ops for Host {
                 let handles = self.handles.lock().ok().and_then(|h| h.clone());
                 let handles = handles
                     .ok_or_else(|| OpError::new("no_workbench", "no workbench was started"))?;
+                // What the worker wrote before this request is in the tails.
+                handles.tails.flush().await;
                 Ok(handles.tails.diagnostics())
             }
             "epoch" => {

@@ -32,7 +32,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use serde_json::json;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixListener;
 use tokio::process::{Child, Command};
 use tokio::sync::Notify;
@@ -324,6 +324,8 @@ pub struct Worker {
     watch: WatchHandle,
     stdout: Arc<Mutex<OutputTail>>,
     stderr: Arc<Mutex<OutputTail>>,
+    /// The drain tasks' flush requests ([`Tails::flush`]).
+    flushers: Vec<Flusher>,
     next_op: u64,
     valid: bool,
     interrupts: Interrupts,
@@ -419,9 +421,30 @@ impl Killer {
 pub struct Tails {
     stdout: Arc<Mutex<OutputTail>>,
     stderr: Arc<Mutex<OutputTail>>,
+    flushers: Vec<Flusher>,
 }
 
+/// Asks a drain task to read what its pipe holds now; it answers once that is in its
+/// tail.
+type Flusher = tokio::sync::mpsc::Sender<tokio::sync::oneshot::Sender<()>>;
+
+/// Longest wait for a drain task to read what its pipe holds ([`Tails::flush`]).
+pub const FLUSH_BOUND: Duration = Duration::from_secs(1);
+
 impl Tails {
+    /// Reads what the worker's stdout and stderr pipes hold at this moment into the
+    /// tails (at most [`FLUSH_BOUND`] each): bytes the worker wrote before the host was
+    /// asked are in the tails however busy the machine is, since the pipes and the
+    /// protocol socket are not ordered with each other.
+    pub async fn flush(&self) {
+        for flusher in &self.flushers {
+            let (ack, done) = tokio::sync::oneshot::channel();
+            if flusher.send(ack).await.is_ok() {
+                let _ = tokio::time::timeout(FLUSH_BOUND, done).await;
+            }
+        }
+    }
+
     /// `{stdout: {bytes, last_line}, stderr: …}`: bytes of the lines kept and the last
     /// complete line of each tail.
     pub fn diagnostics(&self) -> serde_json::Value {
@@ -486,20 +509,65 @@ fn tail() -> Arc<Mutex<OutputTail>> {
     )))
 }
 
-fn drain(mut from: impl AsyncRead + Unpin + Send + 'static, into: Arc<Mutex<OutputTail>>) {
+/// `EAGAIN`, for a `WouldBlock` that carries no OS error.
+fn libc_eagain() -> i32 {
+    nix::errno::Errno::EAGAIN as i32
+}
+
+/// Drains one of the worker's output pipes into `into`, continuously, and on request
+/// ([`Tails::flush`]) reads at once what the pipe holds before answering.
+fn drain(fd: std::os::fd::OwnedFd, into: Arc<Mutex<OutputTail>>) -> Option<Flusher> {
+    use tokio::net::unix::pipe;
+    let pipe = pipe::Receiver::from_owned_fd(fd).ok()?;
+    let (tx, mut requests) = tokio::sync::mpsc::channel::<tokio::sync::oneshot::Sender<()>>(8);
     tokio::spawn(async move {
         let mut buf = vec![0u8; 8192];
-        loop {
-            match from.read(&mut buf).await {
-                Ok(0) | Err(_) => return,
+        // Reads what is there without waiting (the descriptor is non-blocking; tokio's
+        // own `try_read` would trust its cached readiness and read nothing before the
+        // reactor has seen the pipe readable); `false` once the pipe has ended.
+        // `raw`: past tokio's readiness (a flush); else through it, which clears the
+        // readiness at the end (a wake-up), so the loop never spins.
+        let mut read_now = |pipe: &pipe::Receiver, raw: bool| loop {
+            use std::os::fd::AsFd;
+            let read = if raw {
+                nix::unistd::read(pipe.as_fd(), &mut buf)
+            } else {
+                pipe.try_read(&mut buf).map_err(|e| {
+                    nix::errno::Errno::from_raw(e.raw_os_error().unwrap_or(libc_eagain()))
+                })
+            };
+            match read {
+                Ok(0) => return false,
                 Ok(n) => {
                     if let Ok(mut t) = into.lock() {
                         t.push(&buf[..n]);
                     }
                 }
+                Err(nix::errno::Errno::EAGAIN) => return true,
+                Err(nix::errno::Errno::EINTR) => {}
+                Err(_) => return false,
+            }
+        };
+        let mut open = true;
+        loop {
+            tokio::select! {
+                ready = pipe.readable(), if open => {
+                    open = ready.is_ok() && read_now(&pipe, false);
+                }
+                request = requests.recv() => match request {
+                    Some(ack) => {
+                        if open {
+                            open = read_now(&pipe, true);
+                        }
+                        let _ = ack.send(());
+                    }
+                    // The worker is gone with its last handle.
+                    None => return,
+                },
             }
         }
     });
+    Some(tx)
 }
 
 fn private_dir() -> Result<PrivateDir, HostError> {
@@ -585,11 +653,12 @@ impl Worker {
             .spawn()
             .map_err(|e| HostError::Spawn(format!("{}: {e}", supervisor.display())))?;
         let (stdout, stderr) = (tail(), tail());
-        if let Some(out) = child.stdout.take() {
-            drain(out, stdout.clone());
+        let mut flushers = Vec::new();
+        if let Some(fd) = child.stdout.take().and_then(|o| o.into_owned_fd().ok()) {
+            flushers.extend(drain(fd, stdout.clone()));
         }
-        if let Some(err) = child.stderr.take() {
-            drain(err, stderr.clone());
+        if let Some(fd) = child.stderr.take().and_then(|e| e.into_owned_fd().ok()) {
+            flushers.extend(drain(fd, stderr.clone()));
         }
         let bound = config.handshake_timeout;
         let accept = async {
@@ -636,6 +705,7 @@ impl Worker {
             watch,
             stdout,
             stderr,
+            flushers,
             next_op: 0,
             valid: true,
             interrupts: Interrupts::default(),
@@ -711,6 +781,7 @@ impl Worker {
         Tails {
             stdout: self.stdout.clone(),
             stderr: self.stderr.clone(),
+            flushers: self.flushers.clone(),
         }
     }
 
@@ -859,5 +930,36 @@ impl Worker {
         {
             let _ = self.child.kill().await;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_flush_puts_what_the_pipe_holds_into_the_tail_before_the_answer() {
+        let (read, write) = std::io::pipe().unwrap();
+        let (out, err) = (tail(), tail());
+        let flusher = drain(read.into(), out.clone()).unwrap();
+        let tails = Tails {
+            stdout: out,
+            stderr: err,
+            flushers: vec![flusher],
+        };
+        std::io::Write::write_all(&mut &write, b"first line\nthe last line\n").unwrap();
+        // On this single-threaded runtime the drain task has not run yet: nothing is in
+        // the tail until the flush has been answered.
+        assert_eq!(tails.diagnostics()["stdout"]["last_line"], json!(null));
+        tails.flush().await;
+        assert_eq!(
+            tails.diagnostics()["stdout"]["last_line"],
+            json!("the last line")
+        );
+        // After the writer is gone a flush still answers at once.
+        drop(write);
+        tokio::time::timeout(FLUSH_BOUND, tails.flush())
+            .await
+            .unwrap();
     }
 }
