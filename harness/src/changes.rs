@@ -398,31 +398,39 @@ pub fn markdown(report: &Report) -> String {
                 .collect();
             out.push_str(&format!("Covers: {}\n\n", covers.join(", ")));
         }
-        for f in &g.frames {
-            match f {
-                FrameChange::Changed { step, what, fields } => {
-                    out.push_str(&format!("- {step} `{what}`: changed\n"));
-                    for c in fields {
-                        out.push_str(&format!(
-                            "  - `{}`: {} → {}\n",
-                            c.path,
-                            show(c.old.as_ref()),
-                            show(c.new.as_ref())
-                        ));
-                    }
+        out.push_str(&render_frames(&g.frames));
+    }
+    out
+}
+
+/// Frame changes as Markdown list items (`- step 7 client call `StartRun`: changed`, its
+/// fields indented below).
+pub fn render_frames(frames: &[FrameChange]) -> String {
+    let mut out = String::new();
+    for f in frames {
+        match f {
+            FrameChange::Changed { step, what, fields } => {
+                out.push_str(&format!("- {step} `{what}`: changed\n"));
+                for c in fields {
+                    out.push_str(&format!(
+                        "  - `{}`: {} → {}\n",
+                        c.path,
+                        show(c.old.as_ref()),
+                        show(c.new.as_ref())
+                    ));
                 }
-                FrameChange::Added { step, what, frame } => out.push_str(&format!(
-                    "- {step} `{what}`: added `{}`\n",
-                    serde_json::to_string(frame).unwrap_or_default()
-                )),
-                FrameChange::Moved { from, to, what } => out.push_str(&format!(
-                    "- {from} → {to} `{what}`: the same frame, at another step\n"
-                )),
-                FrameChange::Removed { step, what, frame } => out.push_str(&format!(
-                    "- {step} `{what}`: removed `{}`\n",
-                    serde_json::to_string(frame).unwrap_or_default()
-                )),
             }
+            FrameChange::Added { step, what, frame } => out.push_str(&format!(
+                "- {step} `{what}`: added `{}`\n",
+                serde_json::to_string(frame).unwrap_or_default()
+            )),
+            FrameChange::Moved { from, to, what } => out.push_str(&format!(
+                "- {from} → {to} `{what}`: the same frame, at another step\n"
+            )),
+            FrameChange::Removed { step, what, frame } => out.push_str(&format!(
+                "- {step} `{what}`: removed `{}`\n",
+                serde_json::to_string(frame).unwrap_or_default()
+            )),
         }
     }
     out

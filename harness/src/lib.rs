@@ -4,8 +4,10 @@
 //! requirement coverage, reports) never touches sockets or processes; the transport,
 //! target, family drivers and runner build on it.
 
+pub mod baseline;
 pub mod bind;
 pub mod changes;
+pub mod differential;
 pub mod drive;
 pub mod family;
 pub mod golden;

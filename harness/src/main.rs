@@ -5,6 +5,7 @@
 //!     [--scenarios DIR] [--golden-dir DIR] [--filter SUBSTR] [--accept | --pending]
 //!     [--step-timeout 5s] [--startup-timeout 10s] [--jobs N] [--mode strict|vendor]
 //!     [--junit FILE] [--json FILE] [--markdown FILE]
+//!     [--expected-failures FILE] [--write-expected-failures FILE]
 //! contract-harness coverage --family core_runtime [--scenarios DIR] [--markdown FILE]
 //! contract-harness list --family core_runtime [--scenarios DIR]
 //! contract-harness golden review [--golden-dir DIR]
@@ -13,6 +14,7 @@
 //! contract-harness golden changes [--base REV] [--json]
 //! contract-harness golden stable [--impl BIN] [--family F] [--sample N] [--jobs N]
 //! contract-harness sides
+//! contract-harness diff --family F --side S --target-cmd '…' --against-cmd '…'
 //! contract-harness peer relay --socket PATH [-- ARGS…]
 //! ```
 //!
@@ -27,13 +29,13 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 
-use contract_harness::family;
 use contract_harness::golden::{self, GoldenMode};
 use contract_harness::report::{self, ScenarioResult};
 use contract_harness::requirements;
 use contract_harness::runner::{self, Mode, RunOptions};
 use contract_harness::scenario::loader::parse_duration;
 use contract_harness::scenario::{LoadError, Scenario, Side, load_family};
+use contract_harness::{baseline, differential, family};
 
 /// Set once stdout is gone (`… | head`): later output is dropped.
 static STDOUT_GONE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
@@ -76,6 +78,9 @@ enum Command {
     },
     /// Every family × side of the registry: `family side contract-impl-arguments`.
     Sides,
+    /// Run every scenario of a side against two targets and report, per scenario, step
+    /// and field, where their normalized transcripts differ (no goldens needed).
+    Diff(DiffArgs),
     /// Be the peer a target launches itself, relayed to a running harness.
     Peer {
         #[command(subcommand)]
@@ -154,6 +159,35 @@ struct RunArgs {
     /// Write a Markdown report here.
     #[arg(long)]
     markdown: Option<PathBuf>,
+    /// A baseline of expected failures (YAML: side → scenario ID → reason): the run
+    /// passes while only listed scenarios fail, and fails on a listed one that passes
+    /// (stale: remove it from the baseline).
+    #[arg(long)]
+    expected_failures: Option<PathBuf>,
+    /// Write today's failures as a starting baseline here.
+    #[arg(long)]
+    write_expected_failures: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+struct DiffArgs {
+    #[command(flatten)]
+    family: FamilyArgs,
+    /// The side under test.
+    #[arg(long)]
+    side: String,
+    /// The target.
+    #[arg(long)]
+    target_cmd: String,
+    /// The target it is compared against (ours, or the last release).
+    #[arg(long)]
+    against_cmd: String,
+    /// Only scenarios whose ID contains this text.
+    #[arg(long)]
+    filter: Option<String>,
+    /// Runs at once (default: available parallelism).
+    #[arg(long, value_parser = parse_jobs)]
+    jobs: Option<usize>,
 }
 
 #[derive(Debug, Args)]
@@ -242,6 +276,7 @@ fn main() -> ExitCode {
         Command::List(args) => list(&args),
         Command::Golden { action } => golden_action(action),
         Command::Sides => golden_cli::print_sides(),
+        Command::Diff(args) => diff(&args),
         Command::Peer {
             mode: PeerMode::Relay { socket, args: _ },
         } => relay_peer(&socket),
@@ -404,6 +439,14 @@ fn run(args: RunArgs) -> ExitCode {
         );
         return ExitCode::from(EXIT_USAGE);
     }
+    let expected = match args.expected_failures.as_deref().map(baseline::load) {
+        None => None,
+        Some(Ok(b)) => Some(b),
+        Some(Err(e)) => {
+            eprintln!("--expected-failures: {e}");
+            return ExitCode::from(EXIT_USAGE);
+        }
+    };
     let golden_mode = if args.accept {
         GoldenMode::Accept
     } else if args.pending {
@@ -451,10 +494,102 @@ fn run(args: RunArgs) -> ExitCode {
         eprintln!("{message}");
         return ExitCode::from(EXIT_USAGE);
     }
-    if many.aborted.is_none() && report::Summary::of(&results).ok() {
+    if let Some(path) = &args.write_expected_failures
+        && let Err(e) = report::write_file(path, &baseline::render(side, &results))
+    {
+        eprintln!("--write-expected-failures {}: {e}", path.display());
+        return ExitCode::from(EXIT_USAGE);
+    }
+    let passed = match &expected {
+        Some(listed) => {
+            let verdict = baseline::judge(listed, side, &results);
+            for (id, reason) in &verdict.expected {
+                say!("EXPECTED FAIL {id} [{side}]: {reason}");
+            }
+            for id in &verdict.unexpected {
+                say!("UNEXPECTED FAIL {id} [{side}] (not in the baseline)");
+            }
+            for id in &verdict.stale {
+                say!("STALE {id} [{side}]: it passes; remove it from the baseline");
+            }
+            say!(
+                "baseline: {} expected failure(s), {} unexpected, {} stale",
+                verdict.expected.len(),
+                verdict.unexpected.len(),
+                verdict.stale.len()
+            );
+            verdict.ok()
+        }
+        None => report::Summary::of(&results).ok(),
+    };
+    if many.aborted.is_none() && passed {
         ExitCode::SUCCESS
     } else {
         ExitCode::FAILURE
+    }
+}
+
+fn diff(args: &DiffArgs) -> ExitCode {
+    let side = match family::resolve(&args.family.family, &args.side) {
+        Ok((_, side)) => side,
+        Err(e) => {
+            eprintln!("--family/--side: {e}");
+            return ExitCode::from(EXIT_USAGE);
+        }
+    };
+    for cmd in [&args.target_cmd, &args.against_cmd] {
+        if let Err(e) = contract_harness::target::resolve_program(cmd) {
+            eprintln!("{cmd}: {e}");
+            return ExitCode::from(EXIT_USAGE);
+        }
+    }
+    let scenarios: Vec<Scenario> = match load(&args.family) {
+        Ok(s) => s
+            .into_iter()
+            .filter(|s| s.runs_on(side) && s.pending_reason(side).is_none())
+            .filter(|s| args.filter.as_deref().is_none_or(|f| s.id().contains(f)))
+            .collect(),
+        Err(code) => return code,
+    };
+    let opts = |cmd: &str| RunOptions {
+        target_cmd: cmd.to_string(),
+        golden_dir: PathBuf::new(),
+        golden_mode: GoldenMode::Accept,
+        step_timeout: runner::DEFAULT_STEP_TIMEOUT,
+        startup_timeout: runner::DEFAULT_STARTUP_TIMEOUT,
+        mode: Mode::Strict,
+        peer_exe: None,
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("cannot start the async runtime: {e}");
+            return ExitCode::from(EXIT_USAGE);
+        }
+    };
+    let jobs = args.jobs.unwrap_or_else(runner::default_jobs);
+    match runtime.block_on(differential::compare(
+        &scenarios,
+        side,
+        &opts(&args.target_cmd),
+        &opts(&args.against_cmd),
+        jobs,
+    )) {
+        Ok(diffs) => {
+            print!("{}", differential::render(side, &diffs));
+            if differential::all_same(&diffs) {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            }
+        }
+        Err(e) => {
+            eprintln!("{e}");
+            ExitCode::FAILURE
+        }
     }
 }
 

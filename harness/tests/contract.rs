@@ -236,6 +236,12 @@ fn main() {
         ));
     }
 
+    // A vendor's baseline and a differential run, through the command line.
+    trials.push(Trial::test(
+        "harness::baselines_and_differential_runs",
+        baselines_and_diff_trial,
+    ));
+
     // Goldens must not depend on load: a sample of every side, replayed one at a time
     // and in parallel, writes byte-identical goldens (`make golden-stable` runs all).
     {
@@ -289,6 +295,120 @@ fn hostile_client_trial(scenarios_dir: &Path) -> Result<(), Failed> {
     let r = rt.block_on(runner::run_scenario(&scenario, Side::Client, &opts));
     if r.passed || r.differs || !r.failure_line().contains("endpoint token") {
         return Err(format!("a client with a wrong token: {}", console::result_line(&r)).into());
+    }
+    Ok(())
+}
+
+/// `--expected-failures` (a listed failure passes the run, an unlisted one fails it, a
+/// listed pass is stale) and `diff` (our daemon against itself: no difference; our client
+/// against the different one: the differing field named), as a vendor runs them.
+fn baselines_and_diff_trial() -> Result<(), Failed> {
+    let bin = impl_binary()?.display().to_string();
+    let harness = env!("CARGO_BIN_EXE_contract-harness");
+    let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+    let different = format!("{bin} engine controlled --profile different");
+    let run = |extra: &[&str]| -> Result<(i32, String), Failed> {
+        let out = Command::new(harness)
+            .current_dir(workspace_root())
+            .args([
+                "run", "--family", "engine", "--side", "client", "--filter", "_major_",
+            ])
+            .args(["--target-cmd", &different])
+            .args(extra)
+            .output()
+            .map_err(|e| e.to_string())?;
+        Ok((
+            out.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+        ))
+    };
+    let baseline = dir.path().join("expected.yaml");
+    let path = baseline.display().to_string();
+    let (code, _) = run(&["--write-expected-failures", &path])?;
+    let written = std::fs::read_to_string(&baseline).map_err(|e| e.to_string())?;
+    if code != 1 || !written.contains("engine/client_incompatible_major_creates_no_run") {
+        return Err(format!("the failing run wrote {written:?} (exit {code})").into());
+    }
+    let (code, out) = run(&["--expected-failures", &path])?;
+    if code != 0 || !out.contains("EXPECTED FAIL engine/client_incompatible_major") {
+        return Err(format!(
+            "with the baseline: exit {code}
+{out}"
+        )
+        .into());
+    }
+    std::fs::write(
+        &baseline,
+        "client: {}
+",
+    )
+    .map_err(|e| e.to_string())?;
+    let (code, out) = run(&["--expected-failures", &path])?;
+    if code != 1 || !out.contains("UNEXPECTED FAIL") {
+        return Err(format!(
+            "without it in the baseline: exit {code}
+{out}"
+        )
+        .into());
+    }
+    std::fs::write(
+        &baseline,
+        "client:
+  engine/client_incompatible_major_creates_no_run: known
+  engine/client_reports_a_missing_capability: fixed since
+",
+    )
+    .map_err(|e| e.to_string())?;
+    let out = Command::new(harness)
+        .current_dir(workspace_root())
+        .args([
+            "run", "--family", "engine", "--side", "client", "--filter", "client_",
+        ])
+        .args(["--target-cmd", &different, "--expected-failures", &path])
+        .output()
+        .map_err(|e| e.to_string())?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    if out.status.code() != Some(1)
+        || !text.contains("STALE engine/client_reports_a_missing_capability")
+    {
+        return Err(format!(
+            "a stale entry: {:?}
+{text}",
+            out.status.code()
+        )
+        .into());
+    }
+    let diff = |target: &str, against: &str, side: &str, filter: &str| {
+        Command::new(harness)
+            .current_dir(workspace_root())
+            .args([
+                "diff", "--family", "engine", "--side", side, "--filter", filter,
+            ])
+            .args(["--target-cmd", target, "--against-cmd", against])
+            .output()
+            .map_err(|e| e.to_string())
+    };
+    let serve = format!("{bin} engine serve");
+    let same = diff(&serve, &serve, "daemon", "reconnect")?;
+    let text = String::from_utf8_lossy(&same.stdout);
+    if same.status.code() != Some(0) || !text.contains("0 differ, 0 failed") {
+        return Err(format!(
+            "our daemon against itself:
+{text}"
+        )
+        .into());
+    }
+    let ours = format!("{bin} engine controlled");
+    let differs = diff(&different, &ours, "client", "resumes_a_broken")?;
+    let text = String::from_utf8_lossy(&differs.stdout);
+    if differs.status.code() != Some(1)
+        || !text.contains("`$.request.cursor.maxEvents`: `512` → `100`")
+    {
+        return Err(format!(
+            "another client against ours:
+{text}"
+        )
+        .into());
     }
     Ok(())
 }

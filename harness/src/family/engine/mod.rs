@@ -39,14 +39,23 @@ pub fn generated_keys(side: Side) -> &'static [&'static str] {
 }
 
 /// Generated identifiers inside status messages, masked in goldens (`run-<32 hex>` →
-/// `run-<id>`).
+/// `run-<id>`); the values of generated keys themselves are left to the golden's
+/// placeholders and aliases.
 pub fn normalize(value: &Value) -> Value {
     match value {
         Value::String(s) => Value::String(mask_last_delivered(mask_ids(s))),
         Value::Array(a) => Value::Array(a.iter().map(normalize).collect()),
-        Value::Object(o) => {
-            Value::Object(o.iter().map(|(k, v)| (k.clone(), normalize(v))).collect())
-        }
+        Value::Object(o) => Value::Object(
+            o.iter()
+                .map(|(k, v)| {
+                    // A generated value itself is named or aliased by the golden, one
+                    // alias per value: masking it here would make every run the same.
+                    let generated = GENERATED_KEYS.contains(&k.as_str())
+                        || CLIENT_GENERATED_KEYS.contains(&k.as_str());
+                    (k.clone(), if generated { v.clone() } else { normalize(v) })
+                })
+                .collect(),
+        ),
         other => other.clone(),
     }
 }

@@ -1,0 +1,161 @@
+//! Expected-failure baselines (`--expected-failures FILE`): a vendor adopting the suite
+//! lists the scenarios its target is known to fail, with a reason, and a run passes while
+//! only those fail. A listed scenario that passes fails the run as **stale** (remove it
+//! from the baseline), so a baseline only ever shrinks. `--write-expected-failures FILE`
+//! writes today's failures as a starting baseline.
+//!
+//! Format (YAML): side → scenario ID → reason.
+//!
+//! ```yaml
+//! runtime:
+//!   core_runtime/steer_written_accepted: "steering not implemented yet"
+//! ```
+//!
+//! This module reads, judges and writes baselines; it never runs anything.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use crate::report::ScenarioResult;
+use crate::scenario::Side;
+
+/// A baseline: side → scenario ID → reason.
+pub type Baseline = BTreeMap<String, BTreeMap<String, String>>;
+
+/// Reads a baseline file.
+///
+/// # Errors
+/// The file cannot be read, is not the format above, or names an empty reason.
+pub fn load(path: &Path) -> Result<Baseline, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let baseline: Baseline =
+        serde_saphyr::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+    for (side, entries) in &baseline {
+        if let Some((id, _)) = entries.iter().find(|(_, reason)| reason.trim().is_empty()) {
+            return Err(format!(
+                "{}: {side}: {id} has no reason (say why it is expected to fail)",
+                path.display()
+            ));
+        }
+    }
+    Ok(baseline)
+}
+
+/// How a run's failures compare with a baseline.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Verdict {
+    /// Failures the baseline lists: `(scenario, reason)`.
+    pub expected: Vec<(String, String)>,
+    /// Failures it does not list.
+    pub unexpected: Vec<String>,
+    /// Listed scenarios that passed.
+    pub stale: Vec<String>,
+}
+
+impl Verdict {
+    /// Whether the run passes against the baseline.
+    pub fn ok(&self) -> bool {
+        self.unexpected.is_empty() && self.stale.is_empty()
+    }
+}
+
+/// Judges `results` of `side` against `baseline`. A `DIFF` (a difference from the
+/// reference in vendor mode) is not a failure; a scenario the run did not include is
+/// neither expected nor stale.
+pub fn judge(baseline: &Baseline, side: Side, results: &[ScenarioResult]) -> Verdict {
+    let listed = baseline.get(side.as_str());
+    let mut v = Verdict::default();
+    for r in results {
+        let reason = listed.and_then(|l| l.get(&r.scenario));
+        match (r.passed || r.differs, reason) {
+            (false, Some(reason)) => v.expected.push((r.scenario.clone(), reason.clone())),
+            (false, None) => v.unexpected.push(r.scenario.clone()),
+            (true, Some(_)) => v.stale.push(r.scenario.clone()),
+            (true, None) => {}
+        }
+    }
+    v
+}
+
+/// Today's failures of `side` as a baseline file, each with its first failure line as
+/// the reason to replace.
+pub fn render(side: Side, results: &[ScenarioResult]) -> String {
+    let mut out = format!(
+        "# Expected failures (contract-harness --expected-failures). Replace each reason with\n\
+         # why the target fails it; remove a line once the scenario passes.\n{}:\n",
+        side.as_str()
+    );
+    let failed: Vec<&ScenarioResult> = results.iter().filter(|r| !r.passed && !r.differs).collect();
+    if failed.is_empty() {
+        out = format!("{}: {{}}\n", side.as_str());
+    }
+    for r in failed {
+        let reason = serde_json::to_string(r.failure_line()).unwrap_or_else(|_| "\"\"".into());
+        out.push_str(&format!("  {}: {reason}\n", r.scenario));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    fn results() -> Vec<ScenarioResult> {
+        vec![
+            ScenarioResult::pass("f/ok", Side::Runtime, Duration::ZERO),
+            ScenarioResult::fail(
+                "f/known",
+                Side::Runtime,
+                Duration::ZERO,
+                "mismatch at step 3",
+            ),
+            ScenarioResult::fail("f/new", Side::Runtime, Duration::ZERO, "timeout at step 9"),
+        ]
+    }
+
+    #[test]
+    fn listed_failures_pass_unlisted_fail_and_listed_passes_are_stale() {
+        let mut baseline = Baseline::new();
+        baseline
+            .entry("runtime".into())
+            .or_default()
+            .insert("f/known".into(), "not implemented".into());
+        let v = judge(&baseline, Side::Runtime, &results());
+        assert_eq!(
+            v.expected,
+            vec![("f/known".into(), "not implemented".into())]
+        );
+        assert_eq!(v.unexpected, vec!["f/new".to_string()]);
+        assert!(v.stale.is_empty() && !v.ok());
+        baseline
+            .get_mut("runtime")
+            .unwrap()
+            .insert("f/new".into(), "flaky transport".into());
+        assert!(judge(&baseline, Side::Runtime, &results()).ok());
+        baseline
+            .get_mut("runtime")
+            .unwrap()
+            .insert("f/ok".into(), "was broken".into());
+        let v = judge(&baseline, Side::Runtime, &results());
+        assert_eq!(v.stale, vec!["f/ok".to_string()]);
+        assert!(!v.ok());
+        // Another side's list does not apply.
+        assert!(judge(&baseline, Side::Core, &results()).unexpected.len() == 2);
+    }
+
+    #[test]
+    fn a_written_baseline_reads_back_and_accepts_the_same_failures() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("expected.yaml");
+        std::fs::write(&path, render(Side::Runtime, &results())).unwrap();
+        let baseline = load(&path).unwrap();
+        assert_eq!(baseline["runtime"]["f/new"], "timeout at step 9");
+        assert!(judge(&baseline, Side::Runtime, &results()).ok());
+        std::fs::write(&path, "runtime:\n  f/known: \"\"\n").unwrap();
+        assert!(load(&path).unwrap_err().contains("has no reason"));
+        std::fs::write(&path, "runtime: [1, 2]\n").unwrap();
+        assert!(load(&path).is_err());
+    }
+}
