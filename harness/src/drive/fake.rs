@@ -1223,3 +1223,21 @@ async fn a_target_that_never_answers_the_final_close_times_out() {
         "{failure}"
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_normal_close_answered_with_an_error_code_fails_the_run() {
+    let reply = |code: u16| {
+        vec![now(Event::Close {
+            code: Some(code),
+            reason: String::new(),
+        })]
+    };
+    let failure = drive_silent_closer(reply(1011)).await.failure.unwrap();
+    assert_eq!(failure.code, FailureCode::TrailingOutput);
+    assert!(
+        failure.message.contains("with Close 1011"),
+        "{}",
+        failure.message
+    );
+    assert!(drive_silent_closer(reply(1000)).await.failure.is_none());
+}

@@ -1192,6 +1192,21 @@ impl Run {
                     }
                     Some(Event::Other(other)) => peer.trailing_other(other)?,
                     Some(Event::Text(text)) => self.trailing_frame(peer, &text)?,
+                    // The reply to a normal closure is a normal closure (or none): a
+                    // target that answers it with an error code (1011) has failed.
+                    Some(Event::Close {
+                        code: Some(code), ..
+                    }) if code != DEFAULT_CLOSE_CODE => {
+                        return Err(StepError::new(
+                            FailureCode::TrailingOutput,
+                            format!(
+                                "{} answered the harness's normal Close ({DEFAULT_CLOSE_CODE}) \
+                                 with Close {code}: the reply to a normal closure echoes its \
+                                 code (RFC 6455 §5.5.1)",
+                                peer.role().target_name
+                            ),
+                        ));
+                    }
                     Some(Event::Close { .. } | Event::Eof) => {
                         peer.connection().abort();
                     }

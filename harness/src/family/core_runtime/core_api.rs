@@ -3,7 +3,8 @@
 //!
 //! `api:` calls `<base_url><path>?<query>` (placeholders substituted in path segments,
 //! query values and body; the query percent-encoded, [`encode_query`]); the status is
-//! checked and the body matched (binds). `poll: true` repeats a GET until it matches,
+//! checked and the body matched (binds). `poll: true` repeats a GET until it matches
+//! (a Turn answered in a terminal state is final: a mismatch then fails at once),
 //! within the step deadline; `await: false` starts the call in its own task and goes on
 //! (at most [`API_IN_FLIGHT_MAX`] in flight, each bounded by
 //! [`API_ASYNC_CALL_TIMEOUT`]); `api_result:` awaits it (step deadline) and checks and
@@ -21,6 +22,19 @@ use crate::scenario::model::{API_IN_FLIGHT_MAX, ApiCall, ApiStep};
 use crate::transport::TransportError;
 use crate::transport::client::HttpAnswer;
 use crate::transport::ws::truncate;
+
+/// The Turn states no Turn leaves (`docs/core-api.md`): a polled answer in one is final.
+pub const TERMINAL_TURN_STATES: &[&str] = &["completed", "failed", "cancelled"];
+
+/// Whether `answer` is a Turn (a top-level `state` and `turn_id`) in a terminal state.
+fn terminal_turn(answer: &HttpAnswer) -> bool {
+    let body = answer_body(answer);
+    body.get("turn_id").is_some()
+        && body
+            .get("state")
+            .and_then(Value::as_str)
+            .is_some_and(|s| TERMINAL_TURN_STATES.contains(&s))
+}
 
 /// Pause between two calls of a polling `api:` step (bounded by the step deadline).
 pub const API_POLL_INTERVAL: Duration = Duration::from_millis(20);
@@ -172,9 +186,12 @@ impl ScriptedRuntimePeer {
                 )
                 .await
                 .map_err(|e| fail::transport(format!("{what}: the request failed: {e}")))?;
+            // A Turn in a terminal state never leaves it: such an answer is final, and a
+            // mismatch fails at once instead of being polled past.
             let retry = api.poll
                 && Instant::now() + API_POLL_INTERVAL < deadline
-                && Self::peek_mismatch(run, api, &answer);
+                && Self::peek_mismatch(run, api, &answer)
+                && !terminal_turn(&answer);
             if !retry {
                 return Self::settle_api(run, api, &answer, api.poll);
             }
@@ -257,6 +274,26 @@ impl ScriptedRuntimePeer {
 mod tests {
     use super::*;
     use crate::scenario::model::Step;
+
+    #[test]
+    fn a_turn_in_a_terminal_state_is_final_for_a_poll() {
+        let answer = |body: &str| HttpAnswer {
+            status: 200,
+            body: body.as_bytes().to_vec(),
+        };
+        for state in TERMINAL_TURN_STATES {
+            let body = format!(r#"{{"turn_id":"t-1","state":"{state}"}}"#);
+            assert!(terminal_turn(&answer(&body)), "{state}");
+        }
+        for body in [
+            r#"{"turn_id":"t-1","state":"running"}"#,
+            r#"{"turn_id":"t-1","state":"queued"}"#,
+            r#"{"interaction_id":"i-1","state":"completed"}"#,
+            r#"not json"#,
+        ] {
+            assert!(!terminal_turn(&answer(body)), "{body}");
+        }
+    }
 
     /// Whether the concrete `path` (placeholders as `$x`, literal IDs) fits the route
     /// `template` (`{name}` matches one segment).
