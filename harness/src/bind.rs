@@ -76,7 +76,7 @@ pub enum BindError {
     #[error("`$_` cannot be sent; it only matches emitted values")]
     AnyInSent,
     /// `$absent` appeared in a frame the harness must send.
-    #[error("`$absent` cannot be sent; leave the key out instead")]
+    #[error("`$absent` cannot be sent outside a mapping (as a key's value it is the key left out)")]
     AbsentInSent,
     /// A comparison pattern (`{$gt: …}`) is malformed or cannot be satisfied.
     #[error("comparison: {0}")]
@@ -359,6 +359,12 @@ impl Bindings {
                 }
                 let mut out = Map::new();
                 for (k, v) in map {
+                    // `key: $absent` in a frame the harness sends is the key left out,
+                    // so one frame serves as expectation (the key must be absent) and
+                    // as what the harness sends when it plays that party.
+                    if v.as_str() == Some("$absent") {
+                        continue;
+                    }
                     out.insert(k.clone(), self.substitute_at(v, mint, Some(k))?);
                 }
                 Value::Object(out)
@@ -401,6 +407,22 @@ impl Bindings {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn an_absent_key_is_left_out_of_a_sent_frame() {
+        let mut b = Bindings::default();
+        let sent = b
+            .substitute(
+                &json!({"message": "m", "http_status": "$absent", "x": {"y": "$absent"}}),
+                true,
+            )
+            .unwrap();
+        assert_eq!(sent, json!({"message": "m", "x": {}}));
+        assert!(matches!(
+            b.substitute(&json!(["$absent"]), true),
+            Err(BindError::AbsentInSent)
+        ));
+    }
 
     #[test]
     fn comparisons_send_a_bound_and_bind_it() {
