@@ -28,6 +28,10 @@ pub enum Placeholder {
     Any,
     /// `$absent`: the key it is written under must not be present in the emitted frame.
     Absent,
+    /// `$unspecified`: any value, never binds, and the golden records `"<unspecified>"`
+    /// in its place: a value the spec leaves open and a run may change (a state read
+    /// while the target moves on).
+    Unspecified,
 }
 
 /// How one scenario string is read.
@@ -83,6 +87,9 @@ pub enum BindError {
     Comparison(String),
 }
 
+/// The reserved placeholder name of [`Placeholder::Unspecified`] (`$unspecified`).
+pub const UNSPECIFIED: &str = "unspecified";
+
 /// The reserved placeholder name of [`Placeholder::Absent`] (`$absent`).
 pub const ABSENT: &str = "absent";
 
@@ -107,6 +114,7 @@ pub fn parse_token(s: &str) -> Result<Token<'_>, BindError> {
         None => Ok(Token::Literal(Cow::Borrowed(s))),
         Some("_") => Ok(Token::Placeholder(Placeholder::Any)),
         Some(ABSENT) => Ok(Token::Placeholder(Placeholder::Absent)),
+        Some(UNSPECIFIED) => Ok(Token::Placeholder(Placeholder::Unspecified)),
         Some(name) if is_valid_name(name) => {
             Ok(Token::Placeholder(Placeholder::Named(name.to_string())))
         }
@@ -312,7 +320,9 @@ impl Bindings {
         Ok(match template {
             Value::String(s) => match parse_token(s)? {
                 Token::Literal(text) => Value::String(text.into_owned()),
-                Token::Placeholder(Placeholder::Any) => return Err(BindError::AnyInSent),
+                Token::Placeholder(Placeholder::Any | Placeholder::Unspecified) => {
+                    return Err(BindError::AnyInSent);
+                }
                 Token::Placeholder(Placeholder::Absent) => return Err(BindError::AbsentInSent),
                 Token::Placeholder(Placeholder::Named(name)) => match self.values.get(&name) {
                     Some(v) => v.clone(),

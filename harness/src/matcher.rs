@@ -129,6 +129,45 @@ impl GeneratedPattern {
     }
 }
 
+/// What a golden records where the scenario's pattern says `$unspecified`.
+pub const UNSPECIFIED_MARK: &str = "<unspecified>";
+
+/// `value` as a golden records it under `pattern`: every value the pattern matches with
+/// `$unspecified` becomes [`UNSPECIFIED_MARK`] (objects by key, arrays by position), the
+/// rest as it is.
+pub fn mask_unspecified(pattern: &Value, value: &Value) -> Value {
+    match (pattern, value) {
+        (Value::String(s), _)
+            if matches!(
+                parse_token(s),
+                Ok(Token::Placeholder(Placeholder::Unspecified))
+            ) =>
+        {
+            Value::String(UNSPECIFIED_MARK.into())
+        }
+        (Value::Object(p), Value::Object(v)) => Value::Object(
+            v.iter()
+                .map(|(k, x)| {
+                    let masked = p
+                        .get(k)
+                        .map_or_else(|| x.clone(), |pk| mask_unspecified(pk, x));
+                    (k.clone(), masked)
+                })
+                .collect(),
+        ),
+        (Value::Array(p), Value::Array(v)) => Value::Array(
+            v.iter()
+                .enumerate()
+                .map(|(i, x)| {
+                    p.get(i)
+                        .map_or_else(|| x.clone(), |pi| mask_unspecified(pi, x))
+                })
+                .collect(),
+        ),
+        _ => value.clone(),
+    }
+}
+
 /// The largest text a `{$text: …}` value expands to (16 MiB).
 pub const TEXT_MAX_BYTES: u64 = 16 * 1024 * 1024;
 
@@ -816,7 +855,7 @@ fn match_at(
     match expected {
         Value::String(s) => match parse_token(s) {
             Err(e) => Err(mismatch(path, expected, Some(actual), e.to_string())),
-            Ok(Token::Placeholder(Placeholder::Any)) => Ok(()),
+            Ok(Token::Placeholder(Placeholder::Any | Placeholder::Unspecified)) => Ok(()),
             Ok(Token::Placeholder(Placeholder::Absent)) => Err(mismatch(
                 path,
                 expected,
@@ -1040,6 +1079,26 @@ fn match_reference(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn unspecified_matches_anything_and_the_golden_records_a_mark() {
+        let pattern =
+            json!({"turn_id": "$turn", "state": "$unspecified", "list": ["$unspecified", 2]});
+        let emitted = json!({"turn_id": "t-1", "state": "starting", "list": [1, 2], "other": 3});
+        let mut b = Bindings::default();
+        match_frame(&pattern, &emitted, &mut b).unwrap();
+        assert_eq!(
+            mask_unspecified(&pattern, &emitted),
+            json!({"turn_id": "t-1", "state": "<unspecified>", "list": ["<unspecified>", 2], "other": 3})
+        );
+        // It must still be present, and it is never sent.
+        let mut b = Bindings::default();
+        assert!(match_frame(&pattern, &json!({"turn_id": "t", "list": [1, 2]}), &mut b).is_err());
+        assert!(
+            b.substitute(&json!({"state": "$unspecified"}), true)
+                .is_err()
+        );
+    }
     use serde_json::json;
 
     #[test]

@@ -481,7 +481,18 @@ impl Run {
             e.reference = reference;
             e
         })?;
+        let last = self.recording.entries.len().checked_sub(1);
+        self.mask_recorded(last, pattern);
         Ok(())
+    }
+
+    /// The recorded entry `entry` with what `pattern` marks `$unspecified` masked
+    /// ([`crate::matcher::mask_unspecified`]): a golden never records a value the spec
+    /// leaves open.
+    pub fn mask_recorded(&mut self, entry: Option<usize>, pattern: &Value) {
+        if let Some(e) = entry.and_then(|i| self.recording.entries.get_mut(i)) {
+            e.body = crate::matcher::mask_unspecified(pattern, &e.body);
+        }
     }
 
     /// Builds (placeholders substituted, unbound ones minted), schema-checks, encodes and
@@ -760,7 +771,8 @@ impl Run {
             }
             match matched {
                 Some(i) => {
-                    let (listed, _) = remaining.remove(i);
+                    let (listed, pattern) = remaining.remove(i);
+                    self.mask_recorded(entry, pattern);
                     if let Some(entry) = entry {
                         placed.push((entry, listed));
                     }

@@ -132,11 +132,15 @@ impl ScriptedRuntimePeer {
         run.check_secret(&String::from_utf8_lossy(&answer.body), "an API answer")?;
         let answer_value = answer_body(answer);
         let checked = Self::check_answer(run, &what, &api.expect, answer, &answer_value);
+        let body = match &api.expect.body {
+            Some(pattern) => crate::matcher::mask_unspecified(pattern, &answer_value),
+            None => answer_value.clone(),
+        };
         let mut record = json!({
             "method": api.call.method,
             "path": api.call.path,
             "status": answer.status,
-            "body": answer_value,
+            "body": body,
         });
         if let Some(query) = &api.call.query {
             record["query"] = json!(query);
