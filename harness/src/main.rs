@@ -5,7 +5,7 @@
 //!     [--scenarios DIR] [--golden-dir DIR] [--filter SUBSTR] [--accept | --pending]
 //!     [--step-timeout 5s] [--startup-timeout 10s] [--jobs N] [--mode strict|vendor]
 //!     [--junit FILE] [--json FILE] [--markdown FILE]
-//!     [--expected-failures FILE] [--write-expected-failures FILE]
+//!     [--expected-failures FILE] [--write-expected-failures FILE] [--conformance FILE]
 //! contract-harness coverage --family core_runtime [--scenarios DIR] [--markdown FILE]
 //! contract-harness list --family core_runtime [--scenarios DIR]
 //! contract-harness golden review [--golden-dir DIR]
@@ -167,6 +167,11 @@ struct RunArgs {
     /// Write today's failures as a starting baseline here.
     #[arg(long)]
     write_expected_failures: Option<PathBuf>,
+    /// Write the conformance report here: every requirement of the family's catalog
+    /// with its status for this target on this side (`pass`, `fail`, `differs`,
+    /// `not run`, `uncovered`); JSON when the file name ends in `.json`, else Markdown.
+    #[arg(long)]
+    conformance: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]
@@ -415,6 +420,7 @@ fn run(args: RunArgs) -> ExitCode {
             return ExitCode::from(EXIT_USAGE);
         }
     }
+    let all_scenarios = scenarios.clone();
     let (pending, runs): (Vec<Scenario>, Vec<Scenario>) = scenarios
         .into_iter()
         .filter(|s| s.runs_on(side))
@@ -493,6 +499,20 @@ fn run(args: RunArgs) -> ExitCode {
     if let Err(message) = write_reports(&args, &results) {
         eprintln!("{message}");
         return ExitCode::from(EXIT_USAGE);
+    }
+    if let Some(path) = &args.conformance {
+        let catalog = requirements::load_catalog(&catalog_path(&args.family)).unwrap_or_default();
+        let lines = report::conformance::lines(&catalog, &all_scenarios, side, &results);
+        let family = &args.family.family;
+        let text = if path.extension().is_some_and(|e| e == "json") {
+            report::conformance::json(family, side, &args.target_cmd, &lines)
+        } else {
+            report::conformance::markdown(family, side, &args.target_cmd, &lines)
+        };
+        if let Err(e) = report::write_file(path, &text) {
+            eprintln!("--conformance {}: {e}", path.display());
+            return ExitCode::from(EXIT_USAGE);
+        }
     }
     if let Some(path) = &args.write_expected_failures
         && let Err(e) = report::write_file(path, &baseline::render(side, &results))

@@ -5,6 +5,7 @@
 //! of results. Renderers are pure functions from results to text; the only I/O is the
 //! optional [`write_file`] helper. It never runs scenarios or touches sockets.
 
+pub mod conformance;
 pub mod console;
 pub mod coverage;
 pub mod json;
