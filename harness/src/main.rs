@@ -482,6 +482,9 @@ fn run(args: RunArgs) -> ExitCode {
     };
     let many = runtime.block_on(runner::run_many(runs, &opts, jobs, |result| {
         say!("{}", report::console::result_line(result));
+        if !result.passed && !result.differs {
+            say!("  rerun alone: {}", rerun_command(&args, side, &result.scenario));
+        }
     }));
     let results = many.results;
     if let Some(reason) = &many.aborted {
@@ -611,6 +614,29 @@ fn diff(args: &DiffArgs) -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// The one command that reruns `scenario` alone, as this run ran it.
+fn rerun_command(args: &RunArgs, side: Side, scenario: &str) -> String {
+    let q = |s: &str| shell_words::quote(s).into_owned();
+    let mut cmd = format!(
+        "contract-harness run --family {} --side {side} --target-cmd {} --filter {}",
+        q(&args.family.family),
+        q(&args.target_cmd),
+        q(scenario)
+    );
+    if args.mode == Mode::Vendor {
+        cmd.push_str(" --mode vendor");
+    }
+    for (flag, path) in [
+        ("--scenarios", &args.family.scenarios),
+        ("--golden-dir", &args.golden_dir),
+    ] {
+        if path != Path::new(if flag == "--scenarios" { "scenarios" } else { "golden" }) {
+            cmd.push_str(&format!(" {flag} {}", q(&path.display().to_string())));
+        }
+    }
+    cmd
 }
 
 fn write_reports(args: &RunArgs, results: &[ScenarioResult]) -> Result<(), String> {
