@@ -94,6 +94,9 @@ pub struct GoldenEntry {
 pub struct Recording {
     /// The entries in emission order.
     pub entries: Vec<GoldenEntry>,
+    /// Every frame both ways, in order, with the time since the run started (never in a
+    /// golden: `run --wire-log DIR` writes it): `{t_ms, step, dir, label, body}`.
+    pub wire: Vec<Value>,
 }
 
 impl Recording {

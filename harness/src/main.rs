@@ -6,6 +6,7 @@
 //!     [--step-timeout 5s] [--startup-timeout 10s] [--jobs N] [--mode strict|vendor]
 //!     [--junit FILE] [--json FILE] [--markdown FILE]
 //!     [--expected-failures FILE] [--write-expected-failures FILE] [--conformance FILE]
+//!     [--wire-log DIR]
 //! contract-harness coverage --family core_runtime [--scenarios DIR] [--markdown FILE]
 //! contract-harness list --family core_runtime [--scenarios DIR]
 //! contract-harness golden review [--golden-dir DIR]
@@ -66,7 +67,7 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Run scenarios against a target (one line per scenario, then `N passed, M failed`).
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// Print requirement coverage of a family's scenarios.
     Coverage(CoverageArgs),
     /// List a family's scenarios and the sides they run on.
@@ -167,6 +168,12 @@ struct RunArgs {
     /// Write today's failures as a starting baseline here.
     #[arg(long)]
     write_expected_failures: Option<PathBuf>,
+    /// Write each scenario's wire log here: `<dir>/<family>/<name>.<side>.wire.jsonl`,
+    /// every frame both ways (as sent and received, the family's masks applied and the
+    /// secret redacted) with its step and its time since the run started, so a failure
+    /// can be read without rerunning.
+    #[arg(long)]
+    wire_log: Option<PathBuf>,
     /// Write the conformance report here: every requirement of the family's catalog
     /// with its status for this target on this side (`pass`, `fail`, `differs`,
     /// `not run`, `uncovered`); JSON when the file name ends in `.json`, else Markdown.
@@ -276,7 +283,7 @@ const EXIT_USAGE: u8 = 2;
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
-        Command::Run(args) => run(args),
+        Command::Run(args) => run(*args),
         Command::Coverage(args) => coverage(args),
         Command::List(args) => list(&args),
         Command::Golden { action } => golden_action(action),
@@ -468,6 +475,7 @@ fn run(args: RunArgs) -> ExitCode {
         startup_timeout: args.startup_timeout,
         mode: args.mode,
         peer_exe: None,
+        wire_dir: args.wire_log.clone(),
     };
     let jobs = args.jobs.unwrap_or_else(runner::default_jobs);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
@@ -483,7 +491,10 @@ fn run(args: RunArgs) -> ExitCode {
     let many = runtime.block_on(runner::run_many(runs, &opts, jobs, |result| {
         say!("{}", report::console::result_line(result));
         if !result.passed && !result.differs {
-            say!("  rerun alone: {}", rerun_command(&args, side, &result.scenario));
+            say!(
+                "  rerun alone: {}",
+                rerun_command(&args, side, &result.scenario)
+            );
         }
     }));
     let results = many.results;
@@ -582,6 +593,7 @@ fn diff(args: &DiffArgs) -> ExitCode {
         startup_timeout: runner::DEFAULT_STARTUP_TIMEOUT,
         mode: Mode::Strict,
         peer_exe: None,
+        wire_dir: None,
     };
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -632,7 +644,13 @@ fn rerun_command(args: &RunArgs, side: Side, scenario: &str) -> String {
         ("--scenarios", &args.family.scenarios),
         ("--golden-dir", &args.golden_dir),
     ] {
-        if path != Path::new(if flag == "--scenarios" { "scenarios" } else { "golden" }) {
+        if path
+            != Path::new(if flag == "--scenarios" {
+                "scenarios"
+            } else {
+                "golden"
+            })
+        {
             cmd.push_str(&format!(" {flag} {}", q(&path.display().to_string())));
         }
     }

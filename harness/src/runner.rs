@@ -46,6 +46,9 @@ pub struct RunOptions {
     /// The `contract-harness` binary targets run as their relay peer (`None`: this
     /// executable, which is that binary unless the runner is embedded in a test).
     pub peer_exe: Option<PathBuf>,
+    /// Where to write each scenario's wire log (`<dir>/<family>/<name>.<side>.wire.jsonl`),
+    /// if anywhere.
+    pub wire_dir: Option<PathBuf>,
 }
 
 /// What a vendor-mode DIFF names instead of a requirement when the target's frames pass
@@ -115,6 +118,9 @@ async fn run_scenario_reporting_launch(
         .with_code(failure.code, failure.phase)
         .with_reference(failure.reference.clone());
         return (result, launch);
+    }
+    if let Some(dir) = &opts.wire_dir {
+        write_wire_log(dir, scenario, side, &outcome.recording.wire);
     }
     let rendered = golden::render(
         scenario,
@@ -223,6 +229,27 @@ fn with_target_context(mut text: String, outcome: &DriveOutcome) -> String {
         }
     }
     text
+}
+
+/// Writes one scenario's wire log as JSON lines; a failure to write is reported on
+/// stderr and never fails the scenario.
+fn write_wire_log(
+    dir: &std::path::Path,
+    scenario: &Scenario,
+    side: Side,
+    wire: &[serde_json::Value],
+) {
+    let path =
+        dir.join(&scenario.family)
+            .join(format!("{}.{}.wire.jsonl", scenario.name, side.as_str()));
+    let text: String = wire.iter().map(|v| format!("{v}\n")).collect();
+    let written = path
+        .parent()
+        .map_or(Ok(()), std::fs::create_dir_all)
+        .and_then(|()| std::fs::write(&path, text));
+    if let Err(e) = written {
+        eprintln!("wire log {}: {e}", path.display());
+    }
 }
 
 /// The results of [`run_many`].

@@ -156,6 +156,7 @@ fn main() {
                         startup_timeout: runner::DEFAULT_STARTUP_TIMEOUT,
                         mode: runner::Mode::Strict,
                         peer_exe: Some(PathBuf::from(env!("CARGO_BIN_EXE_contract-harness"))),
+                        wire_dir: None,
                     };
                     let rt = tokio::runtime::Builder::new_multi_thread()
                         .worker_threads(2)
@@ -270,6 +271,7 @@ fn accepting(target_cmd: String, golden_dir: &Path, mode: runner::Mode) -> RunOp
         startup_timeout: runner::DEFAULT_STARTUP_TIMEOUT,
         mode,
         peer_exe: Some(PathBuf::from(env!("CARGO_BIN_EXE_contract-harness"))),
+        wire_dir: None,
     }
 }
 

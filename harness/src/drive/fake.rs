@@ -1241,3 +1241,23 @@ async fn a_normal_close_answered_with_an_error_code_fails_the_run() {
     );
     assert!(drive_silent_closer(reply(1000)).await.failure.is_none());
 }
+
+#[tokio::test(start_paused = true)]
+async fn the_wire_log_holds_every_frame_both_ways_in_order() {
+    let case = Case::new(
+        "wire",
+        vec![now(text(json!({"type": "hello", "id": "r-1"})))],
+        vec![
+            expect(json!({"type": "hello", "id": "$run"})),
+            send(json!({"type": "ack", "id": "$run"})),
+        ],
+    );
+    let (outcome, _) = run_case(case).await;
+    let wire = &outcome.recording.wire;
+    let dirs: Vec<&str> = wire.iter().filter_map(|e| e["dir"].as_str()).collect();
+    assert_eq!(dirs, ["from target", "to target"], "{wire:?}");
+    assert_eq!(wire[1]["body"], json!({"type": "ack", "id": "r-1"}));
+    assert_eq!(wire[1]["step"], json!(2));
+    // The golden still records only what the target emitted.
+    assert_eq!(outcome.recording.entries.len(), 1);
+}

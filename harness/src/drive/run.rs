@@ -86,6 +86,8 @@ pub struct Run {
     /// The label of the first recorded body that carried the secret (redacted).
     pub recorded_leak: Option<String>,
     normalize: fn(&Value) -> Value,
+    /// When the run started (the wire log's clock).
+    pub started: Instant,
 }
 
 /// A typical frame an `optional:` step allows, not yet seen.
@@ -172,6 +174,7 @@ impl Run {
             held: Default::default(),
             recorded_leak: None,
             normalize: identity,
+            started: Instant::now(),
         }
     }
 
@@ -190,6 +193,7 @@ impl Run {
         if !self.secret.is_empty() && redact_value(&mut body, &self.secret) {
             self.recorded_leak.get_or_insert_with(|| label.to_string());
         }
+        self.log_wire("from target", label, &body);
         self.recording.push(GoldenEntry {
             step: self.step,
             label: label.to_string(),
@@ -495,6 +499,19 @@ impl Run {
         }
     }
 
+    /// Appends one frame to the run's wire log ([`Recording::wire`]), the secret
+    /// redacted.
+    pub fn log_wire(&mut self, dir: &str, label: &str, body: &Value) {
+        let mut body = body.clone();
+        if !self.secret.is_empty() {
+            redact_value(&mut body, &self.secret);
+        }
+        let t_ms = u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.recording.wire.push(json!({
+            "t_ms": t_ms, "step": self.step, "dir": dir, "label": label, "body": body,
+        }));
+    }
+
     /// Builds (placeholders substituted, unbound ones minted), schema-checks, encodes and
     /// sends one frame as the party the harness plays.
     ///
@@ -526,6 +543,8 @@ impl Run {
             .map_err(|e| {
                 StepError::new(e.code, format!("sending the frame failed: {}", e.message))
             })?;
+        let normalized = (self.normalize)(&frame);
+        self.log_wire("to target", "harness frame", &normalized);
         Ok(frame)
     }
 
