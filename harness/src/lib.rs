@@ -9,6 +9,7 @@ pub mod bind;
 pub mod changes;
 pub mod differential;
 pub mod drive;
+pub mod embedded;
 pub mod family;
 pub mod golden;
 pub mod matcher;

@@ -382,7 +382,7 @@ fn load(args: &FamilyArgs) -> Result<Vec<Scenario>, ExitCode> {
         );
         return Err(ExitCode::from(EXIT_USAGE));
     }
-    load_family(&args.scenarios, &args.family).map_err(|errors| {
+    load_family(&scenario_root(&args.scenarios), &args.family).map_err(|errors| {
         print_load_errors(&errors);
         ExitCode::from(EXIT_USAGE)
     })
@@ -469,7 +469,7 @@ fn run(args: RunArgs) -> ExitCode {
     };
     let opts = RunOptions {
         target_cmd: args.target_cmd.clone(),
-        golden_dir: args.golden_dir.clone(),
+        golden_dir: golden_root(&args.golden_dir),
         golden_mode,
         step_timeout: args.step_timeout,
         startup_timeout: args.startup_timeout,
@@ -672,9 +672,27 @@ fn write_reports(args: &RunArgs, results: &[ScenarioResult]) -> Result<(), Strin
 }
 
 fn catalog_path(args: &FamilyArgs) -> PathBuf {
-    args.scenarios
+    scenario_root(&args.scenarios)
         .join("requirements")
         .join(format!("{}.yaml", args.family))
+}
+
+/// `--scenarios` as given, or this version's embedded scenarios when the default
+/// `scenarios/` is not in the working directory (an installed harness, no checkout).
+fn scenario_root(path: &Path) -> PathBuf {
+    contract_harness::embedded::resolve(path, "scenarios").unwrap_or_else(|e| {
+        eprintln!("the embedded scenarios cannot be used: {e}");
+        path.to_path_buf()
+    })
+}
+
+/// `--golden-dir` as given, or this version's embedded reference goldens when the
+/// default `golden/` is not in the working directory.
+fn golden_root(path: &Path) -> PathBuf {
+    contract_harness::embedded::resolve(path, "golden").unwrap_or_else(|e| {
+        eprintln!("the embedded goldens cannot be used: {e}");
+        path.to_path_buf()
+    })
 }
 
 fn coverage(args: CoverageArgs) -> ExitCode {
