@@ -116,17 +116,14 @@ pub fn refresh(args: &ImplArgs) -> ExitCode {
             runner::default_jobs(),
             |_| {},
         ));
-        let golden = many
-            .results
-            .iter()
-            .filter(|r| {
-                r.golden.is_some() && r.failure.as_deref().is_some_and(|f| f.contains("golden"))
-            })
-            .count();
+        let pending = |r: &&contract_harness::report::ScenarioResult| {
+            r.code == Some(contract_harness::drive::FailureCode::GoldenMismatch)
+        };
+        let golden = many.results.iter().filter(pending).count();
         let other: Vec<_> = many
             .results
             .iter()
-            .filter(|r| !r.passed && !r.failure.as_deref().is_some_and(|f| f.contains("golden")))
+            .filter(|r| !r.passed && !pending(r))
             .collect();
         failed += other.len();
         println!(

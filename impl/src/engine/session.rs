@@ -113,15 +113,28 @@ pub const CALL_TIMEOUT: Duration = Duration::from_secs(30);
 pub async fn bounded<T>(
     call: impl std::future::Future<Output = Result<T, Status>>,
 ) -> Result<T, Status> {
-    tokio::time::timeout(CALL_TIMEOUT, call)
-        .await
-        .unwrap_or_else(|_| {
-            Err(Status::deadline_exceeded(format!(
-                "no answer from the daemon within {} s",
-                CALL_TIMEOUT.as_secs()
-            )))
-        })
+    bounded_by(CALL_TIMEOUT, call).await
 }
+
+/// `call`, or `DEADLINE_EXCEEDED` when it has no answer within `bound`.
+///
+/// # Errors
+/// The call's status, or the deadline.
+pub async fn bounded_by<T>(
+    bound: Duration,
+    call: impl std::future::Future<Output = Result<T, Status>>,
+) -> Result<T, Status> {
+    tokio::time::timeout(bound, call).await.unwrap_or_else(|_| {
+        Err(Status::deadline_exceeded(format!(
+            "no answer from the daemon within {} s",
+            bound.as_secs()
+        )))
+    })
+}
+
+/// How long `SuspendRun` may wait: it answers only at the run's next completed-turn
+/// boundary, which a long turn reaches late; the daemon's own longest deadline.
+pub const SUSPEND_TIMEOUT: Duration = Duration::from_millis(super::daemon::limits::MAX_DEADLINE_MS);
 
 fn retryable(status: &Status) -> bool {
     in_transport(status)
@@ -226,7 +239,16 @@ impl Session {
         }
     }
 
-    async fn retry<T, F, Fut>(&mut self, mut call: F) -> Result<T, Status>
+    async fn retry<T, F, Fut>(&mut self, call: F) -> Result<T, Status>
+    where
+        F: FnMut(Client) -> Fut,
+        Fut: std::future::Future<Output = Result<tonic::Response<T>, Status>>,
+    {
+        self.retry_within(CALL_TIMEOUT, call).await
+    }
+
+    /// [`Session::retry`] with each attempt bounded by `bound`.
+    async fn retry_within<T, F, Fut>(&mut self, bound: Duration, mut call: F) -> Result<T, Status>
     where
         F: FnMut(Client) -> Fut,
         Fut: std::future::Future<Output = Result<tonic::Response<T>, Status>>,
@@ -234,7 +256,7 @@ impl Session {
         let mut pause = RETRY_BACKOFF;
         let mut attempt = 0;
         loop {
-            match bounded(call(self.client.clone())).await {
+            match bounded_by(bound, call(self.client.clone())).await {
                 Ok(r) => return Ok(r.into_inner()),
                 Err(s) if retryable(&s) && attempt < RETRIES => {
                     attempt += 1;
@@ -329,7 +351,8 @@ impl Session {
             run_id: run_id.into(),
             session: self.session(),
         };
-        self.retry(|mut c| {
+        // A suspension waits for the turn boundary: not the unary deadline.
+        self.retry_within(SUSPEND_TIMEOUT, |mut c| {
             let r = request.clone();
             async move { c.suspend_run(r).await }
         })

@@ -119,7 +119,7 @@ pub fn check_call(frame: &Value) -> Result<(), String> {
         (None, Some(_)) => return Err("`request_base64` must be a string".into()),
     }
     match map.get("auth") {
-        None | Some(Value::Object(_)) => {}
+        None => {}
         Some(Value::String(a)) if ["token", "none", "wrong"].contains(&a.as_str()) => {}
         Some(_) => return Err("`auth` is `token` (default), `none` or `wrong`".into()),
     }

@@ -43,7 +43,7 @@ pub fn generated_keys(side: Side) -> &'static [&'static str] {
 /// placeholders and aliases.
 pub fn normalize(value: &Value) -> Value {
     match value {
-        Value::String(s) => Value::String(mask_last_delivered(mask_ids(s))),
+        Value::String(s) => Value::String(mask_ids(s)),
         Value::Array(a) => Value::Array(a.iter().map(normalize).collect()),
         Value::Object(o) => Value::Object(
             o.iter()
@@ -57,27 +57,6 @@ pub fn normalize(value: &Value) -> Value {
                 .collect(),
         ),
         other => other.clone(),
-    }
-}
-
-/// The sequence a `slow_reader` refusal names is the race between the reader and the
-/// run: `slow_reader: … last delivered sequence 1234` → `… sequence <n>` (other refusals
-/// that name a sequence, a passed deadline's, are deterministic and kept).
-fn mask_last_delivered(s: String) -> String {
-    const MARK: &str = "last delivered sequence ";
-    if !s.contains("slow_reader") {
-        return s;
-    }
-    match s.find(MARK) {
-        Some(i) => {
-            let start = i + MARK.len();
-            let digits = s[start..].bytes().take_while(u8::is_ascii_digit).count();
-            if digits == 0 {
-                return s;
-            }
-            format!("{}<n>{}", &s[..start], &s[start + digits..])
-        }
-        None => s,
     }
 }
 
@@ -135,13 +114,5 @@ mod tests {
             format!("unknown_run: no run run-<id>; client-{id}x ok")
         );
         assert_eq!(mask_ids("run-short"), "run-short");
-        assert_eq!(
-            mask_last_delivered(
-                "slow_reader: fell 1024 behind; last delivered sequence 1534".into()
-            ),
-            "slow_reader: fell 1024 behind; last delivered sequence <n>"
-        );
-        let deadline = "deadline_exceeded: passed; last delivered sequence 3";
-        assert_eq!(mask_last_delivered(deadline.into()), deadline);
     }
 }
