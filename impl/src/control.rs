@@ -595,8 +595,22 @@ mod tests {
                 "{line}"
             );
         }
-        let long = format!(r#"{{"seq":13,"op":"sleep","as":"{}"}}"#, "a".repeat(129));
+        // Each bound at its edge is accepted, one past it refused.
+        let long = format!(
+            r#"{{"seq":13,"op":"sleep","as":"{}"}}"#,
+            "a".repeat(NAME_MAX_BYTES + 1)
+        );
         assert_eq!(now(&ops, &long).await["error"]["code"], "bad_request");
+        let at = format!(
+            r#"{{"seq":13,"op":"sleep","as":"{}","ms":0}}"#,
+            "a".repeat(NAME_MAX_BYTES)
+        );
+        assert_eq!(now(&ops, &at).await["ok"], json!(true), "{at}");
+        let at = format!(
+            r#"{{"seq":13,"op":"sleep","as":"b","ms":{}}}"#,
+            AWAIT_MAX.as_millis()
+        );
+        assert_eq!(now(&ops, &at).await["ok"], json!(true), "{at}");
         let r = now(
             &ops,
             r#"{"seq":14,"op":"echo","text":"a","n":10,"flag":true,"list":["x"]}"#,
