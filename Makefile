@@ -14,10 +14,10 @@ JOBS    ?=
 HARNESS_ARGS ?=
 
 .PHONY: check-runtime-contract check setup build test lint fmt fmt-check clippy doc proto-check proto-baseline \
-        contract contract-core contract-worker contract-worker-host contract-engine contract-engine-client coverage golden-review golden-accept golden-stable schema bench clean
+        contract contract-core contract-worker contract-worker-host contract-engine contract-engine-client contract-plugin contract-plugin-python coverage golden-review golden-accept golden-stable schema bench clean
 
 ## The main job: build everything, replay every scenario against our binaries, print coverage.
-check-runtime-contract: setup build contract contract-core contract-worker contract-worker-host contract-engine contract-engine-client coverage
+check-runtime-contract: setup build contract contract-core contract-worker contract-worker-host contract-engine contract-engine-client contract-plugin contract-plugin-python coverage
 
 ## What CI runs (.ci/run): formatting, lints, docs, schema checks, unit tests and the
 ## contract suite.
@@ -63,11 +63,26 @@ contract-engine-client: build
 	$(HARNESS) run --family engine --side client \
 	  --target-cmd '$(IMPL) engine controlled' $(if $(JOBS),--jobs $(JOBS)) $(HARNESS_ARGS)
 
+## The plugin family with our Rust fixture plugin as the target (the harness plays its
+## host: launch secret, handshake line, calls; docs/plugin-launch-contract.md).
+contract-plugin: build
+	$(HARNESS) run --family plugin --side plugin \
+	  --target-cmd '$(IMPL) plugin fixture' $(if $(JOBS),--jobs $(JOBS)) $(HARNESS_ARGS)
+
+## The same scenarios and goldens with the Python fixture plugin (grpcio, from the
+## virtual environment ci/setup.sh installs) as the target: one black-box suite, two
+## languages ("fixtures must pass the same black-box conformance suite").
+contract-plugin-python: build
+	$(HARNESS) run --family plugin --side plugin \
+	  --target-cmd '$(CURDIR)/.tools/py/bin/python $(CURDIR)/impl/src/plugin/python/conformance_plugin.py' \
+	  $(if $(JOBS),--jobs $(JOBS)) $(HARNESS_ARGS)
+
 ## Requirement coverage of every family.
 coverage: build
 	$(HARNESS) coverage --family core_runtime
 	$(HARNESS) coverage --family worker
 	$(HARNESS) coverage --family engine
+	$(HARNESS) coverage --family plugin
 
 ## Unit tests of both crates plus harness/tests/contract.rs (one trial per scenario × side).
 test:

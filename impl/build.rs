@@ -1,7 +1,8 @@
-//! Generates the engine family's gRPC code from `proto/` (engine-protocol.md,
+//! Generates the engine and plugin families' gRPC code from `proto/` (engine-protocol.md,
 //! "Compatibility": the committed schemas are the single definition). The schemas are
 //! compiled by `protox` (no system `protoc`), the Rust code by tonic/prost, and the
-//! descriptor set is kept for dynamic messages (`ENGINE_DESCRIPTOR_SET`).
+//! descriptor set of every file is kept for dynamic messages
+//! (`contract_impl::engine::DESCRIPTOR_SET`, shared by both families).
 
 use std::path::PathBuf;
 
@@ -10,6 +11,7 @@ const PROTOS: &[&str] = &[
     "engine/v1/engine.proto",
     "engine/v1/events.proto",
     "engine/v1/snapshot.proto",
+    "plugin/v1/plugin.proto",
 ];
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {

@@ -15,6 +15,7 @@ pub mod golden;
 pub mod matcher;
 pub mod report;
 pub mod requirements;
+pub mod rpc;
 pub mod runner;
 pub mod scenario;
 pub mod stability;

@@ -905,6 +905,45 @@ fn match_at(
                 Err(reason) => return Err(mismatch(path, expected, Some(actual), reason)),
                 Ok(None) => {}
             }
+            // `{$not: pattern}`: anything the pattern does not match (a refusal whose
+            // code the spec leaves free is still never `OK`); binds nothing.
+            if pattern.len() == 1
+                && let Some(inner) = pattern.get("$not")
+            {
+                let mut scratch = bindings.clone();
+                return match match_at(path, inner, actual, &mut scratch) {
+                    Ok(()) => Err(mismatch(
+                        path,
+                        expected,
+                        Some(actual),
+                        format!("must not match {}", compact(inner)),
+                    )),
+                    Err(_) => Ok(()),
+                };
+            }
+            // `{$prefix: text}`: a string that starts with `text` (a stable code before
+            // an implementation's own wording).
+            if pattern.len() == 1
+                && let Some(want) = pattern.get("$prefix")
+            {
+                let Some(want) = want.as_str() else {
+                    return Err(mismatch(
+                        path,
+                        expected,
+                        Some(actual),
+                        "`$prefix` takes text",
+                    ));
+                };
+                return match actual {
+                    Value::String(s) if s.starts_with(want) => Ok(()),
+                    _ => Err(mismatch(
+                        path,
+                        expected,
+                        Some(actual),
+                        format!("expected a string starting with {want:?}"),
+                    )),
+                };
+            }
             // `{$length: N}`: a string of exactly N bytes (a text bound at its edge).
             if pattern.len() == 1
                 && let Some(want) = pattern.get("$length")
@@ -1079,6 +1118,45 @@ fn match_reference(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn not_and_prefix_patterns() {
+        let mut b = Bindings::default();
+        let refused = json!({"status": {"code": {"$not": "OK"}, "message": {"$prefix": "already_initialized:"}}});
+        match_frame(
+            &refused,
+            &json!({"status": {"code": "FAILED_PRECONDITION", "message": "already_initialized: once"}}),
+            &mut b,
+        )
+        .unwrap();
+        assert!(
+            match_frame(
+                &refused,
+                &json!({"status": {"code": "OK", "message": "already_initialized: x"}}),
+                &mut b
+            )
+            .is_err()
+        );
+        assert!(
+            match_frame(
+                &refused,
+                &json!({"status": {"code": "UNKNOWN", "message": "other"}}),
+                &mut b
+            )
+            .is_err()
+        );
+        assert!(
+            match_frame(
+                &refused,
+                &json!({"status": {"code": "UNKNOWN", "message": 3}}),
+                &mut b
+            )
+            .is_err()
+        );
+        // `$not` binds nothing, even when its pattern would.
+        match_frame(&json!({"a": {"$not": "$x"}}), &json!({"b": 1}), &mut b).ok();
+        assert!(b.get("x").is_none());
+    }
 
     #[test]
     fn unspecified_matches_anything_and_the_golden_records_a_mark() {

@@ -464,6 +464,9 @@ pub struct LaunchSpec {
     /// Also forward stdout's complete lines ([`Target::take_stdout_lines`]), for targets
     /// that announce readiness on stdout. Stdout is always tailed and scanned.
     pub capture_stdout: bool,
+    /// Stdin is a pipe the harness holds ([`Target::take_stdin`]) instead of
+    /// `/dev/null`: for targets that read their host's death from its end (a plugin).
+    pub stdin_pipe: bool,
 }
 
 /// What happened first while a target was starting ([`Target::await_ready_or_exit`]).
@@ -492,7 +495,8 @@ pub struct Target {
 }
 
 impl Target {
-    /// Splits the command and starts it (stdin is `/dev/null`; stdout and stderr are
+    /// Splits the command and starts it (stdin is `/dev/null` unless
+    /// [`LaunchSpec::stdin_pipe`]; stdout and stderr are
     /// captured into bounded tails and scanned for the secret; with
     /// [`LaunchSpec::capture_stdout`] stdout's lines are also forwarded). A relative
     /// program path containing `/` is resolved against the harness's working directory;
@@ -521,7 +525,11 @@ impl Target {
             .args(args)
             .envs(spec.env.iter().map(|(k, v)| (k, v)))
             .current_dir(&spec.cwd)
-            .stdin(Stdio::null())
+            .stdin(if spec.stdin_pipe {
+                Stdio::piped()
+            } else {
+                Stdio::null()
+            })
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .process_group(0)
@@ -584,6 +592,12 @@ impl Target {
     /// receiver is fine: stdout keeps being tailed and scanned.
     pub fn take_stdout_lines(&mut self) -> Option<mpsc::Receiver<Vec<u8>>> {
         self.stdout_lines.take()
+    }
+
+    /// The write end of the target's stdin, once, with [`LaunchSpec::stdin_pipe`];
+    /// dropping it is the end of the target's stdin.
+    pub fn take_stdin(&mut self) -> Option<tokio::process::ChildStdin> {
+        self.child.stdin.take()
     }
 
     /// Kills the whole process group with `SIGKILL` at once (no `SIGTERM`, no grace: a
@@ -937,6 +951,7 @@ mod tests {
             cwd: run.cwd(),
             secret: secret.into(),
             capture_stdout: false,
+            stdin_pipe: false,
         };
         (run, spec)
     }

@@ -15,6 +15,7 @@
 //! contract-impl engine serve --socket PATH --data-dir DIR
 //! contract-impl engine initialize|health --socket PATH --token-file FILE [--json]
 //! contract-impl engine controlled        (see docs/engine-client-control.md)
+//! contract-impl plugin fixture           (see docs/plugin-launch-contract.md)
 //! contract-impl core serve|credential …   (see docs/core-api.md)
 //! ```
 //!
@@ -104,6 +105,8 @@ enum Command {
     },
     /// The local engine protocol (`engine serve`: the daemon).
     Engine(contract_impl::engine::cli::EngineArgs),
+    /// The tool plugin protocol (`plugin fixture`: the conformance fixture plugin).
+    Plugin(contract_impl::plugin::cli::PluginArgs),
     /// Print a protocol's JSON Schema.
     Schema {
         /// The protocol family.
@@ -286,6 +289,7 @@ fn main() -> ExitCode {
             what: WorkerCommand::Bench { rounds },
         } => worker_bench(rounds),
         Command::Engine(args) => contract_impl::engine::cli::run(args),
+        Command::Plugin(args) => contract_impl::plugin::cli::run(args),
         Command::Worker {
             what: WorkerCommand::Host { data_dir, profile },
         } => worker_host(&data_dir, matches!(profile, WireProfileArg::Different)),

@@ -4,6 +4,7 @@
 //! * [`core_runtime`]: the Core ↔ Runtime family (sides `runtime` and `core`).
 //! * [`worker`]: the host ↔ worker family (sides `worker` and `host`).
 //! * [`engine`]: the local engine family (sides `daemon` and `client`).
+//! * [`plugin`]: the tool plugin family (side `plugin`).
 //!
 //! `--family`/`--side`, the runner, `contract-harness list` and the contract test are all
 //! driven from [`FAMILIES`]. A new family adds a folder here, its scenarios and goldens,
@@ -12,6 +13,7 @@
 
 pub mod core_runtime;
 pub mod engine;
+pub mod plugin;
 pub mod worker;
 
 use crate::drive::{DriveOptions, DriveOutcome, Failure, FailureCode, Phase, StepError};
@@ -106,6 +108,15 @@ pub const FAMILIES: &[FamilyInfo] = &[
             },
         ],
     },
+    FamilyInfo {
+        name: plugin::FAMILY,
+        spec: "plugin-protocol",
+        sides: &[SideInfo {
+            side: Side::Plugin,
+            harness_plays: "the plugin's host (launch secret, handshake line, calls with the host's proof)",
+            impl_args: "plugin fixture",
+        }],
+    },
 ];
 
 /// The family named `name`.
@@ -149,6 +160,7 @@ pub async fn drive(scenario: &Scenario, side: Side, opts: &DriveOptions) -> Driv
         (core_runtime::FAMILY, Some(_)) => core_runtime::drive(scenario, side, opts).await,
         (worker::FAMILY, Some(_)) => worker::drive(scenario, side, opts).await,
         (engine::FAMILY, Some(_)) => engine::drive(scenario, side, opts).await,
+        (plugin::FAMILY, Some(_)) => plugin::drive(scenario, side, opts).await,
         _ => DriveOutcome::failed(Failure::outside(
             &scenario.id(),
             Phase::Launch,
@@ -170,6 +182,7 @@ pub fn generated_keys(family_name: &str, side: Side) -> &'static [&'static str] 
         core_runtime::FAMILY => core_runtime::generated_keys(side),
         worker::FAMILY => worker::GENERATED_KEYS,
         engine::FAMILY => engine::generated_keys(side),
+        plugin::FAMILY => plugin::GENERATED_KEYS,
         _ => &[],
     }
 }

@@ -216,6 +216,22 @@ pub const ENGINE: FamilyTable = FamilyTable {
     nulls: false,
 };
 
+/// The plugin family (gRPC on the plugin's Unix socket; frames are RPC events on named
+/// calls, plus the host's `{lifeline: close}`).
+pub const PLUGIN: FamilyTable = FamilyTable {
+    family: "plugin",
+    sides: &[Side::Plugin],
+    parties: &[Party::Host, Party::Plugin],
+    steps: &[],
+    config_keys: &["plugin"],
+    native_ops: &[],
+    native_side: None,
+    // Bound by the launch contract of side plugin (fresh per run).
+    prebound: |name| matches!(name, "challenge" | "other_challenge" | "proof"),
+    check_frame: crate::family::plugin::codec::check_frame,
+    nulls: false,
+};
+
 /// A family of generic steps only, for the loader's own tests.
 #[cfg(test)]
 pub const DEMO: FamilyTable = FamilyTable {
@@ -233,11 +249,11 @@ pub const DEMO: FamilyTable = FamilyTable {
 
 /// Every family's table.
 #[cfg(not(test))]
-pub const TABLES: &[FamilyTable] = &[CORE_RUNTIME, WORKER, ENGINE];
+pub const TABLES: &[FamilyTable] = &[CORE_RUNTIME, WORKER, ENGINE, PLUGIN];
 
 /// Every family's table (and the test-only [`DEMO`]).
 #[cfg(test)]
-pub const TABLES: &[FamilyTable] = &[CORE_RUNTIME, WORKER, ENGINE, DEMO];
+pub const TABLES: &[FamilyTable] = &[CORE_RUNTIME, WORKER, ENGINE, PLUGIN, DEMO];
 
 /// The table of `family`.
 pub fn table(family: &str) -> Option<&'static FamilyTable> {

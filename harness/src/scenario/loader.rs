@@ -213,6 +213,7 @@ enum RawStep {
     Worker(Map<String, Value>),
     Client(Map<String, Value>),
     Daemon(Map<String, Value>),
+    Plugin(Map<String, Value>),
     Native(Spanned<Map<String, Value>>),
     Launch(Map<String, Value>),
     WorkerStdio(Map<String, Value>),
@@ -574,6 +575,11 @@ impl Converter<'_> {
             },
             RawStep::Daemon(event) => Step::Frame {
                 party: Party::Daemon,
+                frame: Value::Object(event),
+            },
+            // The plugin family's answers are RPC events on named calls, too.
+            RawStep::Plugin(event) => Step::Frame {
+                party: Party::Plugin,
                 frame: Value::Object(event),
             },
             RawStep::Native(map) => {

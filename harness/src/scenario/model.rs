@@ -29,17 +29,20 @@ pub enum Side {
     Daemon,
     /// The engine client is under test; the harness plays the daemon.
     Client,
+    /// A tool plugin is under test; the harness plays its host (plugin family).
+    Plugin,
 }
 
 impl Side {
     /// Every side, in a stable order.
-    pub const ALL: [Side; 6] = [
+    pub const ALL: [Side; 7] = [
         Side::Runtime,
         Side::Core,
         Side::Worker,
         Side::Host,
         Side::Daemon,
         Side::Client,
+        Side::Plugin,
     ];
 
     /// The side's name as written in scenarios, goldens and reports.
@@ -51,10 +54,13 @@ impl Side {
             Side::Host => "host",
             Side::Daemon => "daemon",
             Side::Client => "client",
+            Side::Plugin => "plugin",
         }
     }
 
-    /// The other side of the same family (the one the harness plays).
+    /// The other side of the same family (the one the harness plays). `host` is the
+    /// worker family's (its other side is `worker`); the plugin family's other side of
+    /// `host` comes from its scenario table.
     pub fn opposite(self) -> Side {
         match self {
             Side::Runtime => Side::Core,
@@ -63,6 +69,7 @@ impl Side {
             Side::Host => Side::Worker,
             Side::Daemon => Side::Client,
             Side::Client => Side::Daemon,
+            Side::Plugin => Side::Host,
         }
     }
 
@@ -80,6 +87,7 @@ impl Side {
             Side::Host => Party::Host,
             Side::Daemon => Party::Daemon,
             Side::Client => Party::Client,
+            Side::Plugin => Party::Plugin,
         }
     }
 }
@@ -108,6 +116,8 @@ pub enum Party {
     Daemon,
     /// The engine client calls (engine family).
     Client,
+    /// The tool plugin answers (plugin family); the host calls as `host`.
+    Plugin,
 }
 
 impl Party {
@@ -121,6 +131,7 @@ impl Party {
             Party::Worker => "worker",
             Party::Daemon => "daemon",
             Party::Client => "client",
+            Party::Plugin => "plugin",
         }
     }
 
@@ -133,6 +144,7 @@ impl Party {
             Party::Worker => Side::Worker,
             Party::Daemon => Side::Daemon,
             Party::Client => Side::Client,
+            Party::Plugin => Side::Plugin,
         }
     }
 }
@@ -213,6 +225,10 @@ pub struct ScenarioConfig {
     /// The engine family's launch settings (`retained_events`, `snapshot_key`).
     #[serde(default)]
     pub engine: Option<Value>,
+    /// The plugin family's launch settings (`env`, `env_omit`: the launch environment
+    /// changed on purpose).
+    #[serde(default)]
+    pub plugin: Option<Value>,
 }
 
 /// Files and directories seeded into the target's workspace before launch.

@@ -643,7 +643,10 @@ fn sight_step(
     match s {
         Step::Frame { party, frame } => {
             let target = party.side();
-            let other = Some(target.opposite());
+            // The family's other side (`host` is the worker's and the plugin's).
+            let other = families::table(&scenario.family)
+                .and_then(|t| t.sides.iter().copied().find(|s| *s != target))
+                .or(Some(target.opposite()));
             add(
                 &format!("`{}` frame", party.as_str()),
                 frame,

@@ -193,6 +193,7 @@ impl Launcher {
             cwd: run_dir.cwd(),
             secret: credential.clone(),
             capture_stdout: true,
+            stdin_pipe: false,
         };
         Ok(Self {
             run_dir,

@@ -274,6 +274,7 @@ async fn readiness_skips_other_lines_and_bounds_them() {
         cwd: run.cwd(),
         secret: String::new(),
         capture_stdout: true,
+        stdin_pipe: false,
     };
     let mut t = Target::spawn(&spec(
         "sh -c 'echo starting; echo {\\\"ready\\\":{\\\"base_url\\\":\\\"http://127.0.0.1:9\\\"}}; echo after; sleep 30'",

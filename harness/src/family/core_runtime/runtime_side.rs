@@ -128,6 +128,7 @@ pub async fn start(
         cwd: run_dir.cwd(),
         secret: credential.clone(),
         capture_stdout: false,
+        stdin_pipe: false,
     };
     let mut target = Target::spawn(&spec).map_err(|e| e.to_string())?;
     let started = if exit_allowed {

@@ -268,6 +268,7 @@ pub async fn start(opts: &DriveOptions) -> Result<Started<ScriptedDaemonPeer>, S
         cwd: run_dir.cwd(),
         secret: token.clone(),
         capture_stdout: false,
+        stdin_pipe: false,
     };
     let (target, control) = launch(&spec, &run_dir.control_socket(), opts.startup_timeout).await?;
     Ok(Started {

@@ -1,24 +1,13 @@
-//! The engine wire for the step engine. A frame is one RPC event on a named call:
-//!
-//! * the client (the harness on side `daemon`) writes `{call, method, request}` (the
-//!   request in the proto3 JSON mapping) or `{call, method, request_base64}` (raw
-//!   payload bytes: unknown fields, malformed protobuf), with optional `auth`
-//!   (`token`, default; `none`; `wrong`), `timeout_ms` (the call's deadline) and
-//!   `metadata` (extra entries); or `{call, cancel: true}` (RST_STREAM CANCEL);
-//! * the daemon emits `{call, message}` per response message (in the proto3 JSON
-//!   mapping, decoded with the method's output type) and `{call, status: {code,
-//!   message?, trailers?}}` once, at the call's end; raw bytes sent with `send_bytes`
-//!   yield `{call: raw, raw: {goaway, closed}}`.
-//!
-//! Messages are checked against the descriptor pool built from `proto/`
-//! ([`contract_impl::engine::json::pool`]), the single definition the daemon compiles.
+//! The engine wire for the step engine: the call frames of [`crate::rpc::frames`] on
+//! `engine.v1.EngineService`, read on side `daemon` (the harness is the client) and on
+//! side `client` (the harness is the daemon; the client's calls are the emitted frames).
 
 use prost_reflect::DescriptorPool;
 use serde_json::Value;
 
 use crate::drive::{Codec, Role, WireFault};
+use crate::rpc::frames::{self, RpcClientCodec, RpcService};
 use crate::scenario::model::Party;
-use crate::transport::grpc::{self, CODE_NAMES};
 
 /// The service every engine call names.
 pub const SERVICE: &str = "engine.v1.EngineService";
@@ -28,6 +17,12 @@ pub fn pool() -> &'static DescriptorPool {
     contract_impl::engine::json::pool()
 }
 
+/// The engine service, for the shared call frames.
+pub static ENGINE_SERVICE: RpcService = RpcService {
+    name: SERVICE,
+    pool,
+};
+
 fn fault(code: &str, message: impl Into<String>) -> WireFault {
     WireFault {
         code: code.into(),
@@ -35,189 +30,20 @@ fn fault(code: &str, message: impl Into<String>) -> WireFault {
     }
 }
 
-/// Whether `value` holds a placeholder or a `{$text: …}` anywhere (then it is encoded
-/// only once bound and expanded).
-pub fn has_placeholder(value: &Value) -> bool {
-    match value {
-        Value::String(s) => crate::bind::placeholder(s).is_some(),
-        Value::Array(a) => a.iter().any(has_placeholder),
-        Value::Object(o) if o.len() == 1 && o.contains_key("$text") => true,
-        Value::Object(o) => o.values().any(has_placeholder),
-        _ => false,
-    }
-}
-
-/// Checks a client frame: its keys, the method, and (when no placeholder is left) that
-/// the request encodes as the method's input.
+/// Checks a client frame against the engine service ([`frames::check_call`]).
 ///
 /// # Errors
 /// What is wrong, naming the key.
 pub fn check_call(frame: &Value) -> Result<(), String> {
-    let Value::Object(map) = frame else {
-        return Err("a client frame is a mapping {call, method, request}".into());
-    };
-    match map.get("call") {
-        Some(Value::String(c)) if !c.is_empty() => {}
-        _ => return Err("`call` (the call's name) must be a non-empty string".into()),
-    }
-    if map.get("cancel").is_some() {
-        if map.len() != 2 || map.get("cancel") != Some(&Value::Bool(true)) {
-            return Err("a cancel frame is exactly {call, cancel: true}".into());
-        }
-        return Ok(());
-    }
-    let read = map.get("read");
-    if let Some(r) = read
-        && !matches!(r.as_str(), Some("read" | "paused" | "discard"))
-    {
-        return Err("`read` is `read`, `paused` or `discard`".into());
-    }
-    if read.is_some() && map.get("method").is_none() {
-        if map.len() != 2 || read.and_then(Value::as_str) == Some("paused") {
-            return Err(
-                "a reading change is exactly {call, read: read|discard} on a call in flight".into(),
-            );
-        }
-        return Ok(());
-    }
-    const KEYS: &[&str] = &[
-        "call",
-        "method",
-        "request",
-        "request_base64",
-        "auth",
-        "timeout_ms",
-        "metadata",
-        "request_size",
-        "read",
-    ];
-    if let Some(k) = map.keys().find(|k| !KEYS.contains(&k.as_str())) {
-        return Err(format!("unknown key `{k}` (keys: {})", KEYS.join(", ")));
-    }
-    let Some(Value::String(name)) = map.get("method") else {
-        return Err("`method` (an EngineService method) must be a string".into());
-    };
-    let Some(method) = grpc::method(pool(), SERVICE, name) else {
-        let names: Vec<String> = pool()
-            .get_service_by_name(SERVICE)
-            .map(|s| s.methods().map(|m| m.name().to_string()).collect())
-            .unwrap_or_default();
-        return Err(format!(
-            "unknown method `{name}` (methods: {})",
-            names.join(", ")
-        ));
-    };
-    match (map.get("request"), map.get("request_base64")) {
-        (Some(_), Some(_)) => {
-            return Err("`request` and `request_base64` exclude each other".into());
-        }
-        (Some(request), None) if !has_placeholder(request) => {
-            grpc::from_json(method.input(), request)
-                .map_err(|e| format!("`request` is not a {}: {e}", method.input().full_name()))?;
-        }
-        (None, Some(Value::String(_))) | (Some(_), None) | (None, None) => {}
-        (None, Some(_)) => return Err("`request_base64` must be a string".into()),
-    }
-    match map.get("auth") {
-        None => {}
-        Some(Value::String(a)) if ["token", "none", "wrong"].contains(&a.as_str()) => {}
-        Some(_) => return Err("`auth` is `token` (default), `none` or `wrong`".into()),
-    }
-    if let Some(n) = map.get("request_size")
-        && n.as_u64().is_none()
-    {
-        return Err("`request_size` must be a byte count".into());
-    }
-    if let Some(t) = map.get("timeout_ms")
-        && t.as_u64().is_none_or(|t| t == 0)
-    {
-        return Err("`timeout_ms` must be a positive integer".into());
-    }
-    if let Some(m) = map.get("metadata")
-        && !m
-            .as_object()
-            .is_some_and(|m| m.values().all(Value::is_string))
-    {
-        return Err("`metadata` must map names to text".into());
-    }
-    Ok(())
+    frames::check_call(&ENGINE_SERVICE, frame)
 }
 
-/// Checks a daemon frame's shape.
+/// Checks a daemon frame's shape ([`frames::check_event`]).
 ///
 /// # Errors
 /// What is wrong.
 pub fn check_event(frame: &Value) -> Result<(), String> {
-    let Value::Object(map) = frame else {
-        return Err("a daemon frame is a mapping {call, message} or {call, status}".into());
-    };
-    if !matches!(map.get("call"), Some(Value::String(_))) {
-        return Err("`call` must be a string".into());
-    }
-    let kinds = ["message", "message_base64", "status", "raw", "discarded"]
-        .iter()
-        .filter(|k| map.contains_key(**k))
-        .count();
-    if kinds != 1 || map.len() != 2 {
-        return Err(
-            "a daemon frame is exactly {call, message}, {call, message_base64}, {call, status}, {call, raw} or {call, discarded}".into(),
-        );
-    }
-    if let Some(b64) = map.get("message_base64")
-        && !b64.is_string()
-    {
-        return Err("`message_base64` must be a string".into());
-    }
-    if let Some(status) = map.get("status") {
-        let code = status.get("code").and_then(Value::as_str);
-        match code {
-            Some(c) if CODE_NAMES.contains(&c) => {}
-            Some(c) if crate::bind::placeholder(c).is_some() => {}
-            Some(c) => return Err(format!("unknown status code `{c}`")),
-            None if status.is_object() => {}
-            None => return Err("`status` must be a mapping {code, message?, trailers?}".into()),
-        }
-    }
-    Ok(())
-}
-
-/// The codec of side `daemon` (the harness is the client).
-#[derive(Debug, Clone, Copy)]
-pub struct RpcCodec;
-
-impl Codec for RpcCodec {
-    fn decode(&self, text: &str) -> Result<Value, WireFault> {
-        serde_json::from_str(text).map_err(|e| fault("invalid_json", e.to_string()))
-    }
-
-    fn check_emitted(&self, frame: &Value) -> Result<(), WireFault> {
-        if frame.pointer("/status/code").and_then(Value::as_str) == Some("HARNESS_DECODE_FAILED") {
-            return Err(fault(
-                "undecodable_message",
-                frame
-                    .pointer("/status/message")
-                    .and_then(Value::as_str)
-                    .unwrap_or_default(),
-            ));
-        }
-        check_event(frame).map_err(|e| fault("invalid_frame", e))
-    }
-
-    fn check_outgoing(&self, frame: &Value) -> Result<(), WireFault> {
-        check_call(frame).map_err(|e| fault("invalid_call", e))
-    }
-
-    fn encode(&self, frame: &Value) -> Result<String, WireFault> {
-        serde_json::to_string(frame).map_err(|e| fault("invalid_value", e.to_string()))
-    }
-
-    fn may_trail(&self, _frame: &Value) -> bool {
-        false
-    }
-
-    fn trailing_rule(&self) -> &'static str {
-        "nothing may follow the last step: every message and status of every call is a step"
-    }
+    frames::check_event(frame)
 }
 
 /// The codec of side `client` (the harness is the daemon): the client's calls are
@@ -294,7 +120,9 @@ pub static CLIENT_ROLE: Role = Role {
 
 /// The role on side `daemon`.
 pub static DAEMON_ROLE: Role = Role {
-    codec: &RpcCodec,
+    codec: &RpcClientCodec {
+        service: &ENGINE_SERVICE,
+    },
     target: Party::Daemon,
     plays: &[Party::Client],
     emitted_label: "daemon frame",

@@ -205,6 +205,7 @@ pub async fn start(
         cwd: run_dir.cwd(),
         secret: String::new(),
         capture_stdout: false,
+        stdin_pipe: false,
     };
     let mut target = Target::spawn(&spec).map_err(|e| e.to_string())?;
     let accept = async {

@@ -1,0 +1,9 @@
+//! What the gRPC families (engine, plugin) share when the harness is the client of the
+//! target's service: the call frames and their checks ([`frames`]) and the link that
+//! turns them into calls ([`client`]).
+//!
+//! This module names no family: each family gives it its service ([`frames::RpcService`])
+//! and its credential. It never renders goldens and never prints.
+
+pub mod client;
+pub mod frames;
