@@ -213,16 +213,7 @@ pub fn check_call_id(field: &str, id: &str) -> Result<(), InvalidName> {
 
 /// The longest prefix of `text` of at most `max` bytes that ends on a character
 /// boundary (bounded failure and progress texts).
-pub fn clip(text: &str, max: usize) -> &str {
-    if text.len() <= max {
-        return text;
-    }
-    let mut end = max;
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    &text[..end]
-}
+pub use crate::wire::bounded::utf8_prefix as clip;
 
 #[cfg(test)]
 mod tests {
