@@ -1393,10 +1393,10 @@ steps:
         assert!(err.contains("exactly one op key"), "{err}");
         let err = load_err(
             "x",
-            "family: core_runtime\nname: x\nsummary: s\ncovers: [CR-A-001]\nsides: [runtime, plugin]\nsteps: []\n",
+            "family: core_runtime\nname: x\nsummary: s\ncovers: [CR-A-001]\nsides: [runtime, bogus]\nsteps: []\n",
         );
         assert!(
-            err.contains("x.yaml:5:18: unknown variant `plugin`"),
+            err.contains("x.yaml:5:18: unknown variant `bogus`"),
             "{err}"
         );
         let err = load_err(
