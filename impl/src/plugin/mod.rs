@@ -16,6 +16,7 @@
 
 pub mod cli;
 pub mod fixture;
+pub mod host;
 pub mod sdk;
 pub mod wire;
 
