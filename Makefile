@@ -139,11 +139,13 @@ schema: build
 ## Speed against the floor on this machine (never part of the tests): the host ↔ worker
 ## round trip of an empty cell and of a host request against a bare framed ping-pong; the
 ## engine daemon's unary round trip, event replay and durable writes against a bare tonic
-## server on the same kind of socket and batched SQLite.
+## server on the same kind of socket and batched SQLite; a plugin Execute through our host
+## and SDK against a bare tonic unary call.
 bench:
 	$(CARGO) build --release --workspace --bins
 	$(or $(CARGO_TARGET_DIR),$(CURDIR)/target)/release/contract-impl worker bench
 	$(or $(CARGO_TARGET_DIR),$(CURDIR)/target)/release/contract-impl engine bench
+	$(or $(CARGO_TARGET_DIR),$(CURDIR)/target)/release/contract-impl plugin bench
 
 clean:
 	$(CARGO) clean

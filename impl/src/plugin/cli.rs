@@ -70,6 +70,13 @@ pub enum PluginCommand {
         #[arg(long)]
         hold: bool,
     },
+    /// Measure the Execute round trip through our host and SDK against a bare tonic
+    /// unary call (`make bench`).
+    Bench {
+        /// Calls per measurement.
+        #[arg(long, default_value_t = 2000)]
+        rounds: usize,
+    },
     /// Activate and print the host's status (generation, digest, drift, capabilities and
     /// whether an enforcing decorator exists), then drain.
     Status {
@@ -94,7 +101,9 @@ async fn host_command(what: PluginCommand) -> u8 {
             call_id,
             hold,
         } => (config, Some(Some((tool, args, call_id, hold)))),
-        PluginCommand::Fixture | PluginCommand::Digest { .. } => return 2,
+        PluginCommand::Fixture | PluginCommand::Digest { .. } | PluginCommand::Bench { .. } => {
+            return 2;
+        }
     };
     let config = match PluginConfig::load(&config_path) {
         Ok(c) => c,
@@ -207,6 +216,16 @@ pub fn run(args: PluginArgs) -> ExitCode {
             Err(e) => {
                 eprintln!("plugin digest: {}: {e}", file.display());
                 ExitCode::from(2)
+            }
+        },
+        PluginCommand::Bench { rounds } => match tokio::runtime::Runtime::new()
+            .map_err(|e| e.to_string())
+            .and_then(|r| r.block_on(super::bench::run(rounds.max(1))))
+        {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("plugin bench: {e}");
+                ExitCode::from(1)
             }
         },
         other => match tokio::runtime::Runtime::new() {

@@ -9,11 +9,13 @@
 //!   bounds and the grammar of names (this implementation's encoding of the spec's facts).
 //! * [`sdk`]: what a Rust plugin links: the launch contract, the service, validation.
 //! * [`fixture`]: the conformance tool set on the SDK (`contract-impl plugin fixture`).
+//! * [`host`]: the plugin host: verification, launch, generations, leases, calls.
+//! * [`bench`]: the Execute round trip against a bare tonic call (`make bench`).
 //! * [`cli`]: `contract-impl plugin …`.
 //!
-//! This module owns the plugin side's protocol rules; the host lives in a module of its
-//! own and shares only [`wire`] and [`proto`] with the plugin side.
+//! The host and the plugin side share only [`wire`] and [`proto`].
 
+pub mod bench;
 pub mod cli;
 pub mod fixture;
 pub mod host;
