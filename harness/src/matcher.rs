@@ -921,6 +921,20 @@ fn match_at(
                     Err(_) => Ok(()),
                 };
             }
+            // `{$json: pattern}`: a string holding JSON text whose value matches the
+            // pattern (a JSON payload carried as text, whatever its spacing, key order or
+            // escapes).
+            if pattern.len() == 1
+                && let Some(inner) = pattern.get("$json")
+            {
+                let Value::String(text) = actual else {
+                    return Err(mismatch(path, expected, Some(actual), "expected JSON text"));
+                };
+                let parsed: Value = serde_json::from_str(text).map_err(|e| {
+                    mismatch(path, expected, Some(actual), format!("not JSON text: {e}"))
+                })?;
+                return match_at(&format!("{path}<json>"), inner, &parsed, bindings);
+            }
             // `{$prefix: text}`: a string that starts with `text` (a stable code before
             // an implementation's own wording).
             if pattern.len() == 1
@@ -1118,6 +1132,21 @@ fn match_reference(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn json_text_patterns_ignore_spacing_and_key_order() {
+        let mut b = Bindings::default();
+        let p = json!({"out": {"$json": {"a": 1, "b": "$x"}}});
+        match_frame(
+            &p,
+            &json!({"out": "{ \"b\": \"\\u0041\", \"a\": 1 }"}),
+            &mut b,
+        )
+        .unwrap();
+        assert_eq!(b.get("x"), Some(&json!("A")));
+        assert!(match_frame(&p, &json!({"out": "{\"a\":2,\"b\":\"A\"}"}), &mut b).is_err());
+        assert!(match_frame(&p, &json!({"out": "not json"}), &mut b).is_err());
+    }
 
     #[test]
     fn not_and_prefix_patterns() {

@@ -24,29 +24,68 @@ pub const GENERATED_KEYS: &[&str] = &["pid"];
 /// What a golden shows for the plugin's build identity (each implementation's own).
 pub const BUILD_MASK: &str = "<plugin build>";
 
-/// Free texts reduced to their stable code in goldens: a status or failure `message`
-/// that starts with a snake_case code and `:` keeps the code (`already_initialized: …`),
-/// any other is masked ([`TEXT_MASK`]): the rest is the implementation's own wording. The plugin's build identity
-/// is masked ([`BUILD_MASK`]).
+/// Fields of JSON carried as text: goldens show them canonical (keys sorted, compact), so
+/// spacing, key order and escapes, which the contract leaves free, never differ.
+pub const JSON_TEXT_KEYS: &[&str] = &["outputJson", "inputSchemaJson", "argumentsJson"];
+
+/// Free texts the contract does not fix, masked in goldens ([`TEXT_MASK`]): descriptions,
+/// the manifest's version, progress and failure messages.
+const FREE_TEXT_KEYS: &[&str] = &["description", "version"];
+
+/// Goldens hold what the contract fixes, not each implementation's free choices: a
+/// status `message` keeps only its leading snake_case code (`already_initialized: …`)
+/// or is masked; progress and failure messages, descriptions and the manifest's version
+/// are masked ([`TEXT_MASK`]); JSON carried as text is canonical ([`JSON_TEXT_KEYS`]);
+/// the plugin's build identity is masked ([`BUILD_MASK`]).
 pub fn normalize(value: &Value) -> Value {
-    normalize_in(value, false)
+    normalize_in(value, "")
 }
 
-/// `free`: `value` is a status or a failure, whose `message` is free text.
-fn normalize_in(value: &Value, free: bool) -> Value {
+fn sorted(value: &Value) -> Value {
     match value {
-        Value::Array(a) => Value::Array(a.iter().map(|v| normalize_in(v, false)).collect()),
+        Value::Object(o) => {
+            let mut keys: Vec<&String> = o.keys().collect();
+            keys.sort();
+            Value::Object(
+                keys.into_iter()
+                    .map(|k| (k.clone(), sorted(&o[k])))
+                    .collect(),
+            )
+        }
+        Value::Array(a) => Value::Array(a.iter().map(sorted).collect()),
+        other => other.clone(),
+    }
+}
+
+/// `parent`: the key `value` sits under.
+fn normalize_in(value: &Value, parent: &str) -> Value {
+    match value {
+        Value::Array(a) => Value::Array(a.iter().map(|v| normalize_in(v, parent)).collect()),
         Value::Object(o) => Value::Object(
             o.iter()
-                .map(|(k, v)| match (k.as_str(), v) {
-                    ("message", Value::String(text)) if free => {
-                        (k.clone(), Value::String(message_code(text)))
-                    }
-                    ("pluginBuild", _) => (k.clone(), Value::String(BUILD_MASK.into())),
-                    _ => (
-                        k.clone(),
-                        normalize_in(v, matches!(k.as_str(), "status" | "failure")),
-                    ),
+                .map(|(k, v)| {
+                    let out = match (k.as_str(), v) {
+                        ("pluginBuild", _) => Value::String(BUILD_MASK.into()),
+                        ("message", Value::String(text)) if parent == "status" => {
+                            Value::String(message_code(text))
+                        }
+                        ("message", Value::String(_))
+                            if matches!(parent, "progress" | "failure") =>
+                        {
+                            Value::String(TEXT_MASK.into())
+                        }
+                        (key, Value::String(_)) if FREE_TEXT_KEYS.contains(&key) => {
+                            Value::String(TEXT_MASK.into())
+                        }
+                        (key, Value::String(text)) if JSON_TEXT_KEYS.contains(&key) => {
+                            match serde_json::from_str::<Value>(text) {
+                                Ok(parsed) => Value::String(sorted(&parsed).to_string()),
+                                Err(_) => v.clone(),
+                            }
+                        }
+                        _ => normalize_in(v, k),
+                    };
+                    (k.clone(), out)
                 })
                 .collect(),
         ),
@@ -99,11 +138,15 @@ mod tests {
         assert_eq!(
             normalize(&v),
             json!({"status": {"code": "FAILED_PRECONDITION", "message": "already_initialized: …"},
-                   "progress": {"message": "step 1 of 3"}})
+                   "progress": {"message": TEXT_MASK}})
         );
         assert_eq!(
-            normalize(&json!({"failure": {"message": "failed to decode Protobuf message: x"}})),
+            normalize(&json!({"failure": {"message": "invalid_arguments: x"}})),
             json!({"failure": {"message": TEXT_MASK}})
+        );
+        assert_eq!(
+            normalize(&json!({"result": {"outputJson": "{ \"b\": 1, \"a\": \"\\u0041\" }"}})),
+            json!({"result": {"outputJson": "{\"a\":\"A\",\"b\":1}"}})
         );
     }
 }

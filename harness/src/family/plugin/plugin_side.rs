@@ -43,6 +43,9 @@ use crate::transport::ws::truncate;
 /// The socket file in the run directory.
 pub const SOCKET: &str = "plugin.sock";
 
+/// How long the end of a run waits for the plugin to close stdout once its host is gone.
+pub const STDOUT_END_WAIT: Duration = Duration::from_secs(2);
+
 /// The keys of `config.plugin`.
 const CONFIG_KEYS: &[&str] = &["env", "env_omit"];
 
@@ -197,6 +200,19 @@ pub async fn start(
             return Err(e.to_string());
         }
     };
+    if ready {
+        // "0700 dirs, 0600 files and sockets": the plugin's socket is its own to protect.
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(&socket).map(|m| m.permissions().mode() & 0o777);
+        if mode.as_ref().ok() != Some(&0o600) {
+            target.shutdown().await;
+            return Err(format!(
+                "socket_mode: the plugin's socket {} is {}, not 0600",
+                socket.display(),
+                mode.map_or_else(|e| e.to_string(), |m| format!("{m:o}"))
+            ));
+        }
+    }
     let challenge = random_hex();
     let other_challenge = random_hex();
     let proof = secret_proof(&secret, &challenge);
@@ -245,19 +261,24 @@ impl Peer for ScriptedHostPeer {
 
     /// Nothing may follow the handshake line on stdout ("stdout protocol contamination
     /// fail\[s\] the candidate or call").
+    /// The host goes away first (its end of stdin closes), and stdout is read until the
+    /// plugin closes it ([`STDOUT_END_WAIT`] at most), so a late print is caught too.
     async fn end_check(&mut self) -> StepResult {
-        if let Some(lines) = self.link.stdout.as_mut()
-            && let Ok(line) = lines.try_recv()
-        {
-            return Err(StepError::new(
+        self.link.stdin = None;
+        let Some(lines) = self.link.stdout.as_mut() else {
+            return Ok(());
+        };
+        match tokio::time::timeout(STDOUT_END_WAIT, lines.recv()).await {
+            Ok(Some(line)) => Err(StepError::new(
                 FailureCode::TrailingOutput,
                 format!(
                     "stdout_contamination: the plugin wrote on stdout after its handshake line: {:?}",
                     truncate(&String::from_utf8_lossy(&line), 200)
                 ),
-            ));
+            )),
+            // Stdout ended, or the plugin keeps it open: nothing more was written.
+            Ok(None) | Err(_) => Ok(()),
         }
-        Ok(())
     }
 
     async fn family_step(&mut self, _run: &mut Run, step: &Step) -> StepResult {

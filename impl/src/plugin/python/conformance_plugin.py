@@ -738,7 +738,8 @@ class Service:
 
     def Execute(self, request, context):
         max_payload, max_progress, max_concurrent = self._limits(context)
-        call_id = request.call_id
+        # An invalid call ID is echoed cut to its bound, so the refusal always fits.
+        call_id = clip(request.call_id, MAX_CALL_ID_BYTES)
         for field, value in (("call_id", request.call_id), ("progress_token", request.progress_token)):
             problem = check_call_id(field, value)
             if problem is not None:
@@ -786,10 +787,18 @@ class Service:
         with self.lock:
             busy = len(self.calls)
             duplicate = False
-            if busy < max_concurrent:
+            # A drain that began while this call was validated counts the calls under
+            # this lock: the call is refused rather than outliving the drain's bound.
+            draining = self.draining
+            if draining:
+                pass
+            elif busy < max_concurrent:
                 duplicate = not self._claim_locked(call_id)
                 if not duplicate:
                     self.calls[call_id] = cancel
+        if draining:
+            yield _failure(call_id, CODES.DRAINING, "draining: this process accepts no new call")
+            return
         if duplicate:
             yield _failure(
                 call_id,

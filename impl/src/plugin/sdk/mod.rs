@@ -164,13 +164,22 @@ pub fn command(program: impl AsRef<std::ffi::OsStr>) -> std::process::Command {
     command
 }
 
-/// What the SDK read from the launch environment.
-#[derive(Debug, Clone)]
+/// What the SDK read from the launch environment (its `Debug` never shows the secret).
+#[derive(Clone)]
 pub struct Launch {
     /// The socket to serve on.
     pub socket: PathBuf,
     /// The launch secret (never logged).
     pub secret: String,
+}
+
+impl std::fmt::Debug for Launch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Launch")
+            .field("socket", &self.socket)
+            .field("secret", &"<redacted>")
+            .finish()
+    }
 }
 
 impl Launch {

@@ -25,9 +25,10 @@ use crate::plugin::proto::v1::{
     PluginLimits, Progress, ToolFailure, ToolResult, execute_response,
 };
 use crate::plugin::wire::{
-    AUTH_METADATA, MAX_CONCURRENT_CALLS, MAX_DRAIN_TIMEOUT_MS, MAX_FAILURE_TEXT_BYTES,
-    MAX_MESSAGE_BYTES, MAX_PAYLOAD_BYTES, MAX_PROGRESS_MESSAGES, PROTOCOL_MAJOR, PROTOCOL_MINOR,
-    check_call_id, clip, host_proof, is_secret_shaped, proofs_equal, secret_proof,
+    AUTH_METADATA, MAX_CALL_ID_BYTES, MAX_CONCURRENT_CALLS, MAX_DRAIN_TIMEOUT_MS,
+    MAX_FAILURE_TEXT_BYTES, MAX_MESSAGE_BYTES, MAX_PAYLOAD_BYTES, MAX_PROGRESS_MESSAGES,
+    PROTOCOL_MAJOR, PROTOCOL_MINOR, check_call_id, clip, host_proof, is_secret_shaped,
+    proofs_equal, secret_proof,
 };
 use crate::wire::strict::parse_strict;
 
@@ -197,7 +198,8 @@ impl<P: Plugin> PluginService for Service<P> {
     ) -> Result<Response<ExecuteStream>, Status> {
         let limits = self.state.limits()?;
         let request = request.into_inner();
-        let id = request.call_id.clone();
+        // An invalid call ID is echoed cut to its bound, so the refusal always fits.
+        let id = clip(&request.call_id, MAX_CALL_ID_BYTES).to_string();
         for (field, value) in [
             ("call_id", &request.call_id),
             ("progress_token", &request.progress_token),
@@ -272,6 +274,15 @@ impl<P: Plugin> PluginService for Service<P> {
                 .calls
                 .lock()
                 .map_err(|_| Status::internal("state lock poisoned"))?;
+            // A drain that began while this call was validated counts the calls under
+            // this lock: the call is refused rather than outliving the drain's bound.
+            if *self.state.draining.borrow() {
+                return Ok(one(failure(
+                    &id,
+                    FailureCode::Draining,
+                    "draining: this process accepts no new call",
+                )));
+            }
             if calls.len() >= limits.max_concurrent_calls as usize {
                 return Ok(one(failure(
                     &id,
@@ -410,8 +421,16 @@ impl<P: Plugin> PluginService for Service<P> {
                 "invalid_timeout: timeout_ms is 1 to {MAX_DRAIN_TIMEOUT_MS}, not {timeout_ms}"
             )));
         }
-        let in_flight = self.state.in_flight();
-        if !self.state.draining.send_replace(true) {
+        // Counted and flagged under the calls lock, so no call slips in between.
+        let (in_flight, first) = {
+            let calls = self
+                .state
+                .calls
+                .lock()
+                .map_err(|_| Status::internal("state lock poisoned"))?;
+            (calls.len(), !self.state.draining.send_replace(true))
+        };
+        if first {
             let state = self.state.clone();
             tokio::spawn(async move {
                 let deadline = tokio::time::Instant::now() + Duration::from_millis(timeout_ms);
@@ -467,8 +486,11 @@ const FLUSH_GRACE: Duration = Duration::from_secs(2);
 /// The socket cannot be bound or the handshake line cannot be written.
 pub async fn serve_on(plugin: impl Plugin, launch: Launch) -> Result<(), String> {
     let socket = launch.socket.clone();
-    let listener =
-        UnixListener::bind(&socket).map_err(|e| format!("binding {}: {e}", socket.display()))?;
+    // Created 0600 (no window with the umask's mode), then set again for certainty.
+    let previous = nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o177));
+    let bound = UnixListener::bind(&socket);
+    nix::sys::stat::umask(previous);
+    let listener = bound.map_err(|e| format!("binding {}: {e}", socket.display()))?;
     std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o600))
         .map_err(|e| format!("{}: {e}", socket.display()))?;
     let (stop, mut stopped) = watch::channel(false);
