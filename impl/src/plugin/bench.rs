@@ -14,10 +14,8 @@ use std::path::Path;
 use std::pin::Pin;
 use std::time::Instant;
 
-use hyper_util::rt::TokioIo;
 use tokio_stream::Stream;
 use tokio_stream::wrappers::UnixListenerStream;
-use tonic::transport::Endpoint;
 use tonic::{Request, Response, Status};
 
 use super::host::{PluginConfig, PluginHost};
@@ -77,19 +75,7 @@ async fn floor(dir: &Path, rounds: usize) -> Result<f64, String> {
             .add_service(PluginServiceServer::new(Bare))
             .serve_with_incoming(UnixListenerStream::new(listener)),
     );
-    let path = socket.clone();
-    let channel = Endpoint::try_from("http://localhost")
-        .map_err(|e| e.to_string())?
-        .connect_with_connector(tower::service_fn(move |_| {
-            let path = path.clone();
-            async move {
-                tokio::net::UnixStream::connect(path)
-                    .await
-                    .map(TokioIo::new)
-            }
-        }))
-        .await
-        .map_err(|e| e.to_string())?;
+    let channel = super::host::launch::unix_channel(&socket).await?;
     let mut client = PluginServiceClient::new(channel);
     let mut samples = Vec::with_capacity(rounds);
     for _ in 0..rounds {

@@ -175,7 +175,11 @@ fn private_dir() -> Result<tempfile::TempDir, LaunchError> {
     Ok(dir)
 }
 
-async fn connect(socket: &Path) -> Result<Channel, String> {
+/// A gRPC channel to the Unix socket `socket`.
+///
+/// # Errors
+/// The connection failed (the text says why).
+pub async fn unix_channel(socket: &Path) -> Result<Channel, String> {
     let path = socket.to_path_buf();
     Endpoint::try_from("http://localhost")
         .map_err(|e| e.to_string())?
@@ -371,7 +375,7 @@ async fn initialize(
     secret: &str,
     output: &Output,
 ) -> Result<(PluginClient, InitializeResponse), LaunchError> {
-    let channel = connect(socket)
+    let channel = unix_channel(socket)
         .await
         .map_err(|e| err("connect_failed", e))?;
     let proof = format!("Bearer {}", host_proof(secret))
