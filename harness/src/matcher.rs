@@ -921,6 +921,50 @@ fn match_at(
                     Err(_) => Ok(()),
                 };
             }
+            // `{$unordered: [patterns…]}`: an array of as many elements, each pattern
+            // matching a different one, in any order (a set the spec does not order).
+            if pattern.len() == 1
+                && let Some(Value::Array(patterns)) = pattern.get("$unordered")
+            {
+                let Value::Array(elements) = actual else {
+                    return Err(mismatch(path, expected, Some(actual), "expected an array"));
+                };
+                if elements.len() != patterns.len() {
+                    return Err(mismatch(
+                        path,
+                        expected,
+                        Some(actual),
+                        format!("{} elements, not {}", elements.len(), patterns.len()),
+                    ));
+                }
+                let mut taken = vec![false; elements.len()];
+                for (i, p) in patterns.iter().enumerate() {
+                    let found = elements.iter().enumerate().find_map(|(j, e)| {
+                        if taken[j] {
+                            return None;
+                        }
+                        let mut scratch = bindings.clone();
+                        match_at(&format!("{path}[{j}]"), p, e, &mut scratch)
+                            .ok()
+                            .map(|()| (j, scratch))
+                    });
+                    match found {
+                        Some((j, scratch)) => {
+                            taken[j] = true;
+                            *bindings = scratch;
+                        }
+                        None => {
+                            return Err(mismatch(
+                                path,
+                                expected,
+                                Some(actual),
+                                format!("no element matches pattern {i}: {}", compact(p)),
+                            ));
+                        }
+                    }
+                }
+                return Ok(());
+            }
             // `{$json: pattern}`: a string holding JSON text whose value matches the
             // pattern (a JSON payload carried as text, whatever its spacing, key order or
             // escapes).
@@ -1146,6 +1190,22 @@ mod tests {
         assert_eq!(b.get("x"), Some(&json!("A")));
         assert!(match_frame(&p, &json!({"out": "{\"a\":2,\"b\":\"A\"}"}), &mut b).is_err());
         assert!(match_frame(&p, &json!({"out": "not json"}), &mut b).is_err());
+    }
+
+    #[test]
+    fn unordered_arrays_match_each_pattern_to_a_different_element() {
+        let mut b = Bindings::default();
+        let p = json!({"t": {"$unordered": [{"name": "a"}, {"name": "b", "n": "$n"}]}});
+        match_frame(
+            &p,
+            &json!({"t": [{"name": "b", "n": 2}, {"name": "a"}]}),
+            &mut b,
+        )
+        .unwrap();
+        assert_eq!(b.get("n"), Some(&json!(2)));
+        let mut b = Bindings::default();
+        assert!(match_frame(&p, &json!({"t": [{"name": "a"}, {"name": "a"}]}), &mut b).is_err());
+        assert!(match_frame(&p, &json!({"t": [{"name": "a"}]}), &mut b).is_err());
     }
 
     #[test]
