@@ -348,6 +348,12 @@ fn no_plugin_process_survives_a_sigkill_of_its_host() {
             .map(|p| p.parse().unwrap())
             .collect();
     assert!(alive(detached) && alive(supervisor) && !plugin.is_empty());
+    // The plugin's own child never inherits the launch secret.
+    let environ = std::fs::read(format!("/proc/{detached}/environ")).unwrap();
+    assert!(
+        !String::from_utf8_lossy(&environ).contains("RUNTIME_PLUGIN_SECRET"),
+        "the secret reached the plugin's child"
+    );
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(i32::try_from(host.id()).unwrap()),
         nix::sys::signal::Signal::SIGKILL,
