@@ -16,6 +16,9 @@
 //! contract-impl engine initialize|health --socket PATH --token-file FILE [--json]
 //! contract-impl engine controlled        (see docs/engine-client-control.md)
 //! contract-impl plugin fixture           (see docs/plugin-launch-contract.md)
+//! contract-impl plugin digest FILE | activate|list|status --config FILE
+//! contract-impl plugin call --config FILE --tool T [--args JSON] [--hold]
+//! contract-impl plugin bench [--rounds N]
 //! contract-impl core serve|credential …   (see docs/core-api.md)
 //! ```
 //!
