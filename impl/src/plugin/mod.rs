@@ -10,7 +10,7 @@
 //! * [`sdk`]: what a Rust plugin links: the launch contract, the service, validation.
 //! * [`fixture`]: the conformance tool set on the SDK (`contract-impl plugin fixture`).
 //! * [`host`]: the plugin host: verification, launch, generations, leases, calls.
-//! * [`bench`]: the Execute round trip against a bare tonic call (`make bench`).
+//! * [`bench`](mod@bench): the Execute round trip against a bare tonic call (`make bench`).
 //! * [`cli`]: `contract-impl plugin …`.
 //!
 //! The host and the plugin side share only [`wire`] and [`proto`].
