@@ -19,6 +19,7 @@
 //! contract-impl plugin digest FILE | activate|list|status --config FILE
 //! contract-impl plugin call --config FILE --tool T [--args JSON] [--hold]
 //! contract-impl plugin bench [--rounds N]
+//! contract-impl plugin host              (docs/plugin-host-control.md)
 //! contract-impl core serve|credential …   (see docs/core-api.md)
 //! ```
 //!

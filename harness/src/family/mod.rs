@@ -4,7 +4,7 @@
 //! * [`core_runtime`]: the Core ↔ Runtime family (sides `runtime` and `core`).
 //! * [`worker`]: the host ↔ worker family (sides `worker` and `host`).
 //! * [`engine`]: the local engine family (sides `daemon` and `client`).
-//! * [`plugin`]: the tool plugin family (side `plugin`).
+//! * [`plugin`]: the tool plugin family (sides `plugin` and `host`).
 //!
 //! `--family`/`--side`, the runner, `contract-harness list` and the contract test are all
 //! driven from [`FAMILIES`]. A new family adds a folder here, its scenarios and goldens,
@@ -111,11 +111,18 @@ pub const FAMILIES: &[FamilyInfo] = &[
     FamilyInfo {
         name: plugin::FAMILY,
         spec: "plugin-protocol",
-        sides: &[SideInfo {
-            side: Side::Plugin,
-            harness_plays: "the plugin's host (launch secret, handshake line, calls with the host's proof)",
-            impl_args: "plugin fixture",
-        }],
+        sides: &[
+            SideInfo {
+                side: Side::Plugin,
+                harness_plays: "the plugin's host (launch secret, handshake line, calls with the host's proof)",
+                impl_args: "plugin fixture",
+            },
+            SideInfo {
+                side: Side::Host,
+                harness_plays: "every plugin process the host launches (relay), host control channel",
+                impl_args: "plugin host",
+            },
+        ],
     },
 ];
 

@@ -126,6 +126,8 @@ pub fn check_call(service: &RpcService, frame: &Value) -> Result<(), String> {
     match map.get("auth") {
         None => {}
         Some(Value::String(a)) if ["token", "none", "wrong"].contains(&a.as_str()) => {}
+        // A pattern (`{$reference: token, …}`) where the frame is the target's call.
+        Some(Value::Object(p)) if p.keys().all(|k| k.starts_with('$')) => {}
         Some(_) => return Err("`auth` is `token` (default), `none` or `wrong`".into()),
     }
     if let Some(n) = map.get("request_size")

@@ -220,16 +220,37 @@ pub const ENGINE: FamilyTable = FamilyTable {
 /// calls, plus the host's `{lifeline: close}`).
 pub const PLUGIN: FamilyTable = FamilyTable {
     family: "plugin",
-    sides: &[Side::Plugin],
+    sides: &[Side::Plugin, Side::Host],
     parties: &[Party::Host, Party::Plugin],
-    steps: &[],
+    steps: &["native", "launch", "plugin_process"],
     config_keys: &["plugin"],
-    native_ops: &[],
-    native_side: None,
-    // Bound by the launch contract of side plugin (fresh per run).
-    prebound: |name| matches!(name, "challenge" | "other_challenge" | "proof"),
+    native_ops: &[
+        "configure",
+        "activate",
+        "lease",
+        "release",
+        "call",
+        "cancel",
+        "status",
+        "shutdown",
+        "await",
+    ],
+    native_side: Some(Side::Host),
+    // Side plugin: its launch contract (fresh per run); side host: the executable the
+    // harness installs for the host to run.
+    prebound: |name| {
+        matches!(
+            name,
+            "challenge"
+                | "other_challenge"
+                | "proof"
+                | "plugin_executable"
+                | "plugin_sha256"
+                | "plugin_args"
+        )
+    },
     check_frame: crate::family::plugin::codec::check_frame,
-    nulls: false,
+    nulls: true,
 };
 
 /// A family of generic steps only, for the loader's own tests.

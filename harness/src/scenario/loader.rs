@@ -217,6 +217,7 @@ enum RawStep {
     Native(Spanned<Map<String, Value>>),
     Launch(Map<String, Value>),
     WorkerStdio(Map<String, Value>),
+    PluginProcess(Map<String, Value>),
     Bootstrap(BootstrapStep),
     Connect(ConnectStep),
     Handshake(RawHandshake),
@@ -608,6 +609,9 @@ impl Converter<'_> {
                 args: Value::Object(args),
             },
             RawStep::WorkerStdio(args) => Step::WorkerStdio {
+                args: Value::Object(args),
+            },
+            RawStep::PluginProcess(args) => Step::PluginProcess {
                 args: Value::Object(args),
             },
             RawStep::Bootstrap(b) => Step::Bootstrap(b),

@@ -482,6 +482,13 @@ pub enum Step {
         /// The step's mapping (`stdout`, `stderr`).
         args: Value,
     },
+    /// `plugin_process:` — a plugin process the harness plays (plugin family, side
+    /// `host`) writes `stdout`/`stderr`, exits (`exit`), or its configured executable is
+    /// changed (`replace_executable`).
+    PluginProcess {
+        /// The step's mapping (`process`, `stdout`, `stderr`, `exit`, `replace_executable`).
+        args: Value,
+    },
     /// `bootstrap:` — the HTTP bootstrap exchange.
     Bootstrap(BootstrapStep),
     /// `connect:` — the WebSocket upgrade exchange.
@@ -610,6 +617,7 @@ impl Step {
             Step::Native { .. } => "native",
             Step::Launch { .. } => "launch",
             Step::WorkerStdio { .. } => "worker_stdio",
+            Step::PluginProcess { .. } => "plugin_process",
             Step::Bootstrap(_) => "bootstrap",
             Step::Connect(_) => "connect",
             Step::Handshake { .. } => "handshake",

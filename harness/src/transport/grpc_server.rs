@@ -120,6 +120,8 @@ struct Shared {
     service: String,
     token: Arc<str>,
     counter: Arc<AtomicU64>,
+    /// What call names start with (`call-`).
+    prefix: Arc<str>,
     calls: Arc<Mutex<Calls>>,
     tx: mpsc::Sender<IncomingCall>,
 }
@@ -140,6 +142,73 @@ impl GrpcServer {
             UnixListener::bind(socket).map_err(|e| format!("{}: {e}", socket.display()))?;
         std::fs::set_permissions(socket, std::os::unix::fs::PermissionsExt::from_mode(0o600))
             .map_err(|e| format!("{}: {e}", socket.display()))?;
+        Ok(Self::serve(
+            socket.to_path_buf(),
+            "call-",
+            pool,
+            service,
+            token,
+            {
+                let listener = Arc::new(listener);
+                move || {
+                    let listener = listener.clone();
+                    async move {
+                        loop {
+                            match listener.accept().await {
+                                Ok((stream, _)) => return Some(stream),
+                                // Out of descriptors, say: try again shortly.
+                                Err(_) => {
+                                    tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+                                }
+                            }
+                        }
+                    }
+                }
+            },
+        ))
+    }
+
+    /// Serves `service` on the connections `incoming` yields (byte streams the caller
+    /// carries, e.g. through a relay), checking calls against `token`; calls are named
+    /// `<prefix><n>`. `label` names the server in debug output.
+    pub fn over<S>(
+        label: &str,
+        prefix: &str,
+        pool: &DescriptorPool,
+        service: &str,
+        token: &str,
+        incoming: mpsc::Receiver<S>,
+    ) -> Self
+    where
+        S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin + 'static,
+    {
+        let incoming = Arc::new(tokio::sync::Mutex::new(incoming));
+        Self::serve(
+            PathBuf::from(label),
+            prefix,
+            pool,
+            service,
+            token,
+            move || {
+                let incoming = incoming.clone();
+                async move { incoming.lock().await.recv().await }
+            },
+        )
+    }
+
+    fn serve<S, F, Fut>(
+        socket: PathBuf,
+        prefix: &str,
+        pool: &DescriptorPool,
+        service: &str,
+        token: &str,
+        next: F,
+    ) -> Self
+    where
+        S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin + 'static,
+        F: FnMut() -> Fut + Send + 'static,
+        Fut: Future<Output = Option<S>> + Send + 'static,
+    {
         let (tx, rx) = mpsc::channel(CALL_QUEUE_MAX);
         let calls = Arc::new(Mutex::new(Calls::default()));
         let connections = Arc::new(Mutex::new(Vec::new()));
@@ -148,17 +217,18 @@ impl GrpcServer {
             service: service.to_string(),
             token: token.into(),
             counter: Arc::new(AtomicU64::new(0)),
+            prefix: prefix.into(),
             calls: calls.clone(),
             tx,
         };
-        let accept = tokio::spawn(accept_loop(listener, shared, connections.clone()));
-        Ok(Self {
-            socket: socket.to_path_buf(),
+        let accept = tokio::spawn(accept_loop(next, shared, connections.clone()));
+        Self {
+            socket,
             accept,
             connections,
             calls,
             rx,
-        })
+        }
     }
 
     /// Whether a client connection is open.
@@ -231,18 +301,22 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
-async fn accept_loop(
-    listener: UnixListener,
+async fn accept_loop<S, F, Fut>(
+    mut next: F,
     shared: Shared,
     connections: Arc<Mutex<Vec<JoinHandle<()>>>>,
-) {
+) where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin + 'static,
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<S>>,
+{
     let slots = Arc::new(Semaphore::new(CONNECTIONS_MAX));
     loop {
         let Ok(permit) = slots.clone().acquire_owned().await else {
             return;
         };
-        let Ok((stream, _)) = listener.accept().await else {
-            continue;
+        let Some(stream) = next().await else {
+            return;
         };
         let shared = shared.clone();
         let task = tokio::spawn(async move {
@@ -285,7 +359,7 @@ async fn serve_call(
         let _ = shared
             .tx
             .send(IncomingCall {
-                call: format!("call-{n}"),
+                call: format!("{}{n}", shared.prefix),
                 method: path.clone(),
                 auth,
                 request: Err(format!("{path} is not a method of {}", shared.service)),
@@ -341,7 +415,7 @@ impl ServerStreamingService<Vec<u8>> for Handler {
         let auth = self.auth;
         Box::pin(async move {
             let n = shared.counter.fetch_add(1, Ordering::Relaxed) + 1;
-            let call = format!("call-{n}");
+            let call = format!("{}{n}", shared.prefix);
             let (tx, rx) = mpsc::channel(RESPONSE_QUEUE_MAX);
             lock(&shared.calls)
                 .open

@@ -10,7 +10,8 @@
 //!   harness writes goes out on the peer's stdout/stderr;
 //! * sockets: the harness asks the peer to `dial` a Unix socket the target listens on
 //!   (a worker connecting to its host) or to `listen` on one (a plugin serving its
-//!   host), and bytes flow both ways on a numbered channel;
+//!   host: bound and made 0600 before the peer reads its next message, then one
+//!   connection accepted), and bytes flow both ways on a numbered channel;
 //! * its end: the harness tells it to exit with a code; when the harness goes away the
 //!   relay socket closes and the peer exits at once (it never outlives the harness).
 //!
@@ -489,19 +490,26 @@ where
                         true
                     }
                     RelayMsg::Listen { channel, path } if channel < RELAY_CHANNELS_MAX => {
-                        let tx = tx.clone();
-                        tokio::spawn(async move {
-                            let opened = match UnixListener::bind(&path) {
-                                Ok(listener) => listener
-                                    .accept()
-                                    .await
-                                    .map(|(stream, _)| stream)
-                                    .map_err(|e| format!("{path}: {e}")),
-                                Err(e) => Err(format!("{path}: {e}")),
-                            };
-                            let _ = tx.send(Local::Opened(channel, opened)).await;
-                        });
-                        true
+                        // Bound (and made 0600) before the next message is read, so a
+                        // handshake line the harness sends right behind it is written
+                        // only once the socket accepts connections.
+                        match listen_private(&path) {
+                            Ok(listener) => {
+                                let tx = tx.clone();
+                                tokio::spawn(async move {
+                                    let opened = listener
+                                        .accept()
+                                        .await
+                                        .map(|(stream, _)| stream)
+                                        .map_err(|e| format!("{path}: {e}"));
+                                    let _ = tx.send(Local::Opened(channel, opened)).await;
+                                });
+                                true
+                            }
+                            Err(reason) => {
+                                link.send(&RelayMsg::OpenFailed { channel, reason }).await
+                            }
+                        }
                     }
                     RelayMsg::Dial { channel, .. } | RelayMsg::Listen { channel, .. } => {
                         let reason = format!("channel {channel} is not below {RELAY_CHANNELS_MAX}");
@@ -545,6 +553,15 @@ where
             }
         }
     }
+}
+
+/// Binds `path` and makes it 0600 (no access for group or others).
+fn listen_private(path: &str) -> Result<UnixListener, String> {
+    use std::os::unix::fs::PermissionsExt as _;
+    let listener = UnixListener::bind(path).map_err(|e| format!("{path}: {e}"))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
+        .map_err(|e| format!("{path}: {e}"))?;
+    Ok(listener)
 }
 
 /// Reads `source` in chunks into `tx` (wrapped by `wrap`); `None` at its end.

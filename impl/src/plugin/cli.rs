@@ -39,6 +39,9 @@ pub enum PluginCommand {
         /// The executable.
         file: PathBuf,
     },
+    /// Our host driven over the control channel of docs/plugin-host-control.md
+    /// (`CONTRACT_PLUGIN_HOST_CONTROL_SOCKET`), for the conformance harness's side `host`.
+    Host,
     /// Verify, launch and validate the configured plugin, print the host's status, drain.
     Activate {
         /// The plugin's configuration (JSON).
@@ -101,7 +104,10 @@ async fn host_command(what: PluginCommand) -> u8 {
             call_id,
             hold,
         } => (config, Some(Some((tool, args, call_id, hold)))),
-        PluginCommand::Fixture | PluginCommand::Digest { .. } | PluginCommand::Bench { .. } => {
+        PluginCommand::Fixture
+        | PluginCommand::Host
+        | PluginCommand::Digest { .. }
+        | PluginCommand::Bench { .. } => {
             return 2;
         }
     };
@@ -208,6 +214,17 @@ pub fn run(args: PluginArgs) -> ExitCode {
             runtime.shutdown_background();
             ExitCode::from(u8::try_from(status).unwrap_or(1))
         }
+        PluginCommand::Host => match tokio::runtime::Runtime::new() {
+            Ok(runtime) => {
+                let code = runtime.block_on(super::controlled::run());
+                runtime.shutdown_background();
+                ExitCode::from(u8::try_from(code).unwrap_or(1))
+            }
+            Err(e) => {
+                eprintln!("plugin host: cannot start the runtime: {e}");
+                ExitCode::from(2)
+            }
+        },
         PluginCommand::Digest { file } => match super::host::verify::sha256_of(&file) {
             Ok(digest) => {
                 println!("{digest}");

@@ -11,12 +11,15 @@
 //! * [`fixture`]: the conformance tool set on the SDK (`contract-impl plugin fixture`).
 //! * [`host`]: the plugin host: verification, launch, generations, leases, calls.
 //! * [`bench`](mod@bench): the Execute round trip against a bare tonic call (`make bench`).
+//! * [`controlled`]: our host driven over a control channel (`contract-impl plugin host`),
+//!   for the harness's side `host`.
 //! * [`cli`]: `contract-impl plugin …`.
 //!
 //! The host and the plugin side share only [`wire`] and [`proto`].
 
 pub mod bench;
 pub mod cli;
+pub mod controlled;
 pub mod fixture;
 pub mod host;
 pub mod sdk;

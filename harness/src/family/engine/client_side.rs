@@ -21,7 +21,6 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use base64::Engine as _;
 use serde_json::{Value, json};
 
 use super::codec::{CLIENT_ROLE, SERVICE, pool};
@@ -32,7 +31,6 @@ use crate::drive::{
 use crate::scenario::model::Step;
 use crate::target::{LaunchSpec, RunDir, Target, check_socket_path};
 use crate::transport::control::{ControlChannel, ControlListener, Flavor};
-use crate::transport::grpc::{self, CODE_NAMES};
 use crate::transport::grpc_server::{GrpcServer, IncomingCall};
 
 /// The daemon's socket in the run directory.
@@ -95,74 +93,9 @@ fn call_frame(call: IncomingCall) -> Value {
     frame
 }
 
-fn code_named(name: &str) -> Option<tonic::Code> {
-    (0..CODE_NAMES.len() as i32)
-        .map(tonic::Code::from_i32)
-        .find(|c| grpc::code_name(*c) == name)
-}
-
-/// The status of a `daemon: {call, status}` frame (`None`: `OK` without trailers).
-fn status_of(status: &Value) -> Result<Option<tonic::Status>, String> {
-    let name = status.get("code").and_then(Value::as_str).unwrap_or("OK");
-    let code = code_named(name).ok_or_else(|| format!("unknown status code `{name}`"))?;
-    let message = status.get("message").and_then(Value::as_str).unwrap_or("");
-    let mut metadata = tonic::metadata::MetadataMap::new();
-    if let Some(trailers) = status.get("trailers") {
-        let Value::Object(map) = trailers else {
-            return Err("`trailers` must map names to text".into());
-        };
-        for (k, v) in map {
-            let key = tonic::metadata::AsciiMetadataKey::from_bytes(k.as_bytes())
-                .map_err(|_| format!("`{k}` is not a metadata name"))?;
-            let value = v
-                .as_str()
-                .and_then(|v| v.parse().ok())
-                .ok_or_else(|| format!("trailer `{k}` must be printable ASCII text"))?;
-            metadata.insert(key, value);
-        }
-    }
-    if code == tonic::Code::Ok && metadata.is_empty() {
-        return Ok(None);
-    }
-    Ok(Some(tonic::Status::with_metadata(code, message, metadata)))
-}
-
 impl DaemonLink {
     async fn answer(&mut self, frame: &Value) -> StepResult {
-        let invalid = |m: String| StepError::new(FailureCode::ScenarioInvalid, m);
-        let call = frame
-            .get("call")
-            .and_then(Value::as_str)
-            .ok_or_else(|| invalid("a daemon frame names its `call`".into()))?;
-        let in_flight = |e: String| StepError::new(FailureCode::TransportFailed, e);
-        if let Some(status) = frame.get("status") {
-            let status = status_of(status).map_err(invalid)?;
-            return self.server.finish(call, status).await.map_err(in_flight);
-        }
-        let payload =
-            match (frame.get("message"), frame.get("message_base64")) {
-                (_, Some(Value::String(b64))) => base64::engine::general_purpose::STANDARD
-                    .decode(b64)
-                    .map_err(|e| invalid(format!("`message_base64`: {e}")))?,
-                (Some(message), _) => {
-                    let method = self.server.method(call).ok_or_else(|| {
-                        in_flight(format!(
-                            "call `{call}` is not in flight (it ended, or was never made)"
-                        ))
-                    })?;
-                    grpc::from_json(method.output(), message).map_err(|e| {
-                        invalid(format!(
-                            "`message` is not a {}: {e}",
-                            method.output().full_name()
-                        ))
-                    })?
-                }
-                _ => return Err(invalid(
-                    "a daemon frame is {call, message}, {call, message_base64} or {call, status}"
-                        .into(),
-                )),
-            };
-        self.server.message(call, payload).await.map_err(in_flight)
+        crate::rpc::answer::answer(&self.server, frame, |_, _| {}).await
     }
 }
 

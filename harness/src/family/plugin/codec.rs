@@ -1,6 +1,9 @@
 //! The plugin wire for the step engine: the call frames of [`crate::rpc::frames`] on
-//! `plugin.v1.PluginService`, plus the host's one frame that is not a call,
-//! `{lifeline: close}` (the host's end of the plugin's stdin closes: the host is gone).
+//! `plugin.v1.PluginService`, plus the host's frames that are not calls:
+//! `{lifeline: close}` (the host's end of the plugin's stdin closes: the host is gone)
+//! and, on side `host`, `{stopped: true}` (the host ended the plugin's process without
+//! the plugin exiting on its own). On side `host` every host frame names the plugin
+//! process it concerns: `process: N`, the N-th process the host launched in the run.
 
 use prost_reflect::DescriptorPool;
 use serde_json::Value;
@@ -30,11 +33,36 @@ pub fn is_lifeline(frame: &Value) -> bool {
         .is_some_and(|m| m.len() == 1 && m.get("lifeline").and_then(Value::as_str) == Some("close"))
 }
 
-/// Checks a host frame: `{lifeline: close}` or a call ([`frames::check_call`]).
+/// Whether `frame` is the side-host frame `{stopped: true, process}`.
+pub fn is_stopped(frame: &Value) -> bool {
+    frame.get("stopped") == Some(&Value::Bool(true))
+}
+
+/// Checks a host frame: `{lifeline: close}`, `{stopped: true}` or a call
+/// ([`frames::check_call`]), each with an optional `process` (a launch number from 1, or
+/// a placeholder).
 ///
 /// # Errors
 /// What is wrong, naming the key.
 pub fn check_host(frame: &Value) -> Result<(), String> {
+    if let Some(Value::Object(map)) = Some(frame)
+        && let Some(process) = map.get("process")
+    {
+        let fits = process.as_u64().is_some_and(|n| n >= 1) || frames::has_placeholder(process);
+        if !fits {
+            return Err("`process` is the launch's number, from 1".into());
+        }
+        let mut rest = map.clone();
+        rest.remove("process");
+        return check_host(&Value::Object(rest));
+    }
+    if frame.get("stopped").is_some() {
+        return if frame.as_object().is_some_and(|m| m.len() == 1) && is_stopped(frame) {
+            Ok(())
+        } else {
+            Err("a stop frame is exactly {stopped: true, process}".into())
+        };
+    }
     if frame.get("lifeline").is_some() {
         return if is_lifeline(frame) {
             Ok(())
@@ -95,6 +123,84 @@ pub static PLUGIN_ROLE: Role = Role {
     )],
 };
 
+/// The codec of side `host` (the harness is the plugin, the server of the host's calls):
+/// the host's calls arrive as `{call, method, auth, request, process}` (`auth`: `token`
+/// when the call carries this launch's host proof, else `wrong` or `none`), the end of
+/// its lifeline and of its plugin processes as `{lifeline: close, process}` and
+/// `{stopped: true, process}`; the harness answers `{call, message | message_base64 |
+/// status}`.
+#[derive(Debug, Clone, Copy)]
+pub struct PluginCodec;
+
+fn fault(code: &str, message: impl Into<String>) -> WireFault {
+    WireFault {
+        code: code.into(),
+        message: message.into(),
+    }
+}
+
+impl Codec for PluginCodec {
+    fn decode(&self, text: &str) -> Result<Value, WireFault> {
+        serde_json::from_str(text).map_err(|e| fault("invalid_json", e.to_string()))
+    }
+
+    /// A call must decode as its method's input; whether it carries the host proof is
+    /// our encoding (PL-AUTH-001), asserted by the scenarios as a `reference` value.
+    fn check_emitted(&self, frame: &Value) -> Result<(), WireFault> {
+        if let Some(why) = frame.get("undecodable").and_then(Value::as_str) {
+            return Err(fault(
+                "undecodable_message",
+                format!("the host's call cannot be read: {why}"),
+            ));
+        }
+        check_host(frame).map_err(|e| fault("invalid_call", e))
+    }
+
+    fn check_outgoing(&self, frame: &Value) -> Result<(), WireFault> {
+        frames::check_event(frame).map_err(|e| fault("invalid_frame", e))
+    }
+
+    fn encode(&self, frame: &Value) -> Result<String, WireFault> {
+        serde_json::to_string(frame).map_err(|e| fault("invalid_value", e.to_string()))
+    }
+
+    /// The end of a run ends the plugins' lifelines and processes.
+    fn may_trail(&self, frame: &Value) -> bool {
+        let mut rest = frame.clone();
+        if let Some(map) = rest.as_object_mut() {
+            map.remove("process");
+        }
+        is_lifeline(&rest) || is_stopped(&rest)
+    }
+
+    fn trailing_rule(&self) -> &'static str {
+        "the host calls its plugin only when a control request asks it to: every call is a step"
+    }
+}
+
+/// The role on side `host`.
+pub static HOST_ROLE: Role = Role {
+    codec: &PluginCodec,
+    target: Party::Host,
+    plays: &[Party::Plugin],
+    emitted_label: "host frame",
+    target_name: "the host",
+    refuses: &[
+        (
+            "send_bytes",
+            "the harness is the plugin: malformed answers are `message_base64`",
+        ),
+        (
+            "half_close",
+            "a server does not half-close; `disconnect` ends the plugin process",
+        ),
+        (
+            "expect_close",
+            "the host's end of a plugin is the frame {lifeline: close} or {stopped: true}",
+        ),
+    ],
+};
+
 /// The scenario table's frame check.
 ///
 /// # Errors
@@ -116,6 +222,10 @@ mod tests {
         assert!(check_host(&json!({"lifeline": "close"})).is_ok());
         assert!(check_host(&json!({"lifeline": "open"})).is_err());
         assert!(check_host(&json!({"lifeline": "close", "call": "x"})).is_err());
+        assert!(check_host(&json!({"lifeline": "close", "process": 2})).is_ok());
+        assert!(check_host(&json!({"stopped": true, "process": "$p"})).is_ok());
+        assert!(check_host(&json!({"stopped": true, "process": 0})).is_err());
+        assert!(check_host(&json!({"stopped": false})).is_err());
         assert!(check_host(&json!({"call": "l", "method": "ListTools", "request": {}})).is_ok());
         let err = check_host(&json!({"call": "l", "method": "Nope"})).unwrap_err();
         assert!(err.contains("Initialize"), "{err}");

@@ -3,11 +3,14 @@
 //!
 //! * Side `plugin` ([`plugin_side`]): the plugin under test; the harness plays its host
 //!   (launch environment, handshake line, calls with the host's proof).
+//! * Side `host` ([`host_side`]): the host under test; the harness plays every plugin
+//!   process it launches (through the relay) and drives the host's control channel.
 //!
 //! Runs on the step engine ([`crate::drive`]); this module holds only what is the plugin
 //! protocol's. It never renders or compares goldens and never prints.
 
 pub mod codec;
+pub mod host_side;
 pub mod plugin_side;
 
 use serde_json::Value;
@@ -21,7 +24,8 @@ pub const FAMILY: &str = "plugin";
 /// Keys whose values the plugin chooses freely (aliased in goldens): the PIDs it reports.
 pub const GENERATED_KEYS: &[&str] = &["pid"];
 
-/// What a golden shows for the plugin's build identity (each implementation's own).
+/// What a golden shows for a build identity (the plugin's or the host's: each
+/// implementation's own).
 pub const BUILD_MASK: &str = "<plugin build>";
 
 /// Fields of JSON carried as text: goldens show them canonical (keys sorted, compact), so
@@ -65,7 +69,7 @@ fn normalize_in(value: &Value, parent: &str) -> Value {
             o.iter()
                 .map(|(k, v)| {
                     let out = match (k.as_str(), v) {
-                        ("pluginBuild", _) => Value::String(BUILD_MASK.into()),
+                        ("pluginBuild" | "hostBuild", _) => Value::String(BUILD_MASK.into()),
                         ("message", Value::String(text)) if parent == "status" => {
                             Value::String(message_code(text))
                         }
@@ -115,6 +119,7 @@ fn message_code(text: &str) -> String {
 pub async fn drive(scenario: &Scenario, side: Side, opts: &DriveOptions) -> DriveOutcome {
     match side {
         Side::Plugin => drive::drive(scenario, opts, plugin_side::start(scenario, opts)).await,
+        Side::Host => drive::drive(scenario, opts, host_side::start(opts)).await,
         other => DriveOutcome::failed(drive::Failure::outside(
             &scenario.id(),
             drive::Phase::Launch,

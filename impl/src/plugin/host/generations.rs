@@ -71,6 +71,18 @@ impl Lease {
     }
 }
 
+/// Another lease on the same generation (a call made under a run's lease): the
+/// generation lives until every clone is dropped too.
+impl Clone for Lease {
+    fn clone(&self) -> Self {
+        self.generation.leases.fetch_add(1, Ordering::SeqCst);
+        Self {
+            generation: self.generation.clone(),
+            host: self.host.clone(),
+        }
+    }
+}
+
 impl Drop for Lease {
     fn drop(&mut self) {
         let last = self.generation.leases.fetch_sub(1, Ordering::SeqCst) == 1;
