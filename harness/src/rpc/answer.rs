@@ -13,7 +13,7 @@ use serde_json::Value;
 
 use crate::drive::{FailureCode, StepError, StepResult};
 use crate::transport::grpc::{self, CODE_NAMES};
-use crate::transport::grpc_server::GrpcServer;
+use crate::transport::grpc_server::Answerer;
 
 fn code_named(name: &str) -> Option<tonic::Code> {
     (0..CODE_NAMES.len() as i32)
@@ -50,14 +50,14 @@ pub fn status_of(status: &Value) -> Result<Option<tonic::Status>, String> {
     Ok(Some(tonic::Status::with_metadata(code, message, metadata)))
 }
 
-/// Sends the answer `frame` on its call of `server`. `adjust` may complete a `message`
+/// Sends the answer `frame` on its call, through `server`. `adjust` may complete a `message`
 /// (in the JSON mapping) before it is encoded, given the call's method.
 ///
 /// # Errors
 /// A frame of another shape or a message that does not encode (`scenario_invalid`); a
 /// call that is not in flight (`transport_failed`).
 pub async fn answer(
-    server: &GrpcServer,
+    server: &Answerer,
     frame: &Value,
     adjust: impl FnOnce(&MethodDescriptor, &mut Value),
 ) -> StepResult {

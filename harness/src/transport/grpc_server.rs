@@ -4,9 +4,10 @@
 //! Each call a client makes becomes one [`IncomingCall`] in arrival order: a name the
 //! server gives it (`call-<n>`), the method, how it authenticated, and its request in the
 //! proto3 JSON mapping (decoded with `prost-reflect` from the family's descriptor pool).
-//! The driver answers a call by name: [`GrpcServer::message`] sends one response message
-//! (encoded payload bytes, so unknown fields can be sent on purpose),
-//! [`GrpcServer::finish`] ends it with a status and trailers. Unary and
+//! The driver answers a call by name through [`GrpcServer::answerer`]:
+//! [`Answerer::message`] sends one response message (encoded payload bytes, so unknown
+//! fields can be sent on purpose), [`Answerer::finish`] ends it with a status and
+//! trailers. Unary and
 //! server-streaming methods look the same on the wire (messages, then trailers), so every
 //! method is served as a stream of what the driver sends. The response headers wait for
 //! the driver's first answer: a call ended with a status before any message gets a
@@ -247,6 +248,27 @@ impl GrpcServer {
         any
     }
 
+    /// A handle that answers this server's calls from another task.
+    pub fn answerer(&self) -> Answerer {
+        Answerer {
+            calls: self.calls.clone(),
+        }
+    }
+
+    /// Stops listening and drops every connection.
+    pub fn close(&mut self) {
+        self.accept.abort();
+        self.disconnect();
+    }
+}
+
+/// Answers the calls of one [`GrpcServer`] (cheap to clone).
+#[derive(Clone)]
+pub struct Answerer {
+    calls: Arc<Mutex<Calls>>,
+}
+
+impl Answerer {
     /// The method of call `call`, while it is in flight.
     pub fn method(&self, call: &str) -> Option<MethodDescriptor> {
         lock(&self.calls).open.get(call).map(|(m, _)| m.clone())
@@ -282,12 +304,6 @@ impl GrpcServer {
             .get(call)
             .map(|(_, tx)| tx.clone())
             .ok_or_else(|| format!("call `{call}` is not in flight (it ended, or was never made)"))
-    }
-
-    /// Stops listening and drops every connection.
-    pub fn close(&mut self) {
-        self.accept.abort();
-        self.disconnect();
     }
 }
 
@@ -497,10 +513,10 @@ mod tests {
             ),
             ("CancelRun", Auth::Token, json!({"runId": "r"}))
         );
-        let out = server.method(&call.call).unwrap().output();
+        let out = server.answerer().method(&call.call).unwrap().output();
         let reply = from_json(out, &json!({"alreadyTerminal": true})).unwrap();
-        server.message(&call.call, reply).await.unwrap();
-        server.finish(&call.call, None).await.unwrap();
+        server.answerer().message(&call.call, reply).await.unwrap();
+        server.answerer().finish(&call.call, None).await.unwrap();
         assert_eq!(
             link.next().await.unwrap(),
             CallEvent::Message {
@@ -512,7 +528,7 @@ mod tests {
             matches!(link.next().await.unwrap(), CallEvent::Status { code, .. } if code == "OK")
         );
         // An ended call cannot be answered again.
-        assert!(server.message(&call.call, Vec::new()).await.is_err());
+        assert!(server.answerer().message(&call.call, Vec::new()).await.is_err());
 
         // Another token, and no token; a refusal with a trailer.
         link.start(spec("b", "Health", json!({}), Some("Bearer nope")))
@@ -522,7 +538,7 @@ mod tests {
         let mut meta = tonic::metadata::MetadataMap::new();
         meta.insert("engine-oldest-retained-sequence", "5".parse().unwrap());
         let refusal = Status::with_metadata(tonic::Code::OutOfRange, "gap", meta);
-        server.finish(&wrong.call, Some(refusal)).await.unwrap();
+        server.answerer().finish(&wrong.call, Some(refusal)).await.unwrap();
         match link.next().await.unwrap() {
             CallEvent::Status { code, trailers, .. } => {
                 assert_eq!(code, "OUT_OF_RANGE");
@@ -539,7 +555,7 @@ mod tests {
             CallEvent::Status { code, .. } => assert_ne!(code, "OK"),
             other => panic!("{other:?}"),
         }
-        assert!(server.method("call-3").is_none());
+        assert!(server.answerer().method("call-3").is_none());
         // The client can connect again.
         link.abort();
         link.start(spec("d", "Health", json!({}), Some("Bearer tok")))

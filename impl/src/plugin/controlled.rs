@@ -104,7 +104,7 @@ impl Ops for Controlled {
             "configure" => CONFIG_KEYS,
             "activate" | "shutdown" => &["as"],
             "lease" => &["as"],
-            "release" => &["lease"],
+            "release" => &["lease", "as"],
             "call" => &["tool", "arguments", "call_id", "lease", "as"],
             "cancel" => &["call_id"],
             "status" => &[],
@@ -177,11 +177,13 @@ impl Ops for Controlled {
                 Ok(answer)
             }
             "release" => {
-                let lease = str_arg(args, "lease")?;
-                lock(&self.leases)
-                    .remove(lease)
-                    .map(|_| json!({}))
-                    .ok_or_else(|| OpError::new("unknown_lease", format!("no lease `{lease}`")))
+                let lease_name = str_arg(args, "lease")?;
+                let lease = lock(&self.leases).remove(lease_name).ok_or_else(|| {
+                    OpError::new("unknown_lease", format!("no lease `{lease_name}`"))
+                })?;
+                self.outcomes.spawn(name, async move {
+                    json!({"drain": lease.release().await})
+                })
             }
             "call" => self.call(name, args),
             "cancel" => {

@@ -95,7 +95,7 @@ fn call_frame(call: IncomingCall) -> Value {
 
 impl DaemonLink {
     async fn answer(&mut self, frame: &Value) -> StepResult {
-        crate::rpc::answer::answer(&self.server, frame, |_, _| {}).await
+        crate::rpc::answer::answer(&self.server.answerer(), frame, |_, _| {}).await
     }
 }
 

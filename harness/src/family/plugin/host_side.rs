@@ -13,16 +13,18 @@
 //! | step | what the harness does |
 //! |---|---|
 //! | `native: {op: args}` | one control request; `expect:` matches its result |
-//! | `launch: {…}` | awaits the host's next plugin launch and checks its environment (`plugin.v1`, a socket path in a private directory, a 64-hex secret no earlier launch had); then, unless told otherwise, binds the socket (0600) and writes the handshake line. `listen: false` binds nothing; `stderr`/`stdout` (text or `{$text: …}`) are written first; `handshake: false` or other text replaces the line; `stdin_eof: ignore` keeps the process alive when the host closes its stdin (default: it exits 0) |
+//! | `launch: {…}` | awaits the host's next plugin launch and checks its environment (`plugin.v1`, a socket path in a private directory, a 64-hex secret no earlier launch had); then, unless told otherwise, binds the socket (0600) and writes the handshake line. `listen: false` binds nothing; `stderr`/`stdout` (text or `{$text: …}`) are written first; `handshake: false` or other text replaces the line; `stdin_eof: ignore` keeps the process alive when the host closes its stdin (default: it exits 0); `observe_end: true` makes the end of this process frames: the host's closing of its stdin and the process's end when the host killed it (default: neither is a frame: how and when a host ends a refused or retired plugin is its own); `list_tools: scripted` makes its `ListTools` calls steps (default: the process answers them itself with the tools its `Initialize` answer gave, as a plugin does, and they are not frames) |
 //! | `host: {call, method, auth, request, process}` | the next call the host makes on any plugin process must match (`process`: the launch's number, from 1) |
-//! | `host: {lifeline: close, process}` / `{stopped: true, process}` | the host closed that process's stdin / ended it without it exiting on its own |
+//! | `host: {lifeline: close, process}` / `{stopped: true, process}` | the host closed that process's stdin / ended it without it exiting on its own (for a launch that said `observe_end: true`) |
 //! | `plugin: {call, message \| message_base64 \| status}` | answers that call; an `Initialize` answer without `secretProof` carries the right proof for the launch's secret and the host's challenge |
-//! | `plugin_process: {exit, stdout, stderr, replace_executable, process}` | the plugin process (default: the last launched) writes on stdout/stderr, then exits with `exit`; `replace_executable: content \| path` changes the configured executable (in place / a new file renamed over the path) |
+//! | `plugin_process: {exit, stdout, stderr, replace_executable, process}` | the plugin process (default: the last launched) writes on stdout/stderr, then exits with `exit`; `replace_executable: content \| path` renames a new file over the configured executable (other bytes / the same bytes) |
 //! | `disconnect` | the last launched plugin process exits with status 1 (it dies) |
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::os::unix::fs::{DirBuilderExt as _, FileTypeExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -78,11 +80,23 @@ enum Inbound {
     Launched {
         hello: Hello,
         tx: mpsc::Sender<RelayMsg>,
+        /// The server's end of the pipe that carries the plugin socket's bytes.
+        conn: DuplexStream,
+        flags: Arc<ProcFlags>,
     },
     /// Something that process's relay reported.
     Relay { idx: usize, event: RelayEvent },
     /// The host made a call on that process's socket.
     Call { idx: usize, call: IncomingCall },
+}
+
+/// What a process's relay task acts on by itself, without the driver.
+#[derive(Debug)]
+struct ProcFlags {
+    /// Exit (status 0) when the host closes stdin (`stdin_eof: exit`, the default).
+    exit_on_eof: AtomicBool,
+    /// The harness asked it to exit.
+    exiting: AtomicBool,
 }
 
 /// One plugin process the host started.
@@ -91,15 +105,19 @@ struct PluginProc {
     env: HashMap<String, String>,
     secret: String,
     server: Option<GrpcServer>,
-    conn_tx: Option<mpsc::Sender<DuplexStream>>,
-    /// Bytes from the host's connection toward the server (`None`: its end).
-    to_server: Option<mpsc::Sender<Option<Vec<u8>>>>,
-    exit_on_eof: bool,
-    /// The harness asked it to exit.
-    exiting: bool,
+    /// The server's end of the socket's pipe, until a `launch` serves it.
+    conn: Option<DuplexStream>,
+    flags: Arc<ProcFlags>,
     gone: bool,
     /// Initialize calls and their challenges.
     challenges: HashMap<String, String>,
+    /// The tools this process announced in Initialize: it answers `ListTools` with them
+    /// itself, as a plugin does (in the background, also while a control request
+    /// waits), unless the launch said `list_tools: scripted`.
+    tools: std::sync::Arc<std::sync::Mutex<Option<Value>>>,
+    /// Emit the `{lifeline: close}` and `{stopped: true}` frames of this process
+    /// (`observe_end: true`).
+    observe_end: bool,
 }
 
 /// The plugins the harness plays against a target host, and the control channel.
@@ -227,7 +245,10 @@ pub async fn start(opts: &DriveOptions) -> Result<Started<ScriptedPluginPeer>, S
 }
 
 /// Accepts every relay peer (each plugin process the host starts) and runs one task per
-/// relay.
+/// relay. The task carries the plugin socket's bytes between the relay and a pipe whose
+/// other end the process's gRPC server reads, and exits the process when its stdin ends
+/// (unless told otherwise): neither waits for the driver, so a host's calls flow while a
+/// control request is pending.
 async fn accept_relays(listener: RelayListener, events: mpsc::Sender<Inbound>) {
     let mut idx = 0;
     loop {
@@ -235,9 +256,51 @@ async fn accept_relays(listener: RelayListener, events: mpsc::Sender<Inbound>) {
             continue;
         };
         let (tx, mut rx) = mpsc::channel::<RelayMsg>(64);
-        if events.send(Inbound::Launched { hello, tx }).await.is_err() {
+        let (ours, conn) = tokio::io::duplex(PIPE_BYTES);
+        let flags = Arc::new(ProcFlags {
+            exit_on_eof: AtomicBool::new(true),
+            exiting: AtomicBool::new(false),
+        });
+        let launched = Inbound::Launched {
+            hello,
+            tx: tx.clone(),
+            conn,
+            flags: flags.clone(),
+        };
+        if events.send(launched).await.is_err() {
             return;
         }
+        let (mut pipe_read, mut pipe_write) = tokio::io::split(ours);
+        let (to_pipe, mut from_relay) = mpsc::channel::<Option<Vec<u8>>>(64);
+        tokio::spawn(async move {
+            while let Some(Some(bytes)) = from_relay.recv().await {
+                if pipe_write.write_all(&bytes).await.is_err() {
+                    return;
+                }
+            }
+            let _ = pipe_write.shutdown().await;
+        });
+        let to_relay = tx.clone();
+        tokio::spawn(async move {
+            let mut buf = vec![0u8; 64 * 1024];
+            loop {
+                match pipe_read.read(&mut buf).await {
+                    Ok(0) | Err(_) => {
+                        let _ = to_relay.send(RelayMsg::Eof(CHANNEL)).await;
+                        return;
+                    }
+                    Ok(n) => {
+                        let msg = RelayMsg::Data {
+                            channel: CHANNEL,
+                            bytes: buf[..n].to_vec(),
+                        };
+                        if to_relay.send(msg).await.is_err() {
+                            return;
+                        }
+                    }
+                }
+            }
+        });
         let events = events.clone();
         let me = idx;
         idx += 1;
@@ -245,6 +308,23 @@ async fn accept_relays(listener: RelayListener, events: mpsc::Sender<Inbound>) {
             loop {
                 tokio::select! {
                     event = relay.recv() => {
+                        match event {
+                            RelayEvent::Msg(RelayMsg::Data { bytes, .. }) => {
+                                let _ = to_pipe.send(Some(bytes)).await;
+                                continue;
+                            }
+                            RelayEvent::Msg(RelayMsg::Eof(_)) => {
+                                let _ = to_pipe.send(None).await;
+                                continue;
+                            }
+                            RelayEvent::Msg(RelayMsg::StdinEof)
+                                if flags.exit_on_eof.load(Ordering::SeqCst)
+                                    && !flags.exiting.swap(true, Ordering::SeqCst) =>
+                            {
+                                let _ = relay.send(RelayMsg::Exit(0), RELAY_SEND_TIMEOUT).await;
+                            }
+                            _ => {}
+                        }
                         let gone = matches!(event, RelayEvent::Gone | RelayEvent::Error(_));
                         if events.send(Inbound::Relay { idx: me, event }).await.is_err() || gone {
                             return;
@@ -285,7 +365,12 @@ impl ScriptedPluginPeer {
 
     async fn absorb(&mut self, inbound: Inbound) {
         match inbound {
-            Inbound::Launched { hello, tx } => {
+            Inbound::Launched {
+                hello,
+                tx,
+                conn,
+                flags,
+            } => {
                 let env: HashMap<String, String> = hello.env.into_iter().collect();
                 let secret = env.get(SECRET_ENV).cloned().unwrap_or_default();
                 self.procs.push(PluginProc {
@@ -293,12 +378,12 @@ impl ScriptedPluginPeer {
                     env,
                     secret,
                     server: None,
-                    conn_tx: None,
-                    to_server: None,
-                    exit_on_eof: true,
-                    exiting: false,
+                    conn: Some(conn),
+                    flags,
                     gone: false,
                     challenges: HashMap::new(),
+                    tools: std::sync::Arc::default(),
+                    observe_end: false,
                 });
                 self.untaken.push_back(self.procs.len() - 1);
             }
@@ -323,58 +408,8 @@ impl ScriptedPluginPeer {
         };
         match event {
             RelayEvent::Msg(RelayMsg::StdinEof) => {
-                if p.exit_on_eof && !p.exiting {
-                    p.exiting = true;
-                    let _ = p.tx.try_send(RelayMsg::Exit(0));
-                }
-                self.text(json!({"lifeline": "close", "process": idx + 1}));
-            }
-            RelayEvent::Msg(RelayMsg::Opened(CHANNEL)) => {
-                let (ours, theirs) = tokio::io::duplex(PIPE_BYTES);
-                if let Some(conn_tx) = &p.conn_tx {
-                    let _ = conn_tx.send(theirs).await;
-                }
-                let (mut read, mut write) = tokio::io::split(ours);
-                let (to_server, mut from_relay) = mpsc::channel::<Option<Vec<u8>>>(64);
-                p.to_server = Some(to_server);
-                tokio::spawn(async move {
-                    while let Some(Some(bytes)) = from_relay.recv().await {
-                        if write.write_all(&bytes).await.is_err() {
-                            return;
-                        }
-                    }
-                    let _ = write.shutdown().await;
-                });
-                let relay = p.tx.clone();
-                tokio::spawn(async move {
-                    let mut buf = vec![0u8; 64 * 1024];
-                    loop {
-                        match read.read(&mut buf).await {
-                            Ok(0) | Err(_) => {
-                                let _ = relay.send(RelayMsg::Eof(CHANNEL)).await;
-                                return;
-                            }
-                            Ok(n) => {
-                                let msg = RelayMsg::Data {
-                                    channel: CHANNEL,
-                                    bytes: buf[..n].to_vec(),
-                                };
-                                if relay.send(msg).await.is_err() {
-                                    return;
-                                }
-                            }
-                        }
-                    }
-                });
-            }
-            RelayEvent::Msg(RelayMsg::Data { bytes, .. }) => {
-                if let Some(to_server) = &p.to_server {
-                    let _ = to_server.send(Some(bytes)).await;
-                }
-            }
-            RelayEvent::Msg(RelayMsg::Eof(_)) => {
-                if let Some(to_server) = &p.to_server {
-                    let _ = to_server.send(None).await;
+                if p.observe_end {
+                    self.text(json!({"lifeline": "close", "process": idx + 1}));
                 }
             }
             RelayEvent::Msg(RelayMsg::OpenFailed { reason, .. }) => {
@@ -392,11 +427,10 @@ impl ScriptedPluginPeer {
                     return;
                 }
                 p.gone = true;
-                p.to_server = None;
                 if let Some(server) = &mut p.server {
                     server.close();
                 }
-                if !p.exiting {
+                if p.observe_end && !p.flags.exiting.load(Ordering::SeqCst) {
                     self.text(json!({"stopped": true, "process": idx + 1}));
                 }
             }
@@ -500,15 +534,28 @@ impl ScriptedPluginPeer {
             return Err(fail::scenario("launch arguments must be a mapping"));
         };
         let flag = |key: &str| args.get(key).and_then(Value::as_bool);
+        let scripted_list = match args.get("list_tools").map(|v| v.as_str()) {
+            None | Some(Some("plugin")) => false,
+            Some(Some("scripted")) => true,
+            _ => return Err(fail::scenario("`list_tools` is `plugin` or `scripted`")),
+        };
+        match args.get("observe_end") {
+            None | Some(Value::Bool(false)) => {}
+            Some(Value::Bool(true)) => self.procs[idx].observe_end = true,
+            _ => return Err(fail::scenario("`observe_end` is true or false")),
+        }
         if let Some(v) = args.get("stdin_eof") {
             match v.as_str() {
                 Some("exit") => {}
-                Some("ignore") => self.procs[idx].exit_on_eof = false,
+                Some("ignore") => self.procs[idx].flags.exit_on_eof.store(false, Ordering::SeqCst),
                 _ => return Err(fail::scenario("`stdin_eof` is `exit` or `ignore`")),
             }
         }
         if flag("listen") != Some(false) {
             let (conn_tx, conn_rx) = mpsc::channel(1);
+            if let Some(conn) = self.procs[idx].conn.take() {
+                let _ = conn_tx.try_send(conn);
+            }
             let token = host_proof(&secret);
             let mut server = GrpcServer::over(
                 &socket.display().to_string(),
@@ -521,8 +568,23 @@ impl ScriptedPluginPeer {
             let (_, closed) = mpsc::channel(1);
             let mut calls = std::mem::replace(&mut server.rx, closed);
             let events = self.events_tx.clone();
+            let answerer = server.answerer();
+            let tools = self.procs[idx].tools.clone();
             tokio::spawn(async move {
                 while let Some(call) = calls.recv().await {
+                    let listed = if call.method == "ListTools" && !scripted_list {
+                        tools.lock().ok().and_then(|t| t.clone())
+                    } else {
+                        None
+                    };
+                    if let Some(tools) = listed {
+                        // The immutable definitions, as a plugin answers them: not a step.
+                        let answer = json!({"call": call.call, "message": {"tools": tools}});
+                        let done = json!({"call": call.call, "status": {"code": "OK"}});
+                        let _ = crate::rpc::answer::answer(&answerer, &answer, |_, _| {}).await;
+                        let _ = crate::rpc::answer::answer(&answerer, &done, |_, _| {}).await;
+                        continue;
+                    }
                     if events.send(Inbound::Call { idx, call }).await.is_err() {
                         return;
                     }
@@ -530,7 +592,6 @@ impl ScriptedPluginPeer {
             });
             let p = &mut self.procs[idx];
             p.server = Some(server);
-            p.conn_tx = Some(conn_tx);
             self.relay_to(
                 idx,
                 RelayMsg::Listen {
@@ -602,29 +663,30 @@ impl ScriptedPluginPeer {
                     .and_then(|c| i32::try_from(c).ok())
                     .filter(|c| (0..=255).contains(c))
                     .ok_or_else(|| fail::scenario("`exit` is a status of 0..=255"))?;
-                self.procs[idx].exiting = true;
+                self.procs[idx].flags.exiting.store(true, Ordering::SeqCst);
                 self.relay_to(idx, RelayMsg::Exit(code)).await?;
             }
         }
         Ok(())
     }
 
-    /// `content`: the configured file changes in place (same path and inode, other
-    /// bytes); `path`: another file is renamed over the path.
+    /// A new file is renamed over the configured path: `content`, with other bytes (the
+    /// pinned digest no longer matches); `path`, with the same bytes. (A running
+    /// executable cannot be written in place: the OS refuses with ETXTBSY.)
     fn replace_executable(&self, how: &Value) -> StepResult {
         let path = &self.executable;
         let failed = |e: std::io::Error| fail::scenario(io_err(path, e));
         match how.as_str() {
-            Some("content") => {
-                let mut file = std::fs::OpenOptions::new()
-                    .append(true)
-                    .open(path)
-                    .map_err(failed)?;
-                std::io::Write::write_all(&mut file, b"\0changed").map_err(failed)
-            }
-            Some("path") => {
+            Some(how @ ("content" | "path")) => {
                 let other = path.with_extension("replacement");
                 std::fs::copy(path, &other).map_err(failed)?;
+                if how == "content" {
+                    let mut file = std::fs::OpenOptions::new()
+                        .append(true)
+                        .open(&other)
+                        .map_err(failed)?;
+                    std::io::Write::write_all(&mut file, b"\0changed").map_err(failed)?;
+                }
                 std::fs::rename(&other, path).map_err(failed)
             }
             _ => Err(fail::scenario(
@@ -640,6 +702,13 @@ impl ScriptedPluginPeer {
         let idx = *self.calls.get(call).ok_or_else(|| {
             fail::not_connected(format!("the host made no call `{call}`"))
         })?;
+        if let Some(tools) = frame.get("message").and_then(|m| m.get("tools"))
+            && self.procs[idx].challenges.contains_key(call)
+        {
+            if let Ok(mut slot) = self.procs[idx].tools.lock() {
+                *slot = Some(tools.clone());
+            }
+        }
         let p = &self.procs[idx];
         let server = p
             .server
@@ -649,7 +718,7 @@ impl ScriptedPluginPeer {
             .challenges
             .get(call)
             .map(|challenge| secret_proof(&p.secret, challenge));
-        crate::rpc::answer::answer(server, frame, |method, message| {
+        crate::rpc::answer::answer(&server.answerer(), frame, |method, message| {
             if method.name() == "Initialize"
                 && let (Some(proof), Value::Object(map)) = (proof, message)
             {
@@ -711,7 +780,7 @@ impl Connection for ScriptedPluginPeer {
             return false;
         };
         let p = &mut self.procs[idx];
-        p.exiting = true;
+        p.flags.exiting.store(true, Ordering::SeqCst);
         p.tx.try_send(RelayMsg::Exit(1)).is_ok()
     }
 

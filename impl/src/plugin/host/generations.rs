@@ -62,12 +62,27 @@ impl Generation {
 pub struct Lease {
     generation: Arc<Generation>,
     host: Arc<Inner>,
+    /// Released through [`Lease::release`]: dropping it does nothing more.
+    released: bool,
 }
 
 impl Lease {
     /// The leased generation.
     pub fn generation(&self) -> &Arc<Generation> {
         &self.generation
+    }
+
+    /// Releases the lease; when it was the last one of a retired generation, that
+    /// generation's drain and shutdown run now and their outcome is returned
+    /// (`{generation, drained, termination_confirmed}`).
+    pub async fn release(mut self) -> Option<Value> {
+        self.released = true;
+        let last = self.generation.leases.fetch_sub(1, Ordering::SeqCst) == 1;
+        if last && self.generation.retired.load(Ordering::SeqCst) {
+            Some(self.host.drain(self.generation.clone()).await)
+        } else {
+            None
+        }
     }
 }
 
@@ -79,17 +94,23 @@ impl Clone for Lease {
         Self {
             generation: self.generation.clone(),
             host: self.host.clone(),
+            released: false,
         }
     }
 }
 
 impl Drop for Lease {
     fn drop(&mut self) {
+        if self.released {
+            return;
+        }
         let last = self.generation.leases.fetch_sub(1, Ordering::SeqCst) == 1;
         if last && self.generation.retired.load(Ordering::SeqCst) {
             let generation = self.generation.clone();
             let host = self.host.clone();
-            tokio::spawn(async move { host.drain(generation).await });
+            tokio::spawn(async move {
+                host.drain(generation).await;
+            });
         }
     }
 }
@@ -106,7 +127,7 @@ struct Inner {
 
 impl Inner {
     /// Bounded drain and shutdown of a retired generation with no lease left.
-    async fn drain(&self, generation: Arc<Generation>) {
+    async fn drain(&self, generation: Arc<Generation>) -> Value {
         let mut process = generation.process.lock().await;
         let timeout = self.config.drain_timeout();
         let mut client = process.client.clone();
@@ -132,8 +153,9 @@ impl Inner {
             if drains.len() == DRAIN_HISTORY {
                 drains.remove(0);
             }
-            drains.push(outcome);
+            drains.push(outcome.clone());
         }
+        outcome
     }
 }
 
@@ -216,6 +238,7 @@ impl PluginHost {
         Some(Lease {
             generation: active,
             host: self.inner.clone(),
+            released: false,
         })
     }
 
@@ -260,7 +283,7 @@ impl PluginHost {
             .config
             .approved_capabilities
             .iter()
-            .map(|c| json!({"capability": c, "enforcement": capability_enforcement(c)}))
+            .map(|c| json!({"capability": c, "enforced": false, "enforcement": capability_enforcement(c)}))
             .collect();
         json!({
             "plugin": self.inner.config.name,
