@@ -295,6 +295,7 @@ async fn cancellation_goes_through_the_rpc() {
     assert_eq!(
         err,
         CallError::Cancelled {
+            acknowledged: true,
             confirmed: true,
             uncertain: false
         }

@@ -104,6 +104,8 @@ pub struct GrpcServer {
     accept: JoinHandle<()>,
     connections: Arc<Mutex<Vec<JoinHandle<()>>>>,
     calls: Arc<Mutex<Calls>>,
+    /// Set to end every connection gracefully ([`GrpcServer::close_gracefully`]).
+    stop: tokio::sync::watch::Sender<bool>,
     /// Calls in arrival order.
     pub rx: mpsc::Receiver<IncomingCall>,
 }
@@ -123,6 +125,8 @@ struct Shared {
     counter: Arc<AtomicU64>,
     /// What call names start with (`call-`).
     prefix: Arc<str>,
+    /// Becomes true when the connections are to end gracefully.
+    stop: tokio::sync::watch::Receiver<bool>,
     calls: Arc<Mutex<Calls>>,
     tx: mpsc::Sender<IncomingCall>,
 }
@@ -211,6 +215,7 @@ impl GrpcServer {
         Fut: Future<Output = Option<S>> + Send + 'static,
     {
         let (tx, rx) = mpsc::channel(CALL_QUEUE_MAX);
+        let (stop, stop_rx) = tokio::sync::watch::channel(false);
         let calls = Arc::new(Mutex::new(Calls::default()));
         let connections = Arc::new(Mutex::new(Vec::new()));
         let shared = Shared {
@@ -219,6 +224,7 @@ impl GrpcServer {
             token: token.into(),
             counter: Arc::new(AtomicU64::new(0)),
             prefix: prefix.into(),
+            stop: stop_rx,
             calls: calls.clone(),
             tx,
         };
@@ -228,6 +234,7 @@ impl GrpcServer {
             accept,
             connections,
             calls,
+            stop,
             rx,
         }
     }
@@ -253,6 +260,13 @@ impl GrpcServer {
         Answerer {
             calls: self.calls.clone(),
         }
+    }
+
+    /// Stops accepting connections and ends each one gracefully: GOAWAY, the calls in
+    /// flight finish, everything written is flushed, then the connection closes (as a
+    /// server that shuts down before its process exits).
+    pub fn close_gracefully(&self) {
+        let _ = self.stop.send(true);
     }
 
     /// Stops listening and drops every connection.
@@ -331,18 +345,32 @@ async fn accept_loop<S, F, Fut>(
         let Ok(permit) = slots.clone().acquire_owned().await else {
             return;
         };
-        let Some(stream) = next().await else {
+        let mut stop = shared.stop.clone();
+        let stream = tokio::select! {
+            stream = next() => stream,
+            _ = stop.wait_for(|s| *s) => None,
+        };
+        let Some(stream) = stream else {
             return;
         };
         let shared = shared.clone();
         let task = tokio::spawn(async move {
+            let mut stop = shared.stop.clone();
             let service = hyper::service::service_fn(move |req| {
                 let shared = shared.clone();
                 async move { Ok::<_, std::convert::Infallible>(serve_call(shared, req).await) }
             });
-            let _ = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
-                .serve_connection(TokioIo::new(stream), service)
-                .await;
+            let conn = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+                .serve_connection(TokioIo::new(stream), service);
+            tokio::pin!(conn);
+            let stopping = tokio::select! {
+                _ = conn.as_mut() => false,
+                stopped = stop.wait_for(|s| *s) => stopped.is_ok(),
+            };
+            if stopping {
+                conn.as_mut().graceful_shutdown();
+                let _ = conn.await;
+            }
             drop(permit);
         });
         let mut list = lock(&connections);

@@ -84,10 +84,12 @@ fn call_outcome(outcome: Result<ToolOutcome, CallError>, progress: Vec<Value>) -
             match &e {
                 CallError::Interrupted { uncertain } => error["uncertain"] = json!(uncertain),
                 CallError::Cancelled {
+                    acknowledged,
                     confirmed,
                     uncertain,
                 } => {
                     error["uncertain"] = json!(uncertain);
+                    error["acknowledged"] = json!(acknowledged);
                     error["termination_confirmed"] = json!(confirmed);
                 }
                 CallError::Violation { rule, .. } => error["rule"] = json!(rule),
@@ -321,6 +323,7 @@ mod tests {
         assert_eq!(cut["error"]["uncertain"], true);
         let cancelled = call_outcome(
             Err(CallError::Cancelled {
+                acknowledged: false,
                 confirmed: false,
                 uncertain: false,
             }),

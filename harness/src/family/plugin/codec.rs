@@ -1,8 +1,8 @@
 //! The plugin wire for the step engine: the call frames of [`crate::rpc::frames`] on
 //! `plugin.v1.PluginService`, plus the host's frames that are not calls:
-//! `{lifeline: close}` (the host's end of the plugin's stdin closes: the host is gone)
-//! and, on side `host`, `{stopped: true}` (the host ended the plugin's process without
-//! the plugin exiting on its own). On side `host` every host frame names the plugin
+//! `{lifeline: close}` (side `plugin`: the harness, as the host, closes the plugin's
+//! stdin: the host is gone) and `{stopped: true}` (side `host`: the host ended the
+//! plugin's process without the plugin exiting on its own). On side `host` every host frame names the plugin
 //! process it concerns: `process: N`, the N-th process the host launched in the run.
 
 use prost_reflect::DescriptorPool;
@@ -125,9 +125,8 @@ pub static PLUGIN_ROLE: Role = Role {
 
 /// The codec of side `host` (the harness is the plugin, the server of the host's calls):
 /// the host's calls arrive as `{call, method, auth, request, process}` (`auth`: `token`
-/// when the call carries this launch's host proof, else `wrong` or `none`), the end of
-/// its lifeline and of its plugin processes as `{lifeline: close, process}` and
-/// `{stopped: true, process}`; the harness answers `{call, message | message_base64 |
+/// when the call carries this launch's host proof, else `wrong` or `none`), the end of a
+/// plugin process the host killed as `{stopped: true, process}`; the harness answers `{call, message | message_base64 |
 /// status}`.
 #[derive(Debug, Clone, Copy)]
 pub struct PluginCodec;
@@ -164,13 +163,13 @@ impl Codec for PluginCodec {
         serde_json::to_string(frame).map_err(|e| fault("invalid_value", e.to_string()))
     }
 
-    /// The end of a run ends the plugins' lifelines and processes.
+    /// The end of a run ends the plugin processes.
     fn may_trail(&self, frame: &Value) -> bool {
         let mut rest = frame.clone();
         if let Some(map) = rest.as_object_mut() {
             map.remove("process");
         }
-        is_lifeline(&rest) || is_stopped(&rest)
+        is_stopped(&rest)
     }
 
     fn trailing_rule(&self) -> &'static str {

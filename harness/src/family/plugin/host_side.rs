@@ -13,9 +13,9 @@
 //! | step | what the harness does |
 //! |---|---|
 //! | `native: {op: args}` | one control request; `expect:` matches its result |
-//! | `launch: {…}` | awaits the host's next plugin launch and checks its environment (`plugin.v1`, a socket path in a private directory, a 64-hex secret no earlier launch had); then, unless told otherwise, binds the socket (0600) and writes the handshake line. `listen: false` binds nothing; `stderr`/`stdout` (text or `{$text: …}`) are written first; `handshake: false` or other text replaces the line; `stdin_eof: ignore` keeps the process alive when the host closes its stdin (default: it exits 0); `observe_end: true` makes the end of this process frames: the host's closing of its stdin and the process's end when the host killed it (default: neither is a frame: how and when a host ends a refused or retired plugin is its own); `list_tools: scripted` makes its `ListTools` calls steps (default: the process answers them itself with the tools its `Initialize` answer gave, as a plugin does, and they are not frames) |
+//! | `launch: {…}` | awaits the host's next plugin launch and checks its environment (`plugin.v1`, a socket path in a private directory, a 64-hex secret no earlier launch had); then, unless told otherwise, binds the socket (0600) and writes the handshake line. `listen: false` binds nothing; `stderr`/`stdout` (text or `{$text: …}`) are written first; `handshake: false` or other text replaces the line; `stdin_eof: ignore` keeps the process alive when the host closes its stdin (default: it exits 0); `observe_end: true` makes the process's end a frame when the host killed it (default: not one: how and when a host ends a refused or retired plugin is its own); `list_tools: scripted` makes its `ListTools` calls steps (default: the process answers them itself with the tools its `Initialize` answer gave, as a plugin does, and they are not frames) |
 //! | `host: {call, method, auth, request, process}` | the next call the host makes on any plugin process must match (`process`: the launch's number, from 1) |
-//! | `host: {lifeline: close, process}` / `{stopped: true, process}` | the host closed that process's stdin / ended it without it exiting on its own (for a launch that said `observe_end: true`) |
+//! | `host: {stopped: true, process}` | the host ended that process without it exiting on its own (for a launch that said `observe_end: true`) |
 //! | `plugin: {call, message \| message_base64 \| status}` | answers that call; an `Initialize` answer without `secretProof` carries the right proof for the launch's secret and the host's challenge |
 //! | `plugin_process: {exit, stdout, stderr, replace_executable, process}` | the plugin process (default: the last launched) writes on stdout/stderr, then exits with `exit`; `replace_executable: content \| path` renames a new file over the configured executable (other bytes / the same bytes) |
 //! | `disconnect` | the last launched plugin process exits with status 1 (it dies) |
@@ -71,6 +71,10 @@ const RELAY_SEND_TIMEOUT: Duration = Duration::from_secs(10);
 /// Bytes buffered between the relay and the gRPC server, each way.
 const PIPE_BYTES: usize = 256 * 1024;
 
+/// How long a process that exits (`plugin_process: {exit}`) waits for its server's
+/// connection to end gracefully (calls still in flight keep it open).
+const GRACEFUL_EXIT_WAIT: Duration = Duration::from_secs(2);
+
 /// How long past its own `timeout_ms` a control request may take.
 const CONTROL_GRACE: Duration = Duration::from_secs(5);
 
@@ -83,6 +87,8 @@ enum Inbound {
         /// The server's end of the pipe that carries the plugin socket's bytes.
         conn: DuplexStream,
         flags: Arc<ProcFlags>,
+        /// Becomes true once everything the server wrote reached the relay.
+        flushed: tokio::sync::watch::Receiver<bool>,
     },
     /// Something that process's relay reported.
     Relay { idx: usize, event: RelayEvent },
@@ -108,6 +114,8 @@ struct PluginProc {
     /// The server's end of the socket's pipe, until a `launch` serves it.
     conn: Option<DuplexStream>,
     flags: Arc<ProcFlags>,
+    /// True once the server's side of the socket ended and all it wrote was relayed.
+    flushed: tokio::sync::watch::Receiver<bool>,
     gone: bool,
     /// Initialize calls and their challenges.
     challenges: HashMap<String, String>,
@@ -115,8 +123,7 @@ struct PluginProc {
     /// itself, as a plugin does (in the background, also while a control request
     /// waits), unless the launch said `list_tools: scripted`.
     tools: std::sync::Arc<std::sync::Mutex<Option<Value>>>,
-    /// Emit the `{lifeline: close}` and `{stopped: true}` frames of this process
-    /// (`observe_end: true`).
+    /// Emit the `{stopped: true}` frame of this process (`observe_end: true`).
     observe_end: bool,
 }
 
@@ -261,11 +268,13 @@ async fn accept_relays(listener: RelayListener, events: mpsc::Sender<Inbound>) {
             exit_on_eof: AtomicBool::new(true),
             exiting: AtomicBool::new(false),
         });
+        let (flushed_tx, flushed) = tokio::sync::watch::channel(false);
         let launched = Inbound::Launched {
             hello,
             tx: tx.clone(),
             conn,
             flags: flags.clone(),
+            flushed,
         };
         if events.send(launched).await.is_err() {
             return;
@@ -287,6 +296,7 @@ async fn accept_relays(listener: RelayListener, events: mpsc::Sender<Inbound>) {
                 match pipe_read.read(&mut buf).await {
                     Ok(0) | Err(_) => {
                         let _ = to_relay.send(RelayMsg::Eof(CHANNEL)).await;
+                        let _ = flushed_tx.send(true);
                         return;
                     }
                     Ok(n) => {
@@ -370,6 +380,7 @@ impl ScriptedPluginPeer {
                 tx,
                 conn,
                 flags,
+                flushed,
             } => {
                 let env: HashMap<String, String> = hello.env.into_iter().collect();
                 let secret = env.get(SECRET_ENV).cloned().unwrap_or_default();
@@ -380,6 +391,7 @@ impl ScriptedPluginPeer {
                     server: None,
                     conn: Some(conn),
                     flags,
+                    flushed,
                     gone: false,
                     challenges: HashMap::new(),
                     tools: std::sync::Arc::default(),
@@ -407,11 +419,6 @@ impl ScriptedPluginPeer {
             return;
         };
         match event {
-            RelayEvent::Msg(RelayMsg::StdinEof) => {
-                if p.observe_end {
-                    self.text(json!({"lifeline": "close", "process": idx + 1}));
-                }
-            }
             RelayEvent::Msg(RelayMsg::OpenFailed { reason, .. }) => {
                 let text = format!(
                     "the plugin process could not serve its socket {}: {reason}",
@@ -663,7 +670,16 @@ impl ScriptedPluginPeer {
                     .and_then(|c| i32::try_from(c).ok())
                     .filter(|c| (0..=255).contains(c))
                     .ok_or_else(|| fail::scenario("`exit` is a status of 0..=255"))?;
-                self.procs[idx].flags.exiting.store(true, Ordering::SeqCst);
+                let p = &self.procs[idx];
+                p.flags.exiting.store(true, Ordering::SeqCst);
+                // A process that exits ends its server first: every answer it wrote
+                // reaches the host before the process is gone.
+                if let Some(server) = &p.server {
+                    server.close_gracefully();
+                    let mut flushed = p.flushed.clone();
+                    let _ =
+                        tokio::time::timeout(GRACEFUL_EXIT_WAIT, flushed.wait_for(|f| *f)).await;
+                }
                 self.relay_to(idx, RelayMsg::Exit(code)).await?;
             }
         }

@@ -11,7 +11,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use crate::plugin::proto::v1::{CancelRequest, ExecuteRequest, FailureCode, execute_response};
-use crate::plugin::wire::{MAX_PROGRESS_MESSAGES, check_call_id, random_hex};
+use crate::plugin::wire::{check_call_id, random_hex};
 
 use super::generations::Lease;
 
@@ -62,9 +62,14 @@ pub enum CallError {
         detail: String,
     },
     /// The call was cancelled (or timed out) before its outcome.
-    #[error("cancelled: termination confirmed: {confirmed}, uncertain: {uncertain}")]
+    #[error(
+        "cancelled: acknowledged: {acknowledged}, termination confirmed: {confirmed}, uncertain: {uncertain}"
+    )]
     Cancelled {
-        /// Whether the plugin ended the call (or its processes were confirmed gone).
+        /// Whether the plugin answered the `Cancel` RPC.
+        acknowledged: bool,
+        /// Whether the call is known to have stopped: the plugin acknowledged the cancel,
+        /// or (when it did not) its process tree was stopped and confirmed gone.
         confirmed: bool,
         /// Whether the effect may have happened.
         uncertain: bool,
@@ -182,7 +187,7 @@ impl Lease {
                             ));
                         }
                         sequence = p.sequence;
-                        if sequence > u64::from(MAX_PROGRESS_MESSAGES) {
+                        if sequence > u64::from(generation.max_progress_messages) {
                             return Err(violation(
                                 "progress_bound",
                                 format!("progress message {sequence}"),
@@ -211,8 +216,8 @@ impl Lease {
         };
         let outcome = tokio::select! {
             outcome = run => outcome,
-            () = cancel => Err(CallError::Cancelled { confirmed: false, uncertain }),
-            () = tokio::time::sleep(generation.call_timeout) => Err(CallError::Cancelled { confirmed: false, uncertain }),
+            () = cancel => Err(CallError::Cancelled { acknowledged: false, confirmed: false, uncertain }),
+            () = tokio::time::sleep(generation.call_timeout) => Err(CallError::Cancelled { acknowledged: false, confirmed: false, uncertain }),
         };
         if let Err(CallError::Cancelled { uncertain, .. }) = outcome {
             // Through the RPC first; the dropped stream (RST_STREAM) says the same.
@@ -224,12 +229,18 @@ impl Lease {
                 }),
             )
             .await;
-            let confirmed = matches!(asked, Ok(Ok(_)));
-            if !confirmed {
-                // The plugin does not answer: its process tree is stopped.
+            let acknowledged = matches!(asked, Ok(Ok(_)));
+            let confirmed = if acknowledged {
+                true
+            } else {
+                // The plugin does not answer: the call's only sure end is its process
+                // tree's ("Cancellation propagates through RPC then process-tree
+                // cleanup"). The generation is broken; later calls need a restart.
                 generation.broken.store(true, Ordering::SeqCst);
-            }
+                generation.stop_process().await
+            };
             return Err(CallError::Cancelled {
+                acknowledged,
                 confirmed,
                 uncertain,
             });

@@ -41,6 +41,9 @@ pub struct Generation {
     pub client: PluginClient,
     /// The call bound.
     pub call_timeout: Duration,
+    /// The negotiated `max_progress_messages` (the lower of both sides'): a call that
+    /// streams more breaks the call's rules.
+    pub max_progress_messages: u32,
     process: AsyncMutex<Process>,
     verified: super::verify::Verified,
     leases: AtomicUsize,
@@ -50,6 +53,12 @@ pub struct Generation {
 }
 
 impl Generation {
+    /// Stops the process tree hard (the supervisor kills every descendant); whether its
+    /// termination was confirmed.
+    pub(super) async fn stop_process(&self) -> bool {
+        self.process.lock().await.hard_stop().await
+    }
+
     /// The plugin's output state (stderr tail, contamination).
     pub async fn output(&self) -> Arc<super::launch::Output> {
         self.process.lock().await.output.clone()
@@ -207,6 +216,9 @@ impl PluginHost {
             }),
             client: process.client.clone(),
             call_timeout: config.call_timeout(),
+            max_progress_messages: init
+                .limits
+                .map_or(crate::plugin::wire::MAX_PROGRESS_MESSAGES, |l| l.max_progress_messages),
             process: AsyncMutex::new(process),
             verified,
             leases: AtomicUsize::new(0),
