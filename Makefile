@@ -14,10 +14,10 @@ JOBS    ?=
 HARNESS_ARGS ?=
 
 .PHONY: check-runtime-contract check setup build test lint fmt fmt-check clippy doc proto-check proto-baseline \
-        contract contract-core contract-worker contract-worker-host contract-engine contract-engine-client contract-plugin contract-plugin-python coverage golden-review golden-accept golden-stable schema bench clean
+        contract contract-core contract-worker contract-worker-host contract-engine contract-engine-client contract-plugin contract-plugin-python contract-plugin-host coverage golden-review golden-accept golden-stable schema bench clean
 
 ## The main job: build everything, replay every scenario against our binaries, print coverage.
-check-runtime-contract: setup build contract contract-core contract-worker contract-worker-host contract-engine contract-engine-client contract-plugin contract-plugin-python coverage
+check-runtime-contract: setup build contract contract-core contract-worker contract-worker-host contract-engine contract-engine-client contract-plugin contract-plugin-python contract-plugin-host coverage
 
 ## What CI runs (.ci/run): formatting, lints, docs, schema checks, unit tests and the
 ## contract suite.
@@ -76,6 +76,13 @@ contract-plugin-python: build
 	$(HARNESS) run --family plugin --side plugin \
 	  --target-cmd '$(CURDIR)/.tools/py/bin/python $(CURDIR)/impl/src/plugin/python/conformance_plugin.py' \
 	  $(if $(JOBS),--jobs $(JOBS)) $(HARNESS_ARGS)
+
+## The plugin family with our host as the target (the harness plays every plugin process
+## it launches, through the relay, and drives it over its control channel,
+## docs/plugin-host-control.md).
+contract-plugin-host: build
+	$(HARNESS) run --family plugin --side host \
+	  --target-cmd '$(IMPL) plugin host' $(if $(JOBS),--jobs $(JOBS)) $(HARNESS_ARGS)
 
 ## Requirement coverage of every family.
 coverage: build

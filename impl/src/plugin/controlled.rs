@@ -126,11 +126,6 @@ impl Ops for Controlled {
     ) -> Result<Value, OpError> {
         match op {
             "configure" => {
-                let config: PluginConfig = serde_json::from_value(Value::Object(args.clone()))
-                    .map_err(|e| OpError::new("invalid_config", e.to_string()))?;
-                config
-                    .validate()
-                    .map_err(|e| OpError::new(e.code(), e.to_string()))?;
                 let mut host = lock(&self.host);
                 if host.is_some() {
                     return Err(OpError::new(
@@ -138,8 +133,18 @@ impl Ops for Controlled {
                         "this host runs one configured plugin",
                     ));
                 }
-                *host = Some(PluginHost::new(config, self.supervisor.clone()));
-                Ok(json!({}))
+                let config = serde_json::from_value::<PluginConfig>(Value::Object(args.clone()))
+                    .map_err(|e| ("invalid_config", e.to_string()))
+                    .and_then(|c| c.validate().map(|()| c).map_err(|e| (e.code(), e.to_string())));
+                match config {
+                    Ok(config) => {
+                        *host = Some(PluginHost::new(config, self.supervisor.clone()));
+                        Ok(json!({"status": "accepted"}))
+                    }
+                    Err((code, message)) => {
+                        Ok(json!({"status": "refused", "code": code, "message": message}))
+                    }
+                }
             }
             "activate" => {
                 let host = self.host()?;
