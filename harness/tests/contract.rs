@@ -210,6 +210,12 @@ fn main() {
             "worker host --profile different",
         ),
         (
+            "plugin::vendor_mode_passes_a_different_but_correct_host",
+            "plugin",
+            Side::Host,
+            "plugin host --profile different",
+        ),
+        (
             "engine::vendor_mode_passes_a_different_but_correct_daemon",
             "engine",
             Side::Daemon,

@@ -41,7 +41,12 @@ pub enum PluginCommand {
     },
     /// Our host driven over the control channel of docs/plugin-host-control.md
     /// (`CONTRACT_PLUGIN_HOST_CONTROL_SOCKET`), for the conformance harness's side `host`.
-    Host,
+    Host {
+        /// `different`: the host names its refusals and call outcomes differently, as
+        /// another correct host may (the vendor-mode trial of the suite).
+        #[arg(long, value_enum, default_value = "reference")]
+        profile: crate::engine::cli::ProfileArg,
+    },
     /// Verify, launch and validate the configured plugin, print the host's status, drain.
     Activate {
         /// The plugin's configuration (JSON).
@@ -105,7 +110,7 @@ async fn host_command(what: PluginCommand) -> u8 {
             hold,
         } => (config, Some(Some((tool, args, call_id, hold)))),
         PluginCommand::Fixture
-        | PluginCommand::Host
+        | PluginCommand::Host { .. }
         | PluginCommand::Digest { .. }
         | PluginCommand::Bench { .. } => {
             return 2;
@@ -214,9 +219,10 @@ pub fn run(args: PluginArgs) -> ExitCode {
             runtime.shutdown_background();
             ExitCode::from(u8::try_from(status).unwrap_or(1))
         }
-        PluginCommand::Host => match tokio::runtime::Runtime::new() {
+        PluginCommand::Host { profile } => match tokio::runtime::Runtime::new() {
             Ok(runtime) => {
-                let code = runtime.block_on(super::controlled::run());
+                let different = matches!(profile, crate::engine::cli::ProfileArg::Different);
+                let code = runtime.block_on(super::controlled::run(different));
                 runtime.shutdown_background();
                 ExitCode::from(u8::try_from(code).unwrap_or(1))
             }

@@ -54,6 +54,18 @@ struct Controlled {
     /// Calls running now, by call ID: their cancel trigger.
     running: Arc<Mutex<HashMap<String, oneshot::Sender<()>>>>,
     outcomes: Outcomes,
+    /// Name refusals and call outcomes differently ([`code_name`]).
+    different: bool,
+}
+
+/// A stable code as this host reports it: ours, or (`different`) another name for it, as
+/// another correct host may choose: the spec fixes the outcomes, not their names.
+fn code_name(different: bool, ours: &str) -> String {
+    if different {
+        format!("host-{}", ours.replace('_', "-"))
+    } else {
+        ours.to_string()
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -69,7 +81,11 @@ impl Controlled {
 }
 
 /// What a call ended with, as the control channel reports it.
-fn call_outcome(outcome: Result<ToolOutcome, CallError>, progress: Vec<Value>) -> Value {
+fn call_outcome(
+    different: bool,
+    outcome: Result<ToolOutcome, CallError>,
+    progress: Vec<Value>,
+) -> Value {
     match outcome {
         Ok(ToolOutcome::Result(output)) => json!({
             "progress": progress,
@@ -80,7 +96,7 @@ fn call_outcome(outcome: Result<ToolOutcome, CallError>, progress: Vec<Value>) -
             "failure": {"code": code.as_str_name(), "message": message},
         }),
         Err(e) => {
-            let mut error = json!({"code": e.code(), "message": e.to_string()});
+            let mut error = json!({"code": code_name(different, e.code()), "message": e.to_string()});
             match &e {
                 CallError::Interrupted { uncertain } => error["uncertain"] = json!(uncertain),
                 CallError::Cancelled {
@@ -92,7 +108,7 @@ fn call_outcome(outcome: Result<ToolOutcome, CallError>, progress: Vec<Value>) -
                     error["acknowledged"] = json!(acknowledged);
                     error["termination_confirmed"] = json!(confirmed);
                 }
-                CallError::Violation { rule, .. } => error["rule"] = json!(rule),
+                CallError::Violation { rule, .. } => error["rule"] = json!(code_name(different, rule)),
                 _ => {}
             }
             json!({"progress": progress, "error": error})
@@ -141,19 +157,24 @@ impl Ops for Controlled {
                         *host = Some(PluginHost::new(config, self.supervisor.clone()));
                         Ok(json!({"status": "accepted"}))
                     }
-                    Err((code, message)) => {
-                        Ok(json!({"status": "refused", "code": code, "message": message}))
-                    }
+                    Err((code, message)) => Ok(json!({
+                        "status": "refused",
+                        "code": code_name(self.different, code),
+                        "message": message,
+                    })),
                 }
             }
             "activate" => {
                 let host = self.host()?;
+                let different = self.different;
                 self.outcomes.spawn(name, async move {
                     match host.activate().await {
                         Ok(generation) => json!({"status": "active", "generation": generation}),
-                        Err(e) => {
-                            json!({"status": "refused", "code": e.code, "message": e.message})
-                        }
+                        Err(e) => json!({
+                            "status": "refused",
+                            "code": code_name(different, e.code),
+                            "message": e.message,
+                        }),
                     }
                 })
             }
@@ -202,7 +223,14 @@ impl Ops for Controlled {
                 let host = lock(&self.host).clone();
                 match host {
                     None => Ok(json!({"configured": false})),
-                    Some(host) => Ok(host.status().await),
+                    Some(host) => {
+                        let mut status = host.status().await;
+                        if let Some(Value::String(drift)) = status.pointer("/active/drift") {
+                            let renamed = code_name(self.different, drift);
+                            status["active"]["drift"] = Value::String(renamed);
+                        }
+                        Ok(status)
+                    }
                 }
             }
             other => Err(bad(format!("unknown op `{other}`"))),
@@ -250,6 +278,7 @@ impl Controlled {
             running.insert(call_id.clone(), cancel_tx);
         }
         let running = self.running.clone();
+        let different = self.different;
         self.outcomes.spawn(name, async move {
             let mut progress = Vec::new();
             let outcome = lease
@@ -267,15 +296,15 @@ impl Controlled {
                 .await;
             lock(&running).remove(&call_id);
             drop(lease);
-            call_outcome(outcome, progress)
+            call_outcome(different, outcome, progress)
         })
     }
 }
 
 /// Runs the controlled host until the control channel ends or SIGTERM; retires every
 /// generation before it returns. Returns the process exit code (0; 2 when it cannot
-/// start).
-pub async fn run() -> i32 {
+/// start). `different`: the codes are named otherwise ([`code_name`]).
+pub async fn run(different: bool) -> i32 {
     let socket = match std::env::var(CONTROL_ENV) {
         Ok(s) => s,
         Err(_) => {
@@ -296,6 +325,7 @@ pub async fn run() -> i32 {
         leases: Mutex::new(HashMap::new()),
         running: Arc::new(Mutex::new(HashMap::new())),
         outcomes: Outcomes::new(),
+        different,
     });
     match crate::control::serve(std::path::Path::new(&socket), HELLO_LINE, controlled).await {
         Ok(()) => 0,
@@ -313,9 +343,10 @@ mod tests {
 
     #[test]
     fn outcomes_name_their_kind() {
-        let ok = call_outcome(Ok(ToolOutcome::Result(r#"{"a":1}"#.into())), vec![]);
+        let ok = call_outcome(false, Ok(ToolOutcome::Result(r#"{"a":1}"#.into())), vec![]);
         assert_eq!(ok, json!({"progress": [], "result": {"a": 1}}));
         let failed = call_outcome(
+            false,
             Ok(ToolOutcome::Failure {
                 code: FailureCode::Busy,
                 message: "m".into(),
@@ -323,10 +354,11 @@ mod tests {
             vec![json!({"sequence": 1, "message": "x"})],
         );
         assert_eq!(failed["failure"]["code"], "BUSY");
-        let cut = call_outcome(Err(CallError::Interrupted { uncertain: true }), vec![]);
-        assert_eq!(cut["error"]["code"], "interrupted");
+        let cut = call_outcome(true, Err(CallError::Interrupted { uncertain: true }), vec![]);
+        assert_eq!(cut["error"]["code"], "host-interrupted");
         assert_eq!(cut["error"]["uncertain"], true);
         let cancelled = call_outcome(
+            false,
             Err(CallError::Cancelled {
                 acknowledged: false,
                 confirmed: false,
