@@ -210,6 +210,12 @@ fn main() {
             "worker host --profile different",
         ),
         (
+            "plugin::vendor_mode_passes_a_different_but_correct_plugin",
+            "plugin",
+            Side::Plugin,
+            "plugin fixture --profile different",
+        ),
+        (
             "plugin::vendor_mode_passes_a_different_but_correct_host",
             "plugin",
             Side::Host,

@@ -556,7 +556,13 @@ mod tests {
             matches!(link.next().await.unwrap(), CallEvent::Status { code, .. } if code == "OK")
         );
         // An ended call cannot be answered again.
-        assert!(server.answerer().message(&call.call, Vec::new()).await.is_err());
+        assert!(
+            server
+                .answerer()
+                .message(&call.call, Vec::new())
+                .await
+                .is_err()
+        );
 
         // Another token, and no token; a refusal with a trailer.
         link.start(spec("b", "Health", json!({}), Some("Bearer nope")))
@@ -566,7 +572,11 @@ mod tests {
         let mut meta = tonic::metadata::MetadataMap::new();
         meta.insert("engine-oldest-retained-sequence", "5".parse().unwrap());
         let refusal = Status::with_metadata(tonic::Code::OutOfRange, "gap", meta);
-        server.answerer().finish(&wrong.call, Some(refusal)).await.unwrap();
+        server
+            .answerer()
+            .finish(&wrong.call, Some(refusal))
+            .await
+            .unwrap();
         match link.next().await.unwrap() {
             CallEvent::Status { code, trailers, .. } => {
                 assert_eq!(code, "OUT_OF_RANGE");

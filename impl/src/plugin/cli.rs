@@ -33,7 +33,12 @@ pub struct PluginArgs {
 pub enum PluginCommand {
     /// Serve the conformance tool set as a plugin (the launch environment names the
     /// socket and carries the secret; see docs/plugin-launch-contract.md).
-    Fixture,
+    Fixture {
+        /// `different`: refusals encoded as another correct plugin would (other gRPC
+        /// codes and launch exit status; the vendor-mode trial of the suite).
+        #[arg(long, value_enum, default_value = "reference")]
+        profile: crate::engine::cli::ProfileArg,
+    },
     /// Print the SHA-256 of FILE (the value a configuration's `sha256` pins).
     Digest {
         /// The executable.
@@ -109,7 +114,7 @@ async fn host_command(what: PluginCommand) -> u8 {
             call_id,
             hold,
         } => (config, Some(Some((tool, args, call_id, hold)))),
-        PluginCommand::Fixture
+        PluginCommand::Fixture { .. }
         | PluginCommand::Host { .. }
         | PluginCommand::Digest { .. }
         | PluginCommand::Bench { .. } => {
@@ -206,7 +211,7 @@ async fn host_command(what: PluginCommand) -> u8 {
 /// Runs `contract-impl plugin …`.
 pub fn run(args: PluginArgs) -> ExitCode {
     match args.what {
-        PluginCommand::Fixture => {
+        PluginCommand::Fixture { profile } => {
             let runtime = match tokio::runtime::Runtime::new() {
                 Ok(r) => r,
                 Err(e) => {
@@ -214,7 +219,10 @@ pub fn run(args: PluginArgs) -> ExitCode {
                     return ExitCode::from(2);
                 }
             };
-            let status = runtime.block_on(super::sdk::serve(super::fixture::Fixture));
+            let fixture = super::fixture::Fixture {
+                different: matches!(profile, crate::engine::cli::ProfileArg::Different),
+            };
+            let status = runtime.block_on(super::sdk::serve(fixture));
             // The tool tasks of a drained or abandoned process are not waited for.
             runtime.shutdown_background();
             ExitCode::from(u8::try_from(status).unwrap_or(1))

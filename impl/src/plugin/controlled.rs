@@ -96,7 +96,8 @@ fn call_outcome(
             "failure": {"code": code.as_str_name(), "message": message},
         }),
         Err(e) => {
-            let mut error = json!({"code": code_name(different, e.code()), "message": e.to_string()});
+            let mut error =
+                json!({"code": code_name(different, e.code()), "message": e.to_string()});
             match &e {
                 CallError::Interrupted { uncertain } => error["uncertain"] = json!(uncertain),
                 CallError::Cancelled {
@@ -108,7 +109,9 @@ fn call_outcome(
                     error["acknowledged"] = json!(acknowledged);
                     error["termination_confirmed"] = json!(confirmed);
                 }
-                CallError::Violation { rule, .. } => error["rule"] = json!(code_name(different, rule)),
+                CallError::Violation { rule, .. } => {
+                    error["rule"] = json!(code_name(different, rule))
+                }
                 _ => {}
             }
             json!({"progress": progress, "error": error})
@@ -151,7 +154,11 @@ impl Ops for Controlled {
                 }
                 let config = serde_json::from_value::<PluginConfig>(Value::Object(args.clone()))
                     .map_err(|e| ("invalid_config", e.to_string()))
-                    .and_then(|c| c.validate().map(|()| c).map_err(|e| (e.code(), e.to_string())));
+                    .and_then(|c| {
+                        c.validate()
+                            .map(|()| c)
+                            .map_err(|e| (e.code(), e.to_string()))
+                    });
                 match config {
                     Ok(config) => {
                         *host = Some(PluginHost::new(config, self.supervisor.clone()));
@@ -209,9 +216,8 @@ impl Ops for Controlled {
                 let lease = lock(&self.leases).remove(lease_name).ok_or_else(|| {
                     OpError::new("unknown_lease", format!("no lease `{lease_name}`"))
                 })?;
-                self.outcomes.spawn(name, async move {
-                    json!({"drain": lease.release().await})
-                })
+                self.outcomes
+                    .spawn(name, async move { json!({"drain": lease.release().await}) })
             }
             "call" => self.call(name, args),
             "cancel" => {
@@ -303,7 +309,7 @@ impl Controlled {
 
 /// Runs the controlled host until the control channel ends or SIGTERM; retires every
 /// generation before it returns. Returns the process exit code (0; 2 when it cannot
-/// start). `different`: the codes are named otherwise ([`code_name`]).
+/// start). `different`: refusals and call outcomes are named otherwise (`host-` and dashes).
 pub async fn run(different: bool) -> i32 {
     let socket = match std::env::var(CONTROL_ENV) {
         Ok(s) => s,
@@ -354,7 +360,11 @@ mod tests {
             vec![json!({"sequence": 1, "message": "x"})],
         );
         assert_eq!(failed["failure"]["code"], "BUSY");
-        let cut = call_outcome(true, Err(CallError::Interrupted { uncertain: true }), vec![]);
+        let cut = call_outcome(
+            true,
+            Err(CallError::Interrupted { uncertain: true }),
+            vec![],
+        );
         assert_eq!(cut["error"]["code"], "host-interrupted");
         assert_eq!(cut["error"]["uncertain"], true);
         let cancelled = call_outcome(

@@ -16,7 +16,7 @@ use async_trait::async_trait;
 use serde_json::{Value, json};
 
 use super::proto::v1::{FailureCode, Manifest, ToolDefinition};
-use super::sdk::{Call, Plugin, ToolError};
+use super::sdk::{Call, Conventions, Plugin, ToolError};
 use crate::engine::proto::common::v1::BuildIdentity;
 
 /// The fixture's plugin name (the host's configuration must name it).
@@ -34,7 +34,10 @@ pub const CRASH_STATUS: i32 = 70;
 
 /// The fixture plugin.
 #[derive(Debug, Clone, Copy, Default)]
-pub struct Fixture;
+pub struct Fixture {
+    /// Encode refusals as another correct plugin would ([`Conventions::DIFFERENT`]).
+    pub different: bool,
+}
 
 fn tool(
     name: &str,
@@ -148,6 +151,14 @@ impl Plugin for Fixture {
 
     fn tools(&self) -> Vec<ToolDefinition> {
         tools()
+    }
+
+    fn conventions(&self) -> Conventions {
+        if self.different {
+            Conventions::DIFFERENT
+        } else {
+            Conventions::REFERENCE
+        }
     }
 
     async fn execute(&self, mut call: Call) -> Result<Value, ToolError> {

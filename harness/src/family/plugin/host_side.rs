@@ -405,7 +405,8 @@ impl ScriptedPluginPeer {
                     && let Some(challenge) = request.get("challenge").and_then(Value::as_str)
                     && let Some(p) = self.procs.get_mut(idx)
                 {
-                    p.challenges.insert(call.call.clone(), challenge.to_string());
+                    p.challenges
+                        .insert(call.call.clone(), challenge.to_string());
                 }
                 self.calls.insert(call.call.clone(), idx);
                 self.text(call_frame(&call, idx));
@@ -535,8 +536,8 @@ impl ScriptedPluginPeer {
                     .to_string(),
             ));
         }
-        let Value::Object(args) = crate::matcher::expand_text(&Value::Object(args.clone()))
-            .map_err(fail::scenario)?
+        let Value::Object(args) =
+            crate::matcher::expand_text(&Value::Object(args.clone())).map_err(fail::scenario)?
         else {
             return Err(fail::scenario("launch arguments must be a mapping"));
         };
@@ -554,7 +555,10 @@ impl ScriptedPluginPeer {
         if let Some(v) = args.get("stdin_eof") {
             match v.as_str() {
                 Some("exit") => {}
-                Some("ignore") => self.procs[idx].flags.exit_on_eof.store(false, Ordering::SeqCst),
+                Some("ignore") => self.procs[idx]
+                    .flags
+                    .exit_on_eof
+                    .store(false, Ordering::SeqCst),
                 _ => return Err(fail::scenario("`stdin_eof` is `exit` or `ignore`")),
             }
         }
@@ -641,9 +645,7 @@ impl ScriptedPluginPeer {
                     self.relay_to(idx, msg).await?;
                 }
                 Some(other) => {
-                    return Err(fail::scenario(format!(
-                        "`{key}` must be text, not {other}"
-                    )));
+                    return Err(fail::scenario(format!("`{key}` must be text, not {other}")));
                 }
             }
         }
@@ -658,10 +660,7 @@ impl ScriptedPluginPeer {
         if let Some(how) = args.get("replace_executable") {
             self.replace_executable(how)?;
         }
-        if args.contains_key("stdout")
-            || args.contains_key("stderr")
-            || args.contains_key("exit")
-        {
+        if args.contains_key("stdout") || args.contains_key("stderr") || args.contains_key("exit") {
             let idx = self.process_of(&args)?;
             self.stdio(idx, &args).await?;
             if let Some(code) = args.get("exit") {
@@ -714,16 +713,19 @@ impl ScriptedPluginPeer {
     /// The answer `frame` on its call, with the launch's proof in an `Initialize` answer
     /// that does not give one.
     async fn answer(&mut self, frame: &Value) -> StepResult {
-        let call = frame.get("call").and_then(Value::as_str).unwrap_or_default();
-        let idx = *self.calls.get(call).ok_or_else(|| {
-            fail::not_connected(format!("the host made no call `{call}`"))
-        })?;
+        let call = frame
+            .get("call")
+            .and_then(Value::as_str)
+            .unwrap_or_default();
+        let idx = *self
+            .calls
+            .get(call)
+            .ok_or_else(|| fail::not_connected(format!("the host made no call `{call}`")))?;
         if let Some(tools) = frame.get("message").and_then(|m| m.get("tools"))
             && self.procs[idx].challenges.contains_key(call)
+            && let Ok(mut slot) = self.procs[idx].tools.lock()
         {
-            if let Ok(mut slot) = self.procs[idx].tools.lock() {
-                *slot = Some(tools.clone());
-            }
+            *slot = Some(tools.clone());
         }
         let p = &self.procs[idx];
         let server = p

@@ -218,7 +218,9 @@ impl PluginHost {
             call_timeout: config.call_timeout(),
             max_progress_messages: init
                 .limits
-                .map_or(crate::plugin::wire::MAX_PROGRESS_MESSAGES, |l| l.max_progress_messages),
+                .map_or(crate::plugin::wire::MAX_PROGRESS_MESSAGES, |l| {
+                    l.max_progress_messages
+                }),
             process: AsyncMutex::new(process),
             verified,
             leases: AtomicUsize::new(0),

@@ -69,6 +69,56 @@ pub trait Plugin: Send + Sync + 'static {
     }
     /// Runs one validated call: `Ok` with the output (JSON), or a typed failure.
     async fn execute(&self, call: Call) -> Result<Value, ToolError>;
+    /// How this plugin encodes its refusals (default: ours).
+    fn conventions(&self) -> Conventions {
+        Conventions::REFERENCE
+    }
+}
+
+/// How a plugin encodes the refusals whose encoding the spec leaves free (the gRPC code
+/// of each refusal, the failure of a malformed call ID, the exit status of a launch
+/// without its environment). Our choices are [`Conventions::REFERENCE`] (the launch
+/// contract's); [`Conventions::DIFFERENT`] are another correct plugin's, for the
+/// vendor-mode trial of the suite.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Conventions {
+    /// A call before `Initialize` succeeded.
+    pub not_initialized: tonic::Code,
+    /// A second `Initialize`.
+    pub already_initialized: tonic::Code,
+    /// Another major version.
+    pub incompatible_protocol: tonic::Code,
+    /// A `Drain` timeout outside 1 to 600000 ms.
+    pub invalid_drain_timeout: tonic::Code,
+    /// A call without the host's proof, or with another one.
+    pub unauthenticated: tonic::Code,
+    /// The failure of a call whose ID or progress token breaks the grammar.
+    pub invalid_call: FailureCode,
+    /// The exit status of a launch without (or with a malformed) launch environment.
+    pub exit_launch: i32,
+}
+
+impl Conventions {
+    /// Ours (docs/plugin-launch-contract.md).
+    pub const REFERENCE: Self = Self {
+        not_initialized: tonic::Code::FailedPrecondition,
+        already_initialized: tonic::Code::FailedPrecondition,
+        incompatible_protocol: tonic::Code::FailedPrecondition,
+        invalid_drain_timeout: tonic::Code::InvalidArgument,
+        unauthenticated: tonic::Code::Unauthenticated,
+        invalid_call: FailureCode::InvalidCall,
+        exit_launch: EXIT_LAUNCH,
+    };
+    /// Another correct plugin's.
+    pub const DIFFERENT: Self = Self {
+        not_initialized: tonic::Code::PermissionDenied,
+        already_initialized: tonic::Code::AlreadyExists,
+        incompatible_protocol: tonic::Code::Unimplemented,
+        invalid_drain_timeout: tonic::Code::OutOfRange,
+        unauthenticated: tonic::Code::PermissionDenied,
+        invalid_call: FailureCode::InvalidArguments,
+        exit_launch: 64,
+    };
 }
 
 /// A typed failure of one call.
@@ -209,21 +259,23 @@ impl Launch {
 }
 
 /// Serves `plugin` under the launch contract until the host goes away or a drain ends;
-/// returns the process's exit status ([`EXIT_OK`], or [`EXIT_LAUNCH`] with the reason
+/// returns the process's exit status ([`EXIT_OK`], or the plugin's
+/// [`Conventions::exit_launch`] ([`EXIT_LAUNCH`] by default) with the reason
 /// on stderr).
 pub async fn serve(plugin: impl Plugin) -> i32 {
+    let exit_launch = plugin.conventions().exit_launch;
     let launch = match Launch::from_env() {
         Ok(launch) => launch,
         Err(message) => {
             eprintln!("plugin: {message}");
-            return EXIT_LAUNCH;
+            return exit_launch;
         }
     };
     match serve_on(plugin, launch).await {
         Ok(()) => EXIT_OK,
         Err(message) => {
             eprintln!("plugin: {message}");
-            EXIT_LAUNCH
+            exit_launch
         }
     }
 }

@@ -15,7 +15,7 @@ use tokio_stream::wrappers::{ReceiverStream, UnixListenerStream};
 use tonic::service::interceptor::InterceptedService;
 use tonic::{Request, Response, Status};
 
-use super::{Call, Launch, Plugin, ToolError, announce};
+use super::{Call, Conventions, Launch, Plugin, ToolError, announce};
 use crate::engine::daemon::limits::size_status;
 use crate::engine::proto::common::v1::ProtocolVersion;
 use crate::plugin::proto::v1::plugin_service_server::{PluginService, PluginServiceServer};
@@ -50,6 +50,7 @@ struct InFlight {
 
 struct State<P> {
     plugin: P,
+    conventions: Conventions,
     secret: String,
     negotiated: Mutex<Option<Negotiated>>,
     calls: Mutex<HashMap<String, InFlight>>,
@@ -86,7 +87,12 @@ impl<P: Plugin> State<P> {
             .lock()
             .map_err(|_| Status::internal("state lock poisoned"))?
             .map(|n| n.limits)
-            .ok_or_else(|| Status::failed_precondition("not_initialized: call Initialize first"))
+            .ok_or_else(|| {
+                Status::new(
+                    self.conventions.not_initialized,
+                    "not_initialized: call Initialize first",
+                )
+            })
     }
 
     /// Whether `id` was already used by an accepted call.
@@ -127,10 +133,13 @@ impl<P: Plugin> PluginService for Service<P> {
         let request = request.into_inner();
         let protocol = request.protocol.unwrap_or_default();
         if protocol.major != PROTOCOL_MAJOR {
-            return Err(Status::failed_precondition(format!(
-                "incompatible_protocol: this plugin speaks major {PROTOCOL_MAJOR}, not {}",
-                protocol.major
-            )));
+            return Err(Status::new(
+                self.state.conventions.incompatible_protocol,
+                format!(
+                    "incompatible_protocol: this plugin speaks major {PROTOCOL_MAJOR}, not {}",
+                    protocol.major
+                ),
+            ));
         }
         if !is_secret_shaped(&request.challenge) {
             return Err(Status::invalid_argument(
@@ -157,7 +166,8 @@ impl<P: Plugin> PluginService for Service<P> {
                 .lock()
                 .map_err(|_| Status::internal("state lock poisoned"))?;
             if negotiated.is_some() {
-                return Err(Status::failed_precondition(
+                return Err(Status::new(
+                    self.state.conventions.already_initialized,
                     "already_initialized: Initialize is accepted once per process",
                 ));
             }
@@ -205,7 +215,8 @@ impl<P: Plugin> PluginService for Service<P> {
             ("progress_token", &request.progress_token),
         ] {
             if let Err(e) = check_call_id(field, value) {
-                return Ok(one(failure(&id, FailureCode::InvalidCall, &e.to_string())));
+                let code = self.state.conventions.invalid_call;
+                return Ok(one(failure(&id, code, &e.to_string())));
             }
         }
         if *self.state.draining.borrow() {
@@ -417,9 +428,12 @@ impl<P: Plugin> PluginService for Service<P> {
         self.state.limits()?;
         let timeout_ms = request.into_inner().timeout_ms;
         if !(1..=MAX_DRAIN_TIMEOUT_MS).contains(&timeout_ms) {
-            return Err(Status::invalid_argument(format!(
-                "invalid_timeout: timeout_ms is 1 to {MAX_DRAIN_TIMEOUT_MS}, not {timeout_ms}"
-            )));
+            return Err(Status::new(
+                self.state.conventions.invalid_drain_timeout,
+                format!(
+                    "invalid_timeout: timeout_ms is 1 to {MAX_DRAIN_TIMEOUT_MS}, not {timeout_ms}"
+                ),
+            ));
         }
         // Counted and flagged under the calls lock, so no call slips in between.
         let (in_flight, first) = {
@@ -455,7 +469,7 @@ impl<P: Plugin> PluginService for Service<P> {
 
 /// Checks the host's proof on every call before its payload is decoded.
 #[derive(Clone)]
-struct HostProof(Arc<String>);
+struct HostProof(Arc<String>, tonic::Code);
 
 impl tonic::service::Interceptor for HostProof {
     fn call(&mut self, request: Request<()>) -> Result<Request<()>, Status> {
@@ -466,10 +480,12 @@ impl tonic::service::Interceptor for HostProof {
             .and_then(|v| v.strip_prefix("Bearer "));
         match presented {
             Some(proof) if proofs_equal(proof, &self.0) => Ok(request),
-            Some(_) => Err(Status::unauthenticated(
+            Some(_) => Err(Status::new(
+                self.1,
                 "proof_mismatch: the call's host proof is not this launch's",
             )),
-            None => Err(Status::unauthenticated(
+            None => Err(Status::new(
+                self.1,
                 "proof_missing: the call carries no host proof (`authorization: Bearer <proof>`)",
             )),
         }
@@ -494,8 +510,10 @@ pub async fn serve_on(plugin: impl Plugin, launch: Launch) -> Result<(), String>
     std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o600))
         .map_err(|e| format!("{}: {e}", socket.display()))?;
     let (stop, mut stopped) = watch::channel(false);
+    let conventions = plugin.conventions();
     let state = Arc::new(State {
         plugin,
+        conventions,
         negotiated: Mutex::new(None),
         calls: Mutex::new(HashMap::new()),
         used: Mutex::new((HashSet::new(), VecDeque::new())),
@@ -508,8 +526,13 @@ pub async fn serve_on(plugin: impl Plugin, launch: Launch) -> Result<(), String>
     })
     .max_decoding_message_size(MAX_MESSAGE_BYTES)
     .max_encoding_message_size(MAX_MESSAGE_BYTES);
-    let authenticated =
-        InterceptedService::new(service, HostProof(Arc::new(host_proof(&launch.secret))));
+    let authenticated = InterceptedService::new(
+        service,
+        HostProof(
+            Arc::new(host_proof(&launch.secret)),
+            conventions.unauthenticated,
+        ),
+    );
     announce()?;
     // The host's end of stdin closes when the host dies or drops us: exit, never spin.
     let (host_gone_tx, host_gone) = tokio::sync::oneshot::channel::<()>();
