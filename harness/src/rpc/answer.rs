@@ -2,7 +2,7 @@
 //! plugin side `host`): a scenario frame `{call, message}` (the proto3 JSON mapping of the
 //! method's output), `{call, message_base64}` (raw payload bytes: unknown fields or a
 //! malformed message on purpose) or `{call, status: {code, message?, trailers?}}` (the
-//! call's end), sent on a call of a [`GrpcServer`].
+//! call's end), sent on a call of a [`GrpcServer`](crate::transport::grpc_server::GrpcServer).
 //!
 //! This module only encodes and sends; the server owns the calls and the driver decides
 //! every answer.
