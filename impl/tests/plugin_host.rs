@@ -377,3 +377,44 @@ fn no_plugin_process_survives_a_sigkill_of_its_host() {
         );
     }
 }
+
+/// SIGTERM is handled: the fixture stops serving, removes its socket and exits 0 (not
+/// killed by the signal), with its stdin still open.
+#[test]
+fn sigterm_ends_the_fixture_cleanly() {
+    use std::io::BufRead as _;
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("plugin.sock");
+    let mut child = std::process::Command::new(exe())
+        .args(["plugin", "fixture"])
+        .env_clear()
+        .env("RUNTIME_PLUGIN_PROTOCOL", "plugin.v1")
+        .env("RUNTIME_PLUGIN_SOCKET", &socket)
+        .env("RUNTIME_PLUGIN_SECRET", "ab".repeat(32))
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert_eq!(line, "plugin.v1 ready\n");
+    assert!(socket.exists());
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(i32::try_from(child.id()).unwrap()),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(Instant::now() < deadline, "the fixture ignored SIGTERM");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(status.code(), Some(0), "{status:?}");
+    assert!(!socket.exists(), "the socket outlived the fixture");
+}

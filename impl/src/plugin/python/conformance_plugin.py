@@ -48,6 +48,7 @@ import importlib
 import inspect
 import json
 import os
+import signal
 import shutil
 import stat
 import subprocess
@@ -1109,6 +1110,8 @@ def main():
         server.stop(None)
         _launch_failure(f"writing the handshake line: {e}")
     threading.Thread(target=_watch_stdin, args=(socket,), daemon=True, name="stdin").start()
+    # Stopped by its host (or its supervisor): the socket goes with it.
+    signal.signal(signal.SIGTERM, lambda _sig, _frame: (_remove_socket(socket), _exit(EXIT_OK)))
     service.stop.wait()
     # A drain's streams had their terminal messages queued; give them a moment to flush.
     deadline = time.monotonic() + FLUSH_GRACE_S

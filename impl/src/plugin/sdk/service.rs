@@ -549,10 +549,17 @@ pub async fn serve_on(plugin: impl Plugin, launch: Launch) -> Result<(), String>
         .layer(tower::util::MapResponseLayer::new(size_status))
         .add_service(authenticated)
         .serve_with_incoming_shutdown(UnixListenerStream::new(listener), drained);
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .map_err(|e| format!("installing the SIGTERM handler: {e}"))?;
     let outcome = tokio::select! {
         served = server => served.map_err(|e| e.to_string()),
         _ = host_gone => {
             // The host is gone: nobody reads the streams any more; exit at once.
+            let _ = std::fs::remove_file(&socket);
+            return Ok(());
+        }
+        _ = term.recv() => {
+            // Stopped by its host (or its supervisor): the socket goes with it.
             let _ = std::fs::remove_file(&socket);
             return Ok(());
         }
