@@ -86,7 +86,7 @@ pub fn tools() -> Vec<ToolDefinition> {
         ),
         tool(
             "slow",
-            "Runs until cancelled.",
+            "Reports progress once it runs, then runs until cancelled.",
             object(&[], json!({})),
             false,
             &[],
@@ -175,6 +175,8 @@ impl Plugin for Fixture {
                 Ok(json!({"count": count}))
             }
             "slow" => {
+                // One report once it runs: the event a host waits for before it cancels.
+                let _ = call.progress("running").await;
                 call.cancelled().await;
                 Err(ToolError::cancelled())
             }

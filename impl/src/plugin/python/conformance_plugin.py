@@ -470,6 +470,8 @@ def _progress(call):
 
 
 def _slow(call):
+    # One report once it runs: the event a host waits for before it cancels.
+    yield call.progress("running")
     call.cancel.wait()
     raise ToolError(CODES.CANCELLED, "the call was cancelled")
 
@@ -519,7 +521,7 @@ TOOLS = [
         [],
         _progress,
     ),
-    Tool("slow", "Runs until cancelled.", _object([], {}), False, [], _slow),
+    Tool("slow", "Reports progress once it runs, then runs until cancelled.", _object([], {}), False, [], _slow),
     Tool(
         "mutate",
         "Applies a change named `key`; with outcome `uncertain` it loses track of whether it did.",
