@@ -17,7 +17,7 @@
 //! | `host: {call, method, auth, request, process}` | the next call the host makes on any plugin process must match (`process`: the launch's number, from 1) |
 //! | `host: {stopped: true, process}` | the host ended that process without it exiting on its own (for a launch that said `observe_end: true`) |
 //! | `plugin: {call, message \| message_base64 \| status}` | answers that call; an `Initialize` answer without `secretProof` carries the right proof for the launch's secret and the host's challenge |
-//! | `plugin_process: {exit, stdout, stderr, replace_executable, process}` | the plugin process (default: the last launched) writes on stdout/stderr, then exits with `exit`; `replace_executable: content \| path` renames a new file over the configured executable (other bytes / the same bytes) |
+//! | `plugin_process: {exit, crash, stdout, stderr, replace_executable, process}` | the plugin process (default: the last launched) writes on stdout/stderr, then exits with `exit` (its server's answers flushed first) or dies at once (`crash: true`, status 1); `replace_executable: content \| path` renames a new file over the configured executable (other bytes / the same bytes) |
 //! | `disconnect` | the last launched plugin process exits with status 1 (it dies) |
 
 use std::collections::{HashMap, HashSet, VecDeque};
@@ -660,9 +660,15 @@ impl ScriptedPluginPeer {
         if let Some(how) = args.get("replace_executable") {
             self.replace_executable(how)?;
         }
-        if args.contains_key("stdout") || args.contains_key("stderr") || args.contains_key("exit") {
+        let acts = ["stdout", "stderr", "exit", "crash"];
+        if acts.iter().any(|k| args.contains_key(*k)) {
             let idx = self.process_of(&args)?;
             self.stdio(idx, &args).await?;
+            if args.get("crash") == Some(&Value::Bool(true)) {
+                // Dies at once: what its server had not written yet is lost.
+                self.procs[idx].flags.exiting.store(true, Ordering::SeqCst);
+                return self.relay_to(idx, RelayMsg::Exit(1)).await;
+            }
             if let Some(code) = args.get("exit") {
                 let code = code
                     .as_i64()
