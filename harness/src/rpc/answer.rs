@@ -11,7 +11,7 @@ use base64::Engine as _;
 use prost_reflect::MethodDescriptor;
 use serde_json::Value;
 
-use crate::drive::{FailureCode, StepError, StepResult};
+use crate::drive::{FailureCode, Outgoing, StepError, StepResult, fail};
 use crate::transport::grpc::{self, CODE_NAMES};
 use crate::transport::grpc_server::Answerer;
 
@@ -97,4 +97,20 @@ pub async fn answer(
         }
     };
     server.message(call, payload).await.map_err(in_flight)
+}
+
+/// The answer frame a scripted party sends (`Outgoing::Text`); `party` names it in
+/// errors (`a daemon frame`).
+///
+/// # Errors
+/// Text that is not JSON (`scenario_invalid`); raw bytes (`send_bytes` is not a step of a
+/// server: malformed answers are `message_base64`).
+pub fn answer_frame(message: Outgoing, party: &str) -> Result<Value, StepError> {
+    match message {
+        Outgoing::Text(text) => serde_json::from_str(&text)
+            .map_err(|e| StepError::new(FailureCode::ScenarioInvalid, format!("{party}: {e}"))),
+        Outgoing::Binary(_) | Outgoing::TextBytes(_) => Err(fail::unsupported(format!(
+            "`send_bytes` is not a step where the harness answers calls ({party}: answer with `message_base64`)"
+        ))),
+    }
 }

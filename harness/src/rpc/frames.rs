@@ -229,3 +229,68 @@ impl Codec for RpcClientCodec {
         "nothing may follow the last step: every message and status of every call is a step"
     }
 }
+
+/// The codec of a side where the harness is the **server** of the target's calls (engine
+/// side `client`, plugin side `host`): the target's calls are the emitted frames
+/// `{call, method, auth, request}`, the harness's answers are `{call, message |
+/// message_base64 | status}`.
+#[derive(Debug, Clone, Copy)]
+pub struct RpcServerCodec {
+    /// Checks an emitted call (keys, method, request) against the family's service.
+    pub check_call: fn(&Value) -> Result<(), String>,
+    /// When every call must present the target's credential (`auth: token`), the
+    /// requirement that says so; `None` where the credential is the family's own
+    /// encoding, asserted by scenarios as a reference value instead.
+    pub token_rule: Option<&'static str>,
+    /// Frames the target may emit after the last step.
+    pub may_trail: fn(&Value) -> bool,
+    /// Why nothing else may follow the last step.
+    pub trailing_rule: &'static str,
+}
+
+impl Codec for RpcServerCodec {
+    fn decode(&self, text: &str) -> Result<Value, WireFault> {
+        serde_json::from_str(text).map_err(|e| fault("invalid_json", e.to_string()))
+    }
+
+    fn check_emitted(&self, frame: &Value) -> Result<(), WireFault> {
+        if let Some(why) = frame.get("undecodable").and_then(Value::as_str) {
+            return Err(fault(
+                "undecodable_message",
+                format!("the target's call cannot be read: {why}"),
+            ));
+        }
+        if let Some(rule) = self.token_rule {
+            match frame.get("auth").and_then(Value::as_str) {
+                Some("token") => {}
+                other => {
+                    return Err(fault(
+                        "unauthenticated_call",
+                        format!(
+                            "the call does not present the endpoint token in its gRPC \
+                             metadata (auth: {}; {rule})",
+                            other.unwrap_or("none")
+                        ),
+                    ));
+                }
+            }
+        }
+        (self.check_call)(frame).map_err(|e| fault("invalid_call", e))
+    }
+
+    fn check_outgoing(&self, frame: &Value) -> Result<(), WireFault> {
+        check_event(frame).map_err(|e| fault("invalid_frame", e))
+    }
+
+    fn encode(&self, frame: &Value) -> Result<String, WireFault> {
+        serde_json::to_string(frame).map_err(|e| fault("invalid_value", e.to_string()))
+    }
+
+    fn may_trail(&self, frame: &Value) -> bool {
+        (self.may_trail)(frame)
+    }
+
+    fn trailing_rule(&self) -> &'static str {
+        self.trailing_rule
+    }
+}

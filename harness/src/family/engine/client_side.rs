@@ -25,8 +25,8 @@ use serde_json::{Value, json};
 
 use super::codec::{CLIENT_ROLE, SERVICE, pool};
 use crate::drive::{
-    Connection, DriveOptions, Event, FailureCode, NoOther, Outgoing, Peer, Process, Role, Run,
-    Started, StepError, StepResult, fail,
+    Connection, DriveOptions, Event, NoOther, Outgoing, Peer, Process, Role, Run, Started,
+    StepResult, fail,
 };
 use crate::scenario::model::Step;
 use crate::target::{LaunchSpec, RunDir, Target, check_socket_path};
@@ -110,17 +110,8 @@ impl Connection for DaemonLink {
     }
 
     async fn send(&mut self, message: Outgoing, _timeout: Duration) -> StepResult {
-        match message {
-            Outgoing::Text(text) => {
-                let frame: Value = serde_json::from_str(&text).map_err(|e| {
-                    StepError::new(FailureCode::ScenarioInvalid, format!("a daemon frame: {e}"))
-                })?;
-                self.answer(&frame).await
-            }
-            Outgoing::Binary(_) | Outgoing::TextBytes(_) => Err(fail::unsupported(
-                "`send_bytes` is not a step of the engine family's side client (answer with `message_base64`)",
-            )),
-        }
+        let frame = crate::rpc::answer::answer_frame(message, "a daemon frame")?;
+        self.answer(&frame).await
     }
 
     async fn send_close(&mut self, _code: u16, _reason: &str, _timeout: Duration) -> StepResult {

@@ -5,8 +5,8 @@
 use prost_reflect::DescriptorPool;
 use serde_json::Value;
 
-use crate::drive::{Codec, Role, WireFault};
-use crate::rpc::frames::{self, RpcClientCodec, RpcService};
+use crate::drive::Role;
+use crate::rpc::frames::{self, RpcClientCodec, RpcServerCodec, RpcService};
 use crate::scenario::model::Party;
 
 /// The service every engine call names.
@@ -22,13 +22,6 @@ pub static ENGINE_SERVICE: RpcService = RpcService {
     name: SERVICE,
     pool,
 };
-
-fn fault(code: &str, message: impl Into<String>) -> WireFault {
-    WireFault {
-        code: code.into(),
-        message: message.into(),
-    }
-}
 
 /// Checks a client frame against the engine service ([`frames::check_call`]).
 ///
@@ -47,61 +40,20 @@ pub fn check_event(frame: &Value) -> Result<(), String> {
 }
 
 /// The codec of side `client` (the harness is the daemon): the client's calls are
-/// emitted frames, the daemon's answers are sent.
-#[derive(Debug, Clone, Copy)]
-pub struct ServerCodec;
-
-impl Codec for ServerCodec {
-    fn decode(&self, text: &str) -> Result<Value, WireFault> {
-        serde_json::from_str(text).map_err(|e| fault("invalid_json", e.to_string()))
-    }
-
-    /// Every call must present the endpoint token in its metadata (EN-CLIENT-010:
-    /// "Transport middleware authenticates the endpoint token from gRPC metadata"), name
-    /// an `EngineService` method and carry a request that decodes as its input.
-    fn check_emitted(&self, frame: &Value) -> Result<(), WireFault> {
-        if let Some(why) = frame.get("undecodable").and_then(Value::as_str) {
-            return Err(fault(
-                "undecodable_message",
-                format!("the client's call cannot be read: {why}"),
-            ));
-        }
-        match frame.get("auth").and_then(Value::as_str) {
-            Some("token") => {}
-            other => {
-                return Err(fault(
-                    "unauthenticated_call",
-                    format!(
-                        "the call does not present the endpoint token in its gRPC metadata \
-                         (auth: {}; EN-CLIENT-010)",
-                        other.unwrap_or("none")
-                    ),
-                ));
-            }
-        }
-        check_call(frame).map_err(|e| fault("invalid_call", e))
-    }
-
-    fn check_outgoing(&self, frame: &Value) -> Result<(), WireFault> {
-        check_event(frame).map_err(|e| fault("invalid_frame", e))
-    }
-
-    fn encode(&self, frame: &Value) -> Result<String, WireFault> {
-        serde_json::to_string(frame).map_err(|e| fault("invalid_value", e.to_string()))
-    }
-
-    fn may_trail(&self, _frame: &Value) -> bool {
-        false
-    }
-
-    fn trailing_rule(&self) -> &'static str {
-        "the client calls only when a control request asks it to: every call is a step"
-    }
-}
+/// emitted frames, each presenting the endpoint token in its metadata (EN-CLIENT-010:
+/// "Transport middleware authenticates the endpoint token from gRPC metadata"), naming
+/// an `EngineService` method and carrying a request that decodes as its input; the
+/// daemon's answers are sent.
+pub static SERVER_CODEC: RpcServerCodec = RpcServerCodec {
+    check_call,
+    token_rule: Some("EN-CLIENT-010"),
+    may_trail: |_| false,
+    trailing_rule: "the client calls only when a control request asks it to: every call is a step",
+};
 
 /// The role on side `client`.
 pub static CLIENT_ROLE: Role = Role {
-    codec: &ServerCodec,
+    codec: &SERVER_CODEC,
     target: Party::Client,
     plays: &[Party::Daemon],
     emitted_label: "client call",

@@ -9,7 +9,7 @@ use prost_reflect::DescriptorPool;
 use serde_json::Value;
 
 use crate::drive::{Codec, Role, WireFault};
-use crate::rpc::frames::{self, RpcClientCodec, RpcService};
+use crate::rpc::frames::{self, RpcClientCodec, RpcServerCodec, RpcService};
 use crate::scenario::model::Party;
 
 /// The service every plugin call names.
@@ -125,61 +125,27 @@ pub static PLUGIN_ROLE: Role = Role {
 
 /// The codec of side `host` (the harness is the plugin, the server of the host's calls):
 /// the host's calls arrive as `{call, method, auth, request, process}` (`auth`: `token`
-/// when the call carries this launch's host proof, else `wrong` or `none`), the end of a
-/// plugin process the host killed as `{stopped: true, process}`; the harness answers `{call, message | message_base64 |
-/// status}`.
-#[derive(Debug, Clone, Copy)]
-pub struct PluginCodec;
-
-fn fault(code: &str, message: impl Into<String>) -> WireFault {
-    WireFault {
-        code: code.into(),
-        message: message.into(),
-    }
-}
-
-impl Codec for PluginCodec {
-    fn decode(&self, text: &str) -> Result<Value, WireFault> {
-        serde_json::from_str(text).map_err(|e| fault("invalid_json", e.to_string()))
-    }
-
-    /// A call must decode as its method's input; whether it carries the host proof is
-    /// our encoding (PL-AUTH-001), asserted by the scenarios as a `reference` value.
-    fn check_emitted(&self, frame: &Value) -> Result<(), WireFault> {
-        if let Some(why) = frame.get("undecodable").and_then(Value::as_str) {
-            return Err(fault(
-                "undecodable_message",
-                format!("the host's call cannot be read: {why}"),
-            ));
-        }
-        check_host(frame).map_err(|e| fault("invalid_call", e))
-    }
-
-    fn check_outgoing(&self, frame: &Value) -> Result<(), WireFault> {
-        frames::check_event(frame).map_err(|e| fault("invalid_frame", e))
-    }
-
-    fn encode(&self, frame: &Value) -> Result<String, WireFault> {
-        serde_json::to_string(frame).map_err(|e| fault("invalid_value", e.to_string()))
-    }
-
-    /// The end of a run ends the plugin processes.
-    fn may_trail(&self, frame: &Value) -> bool {
+/// when the call carries this launch's host proof, else `wrong` or `none`: the proof is
+/// our encoding, PL-AUTH-001, so scenarios assert it as a `reference` value), the end of a
+/// plugin process the host killed as `{stopped: true, process}`, which may also follow
+/// the last step (the end of a run ends the plugin processes); the harness answers
+/// `{call, message | message_base64 | status}`.
+pub static PLUGIN_CODEC: RpcServerCodec = RpcServerCodec {
+    check_call: check_host,
+    token_rule: None,
+    may_trail: |frame| {
         let mut rest = frame.clone();
         if let Some(map) = rest.as_object_mut() {
             map.remove("process");
         }
         is_stopped(&rest)
-    }
-
-    fn trailing_rule(&self) -> &'static str {
-        "the host calls its plugin only when a control request asks it to: every call is a step"
-    }
-}
+    },
+    trailing_rule: "the host calls its plugin only when a control request asks it to: every call is a step",
+};
 
 /// The role on side `host`.
 pub static HOST_ROLE: Role = Role {
-    codec: &PluginCodec,
+    codec: &PLUGIN_CODEC,
     target: Party::Host,
     plays: &[Party::Plugin],
     emitted_label: "host frame",

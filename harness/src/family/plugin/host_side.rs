@@ -809,17 +809,8 @@ impl Connection for ScriptedPluginPeer {
     }
 
     async fn send(&mut self, message: Outgoing, _timeout: Duration) -> StepResult {
-        match message {
-            Outgoing::Text(text) => {
-                let frame: Value = serde_json::from_str(&text).map_err(|e| {
-                    StepError::new(FailureCode::ScenarioInvalid, format!("a plugin frame: {e}"))
-                })?;
-                self.answer(&frame).await
-            }
-            Outgoing::Binary(_) | Outgoing::TextBytes(_) => Err(fail::unsupported(
-                "`send_bytes` is not a step of the plugin family's side host (answer with `message_base64`)",
-            )),
-        }
+        let frame = crate::rpc::answer::answer_frame(message, "a plugin frame")?;
+        self.answer(&frame).await
     }
 
     async fn send_close(&mut self, _code: u16, _reason: &str, _timeout: Duration) -> StepResult {
