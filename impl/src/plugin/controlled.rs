@@ -6,8 +6,9 @@
 //! * The host connects to [`CONTROL_ENV`], sends [`HELLO_LINE`], then answers one request
 //!   per line through the shared [`crate::control`] (framing, argument checks, outcomes of
 //!   long operations, `await`).
-//! * `configure` gives the plugin's configuration once (the fields of a configuration
-//!   file, [`PluginConfig`]); every later op works on that one plugin.
+//! * `configure` records the plugin's configuration (the fields of a configuration
+//!   file, [`PluginConfig`]); the next `activate` checks it (a refusal is that
+//!   activation's outcome); it can change only while no generation is active.
 //! * SIGTERM or the end of the control channel retires every generation (a bounded drain,
 //!   then a hard stop) and ends the process.
 //!
@@ -50,6 +51,8 @@ const CONFIG_KEYS: &[&str] = &[
 struct Controlled {
     supervisor: PathBuf,
     host: Mutex<Option<PluginHost>>,
+    /// The configuration `configure` recorded, checked by the next `activate`.
+    pending: Mutex<Option<Map<String, Value>>>,
     leases: Mutex<HashMap<String, Lease>>,
     /// Calls running now, by call ID: their cancel trigger.
     running: Arc<Mutex<HashMap<String, oneshot::Sender<()>>>>,
@@ -145,43 +148,49 @@ impl Ops for Controlled {
     ) -> Result<Value, OpError> {
         match op {
             "configure" => {
-                let mut host = lock(&self.host);
-                if host.is_some() {
+                // Recorded now, checked when the next activation starts (as a host
+                // checks its configuration file when it loads a plugin).
+                let active = lock(&self.host).as_ref().is_some_and(PluginHost::is_active);
+                if active {
                     return Err(OpError::new(
                         "already_configured",
-                        "this host runs one configured plugin",
+                        "a generation is active: the configuration cannot change under it",
                     ));
                 }
-                let config = serde_json::from_value::<PluginConfig>(Value::Object(args.clone()))
-                    .map_err(|e| ("invalid_config", e.to_string()))
-                    .and_then(|c| {
-                        c.validate()
-                            .map(|()| c)
-                            .map_err(|e| (e.code(), e.to_string()))
-                    });
-                match config {
-                    Ok(config) => {
-                        *host = Some(PluginHost::new(config, self.supervisor.clone()));
-                        Ok(json!({"status": "accepted"}))
-                    }
-                    Err((code, message)) => Ok(json!({
-                        "status": "refused",
-                        "code": code_name(self.different, code),
-                        "message": message,
-                    })),
-                }
+                *lock(&self.pending) = Some(args.clone());
+                Ok(json!({"status": "accepted"}))
             }
             "activate" => {
-                let host = self.host()?;
                 let different = self.different;
+                let refused = move |code: &str, message: String| json!({"status": "refused", "code": code_name(different, code), "message": message});
+                let pending = lock(&self.pending).take();
+                let host = match pending {
+                    Some(args) => {
+                        let config = serde_json::from_value::<PluginConfig>(Value::Object(args))
+                            .map_err(|e| ("invalid_config", e.to_string()))
+                            .and_then(|c| {
+                                c.validate()
+                                    .map(|()| c)
+                                    .map_err(|e| (e.code(), e.to_string()))
+                            });
+                        match config {
+                            Ok(config) => {
+                                let host = PluginHost::new(config, self.supervisor.clone());
+                                *lock(&self.host) = Some(host.clone());
+                                host
+                            }
+                            Err((code, message)) => {
+                                let outcome = refused(code, message);
+                                return self.outcomes.spawn(name, async move { outcome });
+                            }
+                        }
+                    }
+                    None => self.host()?,
+                };
                 self.outcomes.spawn(name, async move {
                     match host.activate().await {
                         Ok(generation) => json!({"status": "active", "generation": generation}),
-                        Err(e) => json!({
-                            "status": "refused",
-                            "code": code_name(different, e.code),
-                            "message": e.message,
-                        }),
+                        Err(e) => refused(e.code, e.message),
                     }
                 })
             }
@@ -228,7 +237,7 @@ impl Ops for Controlled {
             "status" => {
                 let host = lock(&self.host).clone();
                 match host {
-                    None => Ok(json!({"configured": false})),
+                    None => Ok(json!({"active": null, "capabilities": [], "drains": []})),
                     Some(host) => {
                         let mut status = host.status().await;
                         if let Some(Value::String(drift)) = status.pointer("/active/drift") {
@@ -328,6 +337,7 @@ pub async fn run(different: bool) -> i32 {
     let controlled = Arc::new(Controlled {
         supervisor,
         host: Mutex::new(None),
+        pending: Mutex::new(None),
         leases: Mutex::new(HashMap::new()),
         running: Arc::new(Mutex::new(HashMap::new())),
         outcomes: Outcomes::new(),
@@ -359,7 +369,7 @@ mod tests {
             }),
             vec![json!({"sequence": 1, "message": "x"})],
         );
-        assert_eq!(failed["failure"]["code"], "BUSY");
+        assert_eq!(failed["failure"]["code"], "FAILURE_CODE_BUSY");
         let cut = call_outcome(
             true,
             Err(CallError::Interrupted { uncertain: true }),

@@ -16,7 +16,7 @@
 //! | `launch: {…}` | awaits the host's next plugin launch and checks its environment (`plugin.v1`, a socket path in a private directory, a 64-hex secret no earlier launch had); then, unless told otherwise, binds the socket (0600) and writes the handshake line. `listen: false` binds nothing; `stderr`/`stdout` (text or `{$text: …}`) are written first; `handshake: false` or other text replaces the line; `stdin_eof: ignore` keeps the process alive when the host closes its stdin (default: it exits 0); `observe_end: true` makes the process's end a frame when the host killed it (default: not one: how and when a host ends a refused or retired plugin is its own); `list_tools: scripted` makes its `ListTools` calls steps (default: the process answers them itself with the tools its `Initialize` answer gave, as a plugin does, and they are not frames) |
 //! | `host: {call, method, auth, request, process}` | the next call the host makes on any plugin process must match (`process`: the launch's number, from 1) |
 //! | `host: {stopped: true, process}` | the host ended that process without it exiting on its own (for a launch that said `observe_end: true`) |
-//! | `plugin: {call, message \| message_base64 \| status}` | answers that call; an `Initialize` answer without `secretProof` carries the right proof for the launch's secret and the host's challenge |
+//! | `plugin: {call, message \| message_base64 \| status}` | answers that call; an `Initialize` answer without `secretProof` carries the right proof for the launch's secret and the host's challenge, and one without `limits` the lower of the host's limits and the launch contract's own |
 //! | `plugin_process: {exit, crash, stdout, stderr, replace_executable, process}` | the plugin process (default: the last launched) writes on stdout/stderr, then exits with `exit` (its server's answers flushed first) or dies at once (`crash: true`, status 1); `replace_executable: content \| path` renames a new file over the configured executable (other bytes / the same bytes) |
 //! | `disconnect` | the last launched plugin process exits with status 1 (it dies) |
 
@@ -71,6 +71,10 @@ const RELAY_SEND_TIMEOUT: Duration = Duration::from_secs(10);
 /// Bytes buffered between the relay and the gRPC server, each way.
 const PIPE_BYTES: usize = 256 * 1024;
 
+/// Relay chunks (each at most the relay's chunk bound) waiting for the pipe toward the
+/// server before the relay is no longer read.
+const PIPE_BACKLOG_MAX: usize = 16;
+
 /// How long a process that exits (`plugin_process: {exit}`) waits for its server's
 /// connection to end gracefully (calls still in flight keep it open).
 const GRACEFUL_EXIT_WAIT: Duration = Duration::from_secs(2);
@@ -117,8 +121,8 @@ struct PluginProc {
     /// True once the server's side of the socket ended and all it wrote was relayed.
     flushed: tokio::sync::watch::Receiver<bool>,
     gone: bool,
-    /// Initialize calls and their challenges.
-    challenges: HashMap<String, String>,
+    /// Initialize calls: their challenge and the host's limits.
+    challenges: HashMap<String, (String, Value)>,
     /// The tools this process announced in Initialize: it answers `ListTools` with them
     /// itself, as a plugin does (in the background, also while a control request
     /// waits), unless the launch said `list_tools: scripted`.
@@ -173,6 +177,15 @@ fn install_executable(exe: &Path, run_dir: &RunDir) -> Result<(PathBuf, String),
     Ok((path, digest))
 }
 
+/// `PATH` for the host: the directory of `executable`, then the harness's own `PATH`.
+fn search_path(executable: &Path) -> String {
+    let dir = executable.parent().unwrap_or(Path::new("/"));
+    match std::env::var("PATH") {
+        Ok(rest) if !rest.is_empty() => format!("{}:{rest}", dir.display()),
+        _ => dir.display().to_string(),
+    }
+}
+
 /// Launches the host with the control socket, and waits for its hello line. Binds
 /// `$plugin_executable`, `$plugin_sha256` and `$plugin_args`.
 ///
@@ -206,10 +219,16 @@ pub async fn start(opts: &DriveOptions) -> Result<Started<ScriptedPluginPeer>, S
     ];
     let spec = LaunchSpec {
         command: opts.target_cmd.clone(),
-        env: vec![(
-            CONTROL_ENV.to_string(),
-            run_dir.control_socket().display().to_string(),
-        )],
+        env: vec![
+            (
+                CONTROL_ENV.to_string(),
+                run_dir.control_socket().display().to_string(),
+            ),
+            // The installed plugin's directory leads PATH: a host that looked a bare
+            // executable name up in PATH would find and run it (the scenarios check it
+            // never does).
+            ("PATH".to_string(), search_path(&executable)),
+        ],
         cwd: run_dir.cwd(),
         secret: String::new(),
         capture_stdout: false,
@@ -315,16 +334,31 @@ async fn accept_relays(listener: RelayListener, events: mpsc::Sender<Inbound>) {
         let me = idx;
         idx += 1;
         tokio::spawn(async move {
+            // Bytes for the pipe wait here rather than in a blocking send, so the other
+            // direction (the server's answers toward the relay) always moves on; past
+            // PIPE_BACKLOG_MAX chunks the relay is no longer read (backpressure).
+            let mut backlog: VecDeque<Option<Vec<u8>>> = VecDeque::new();
             loop {
                 tokio::select! {
-                    event = relay.recv() => {
+                    permit = to_pipe.reserve(), if !backlog.is_empty() => {
+                        match permit {
+                            Ok(permit) => {
+                                if let Some(item) = backlog.pop_front() {
+                                    permit.send(item);
+                                }
+                            }
+                            // The pipe's writer is gone: nothing reads these any more.
+                            Err(_) => backlog.clear(),
+                        }
+                    }
+                    event = relay.recv(), if backlog.len() < PIPE_BACKLOG_MAX => {
                         match event {
                             RelayEvent::Msg(RelayMsg::Data { bytes, .. }) => {
-                                let _ = to_pipe.send(Some(bytes)).await;
+                                backlog.push_back(Some(bytes));
                                 continue;
                             }
                             RelayEvent::Msg(RelayMsg::Eof(_)) => {
-                                let _ = to_pipe.send(None).await;
+                                backlog.push_back(None);
                                 continue;
                             }
                             RelayEvent::Msg(RelayMsg::StdinEof)
@@ -405,8 +439,9 @@ impl ScriptedPluginPeer {
                     && let Some(challenge) = request.get("challenge").and_then(Value::as_str)
                     && let Some(p) = self.procs.get_mut(idx)
                 {
+                    let limits = request.get("hostLimits").cloned().unwrap_or(Value::Null);
                     p.challenges
-                        .insert(call.call.clone(), challenge.to_string());
+                        .insert(call.call.clone(), (challenge.to_string(), limits));
                 }
                 self.calls.insert(call.call.clone(), idx);
                 self.text(call_frame(&call, idx));
@@ -663,11 +698,19 @@ impl ScriptedPluginPeer {
         let acts = ["stdout", "stderr", "exit", "crash"];
         if acts.iter().any(|k| args.contains_key(*k)) {
             let idx = self.process_of(&args)?;
+            let ends = args.contains_key("exit") || args.contains_key("crash");
+            if ends && self.procs[idx].gone {
+                // It already ended (its host stopped it, or closed its stdin): there is
+                // nothing left to end.
+                return Ok(());
+            }
             self.stdio(idx, &args).await?;
             if args.get("crash") == Some(&Value::Bool(true)) {
                 // Dies at once: what its server had not written yet is lost.
                 self.procs[idx].flags.exiting.store(true, Ordering::SeqCst);
-                return self.relay_to(idx, RelayMsg::Exit(1)).await;
+                // A relay already gone is a process already ended.
+                let _ = self.relay_to(idx, RelayMsg::Exit(1)).await;
+                return Ok(());
             }
             if let Some(code) = args.get("exit") {
                 let code = code
@@ -685,7 +728,8 @@ impl ScriptedPluginPeer {
                     let _ =
                         tokio::time::timeout(GRACEFUL_EXIT_WAIT, flushed.wait_for(|f| *f)).await;
                 }
-                self.relay_to(idx, RelayMsg::Exit(code)).await?;
+                // A relay already gone is a process already ended.
+                let _ = self.relay_to(idx, RelayMsg::Exit(code)).await;
             }
         }
         Ok(())
@@ -738,19 +782,44 @@ impl ScriptedPluginPeer {
             .server
             .as_ref()
             .ok_or_else(|| fail::not_connected("that plugin process serves no socket"))?;
-        let proof = p
-            .challenges
-            .get(call)
-            .map(|challenge| secret_proof(&p.secret, challenge));
+        let init = p.challenges.get(call).map(|(challenge, host_limits)| {
+            (secret_proof(&p.secret, challenge), negotiated(host_limits))
+        });
         crate::rpc::answer::answer(&server.answerer(), frame, |method, message| {
             if method.name() == "Initialize"
-                && let (Some(proof), Value::Object(map)) = (proof, message)
+                && let (Some((proof, limits)), Value::Object(map)) = (init, message)
             {
                 map.entry("secretProof").or_insert(Value::String(proof));
+                map.entry("limits").or_insert(limits);
             }
         })
         .await
     }
+}
+
+/// The limits a plugin of the conformance tool set answers to `host_limits` (the proto3
+/// JSON of `PluginLimits`): each the lower of the host's and the launch contract's own,
+/// a host limit of 0 (or none) meaning "no limit of the host's".
+fn negotiated(host_limits: &Value) -> Value {
+    use contract_impl::plugin::wire::{
+        MAX_CONCURRENT_CALLS, MAX_PAYLOAD_BYTES, MAX_PROGRESS_MESSAGES,
+    };
+    let host = |key: &str| -> u64 {
+        match host_limits.get(key) {
+            Some(Value::String(s)) => s.parse().unwrap_or(0),
+            Some(v) => v.as_u64().unwrap_or(0),
+            None => 0,
+        }
+    };
+    let lower = |key: &str, ours: u64| match host(key) {
+        0 => ours,
+        theirs => theirs.min(ours),
+    };
+    json!({
+        "maxPayloadBytes": lower("maxPayloadBytes", MAX_PAYLOAD_BYTES).to_string(),
+        "maxProgressMessages": lower("maxProgressMessages", u64::from(MAX_PROGRESS_MESSAGES)),
+        "maxConcurrentCalls": lower("maxConcurrentCalls", u64::from(MAX_CONCURRENT_CALLS)),
+    })
 }
 
 /// The socket's directory is this user's with no access for group or others, and the
@@ -805,7 +874,8 @@ impl Connection for ScriptedPluginPeer {
         };
         let p = &mut self.procs[idx];
         p.flags.exiting.store(true, Ordering::SeqCst);
-        p.tx.try_send(RelayMsg::Exit(1)).is_ok()
+        // A relay already gone is a process already ended.
+        p.tx.try_send(RelayMsg::Exit(1)).is_ok() || p.gone || p.tx.is_closed()
     }
 
     async fn send(&mut self, message: Outgoing, _timeout: Duration) -> StepResult {

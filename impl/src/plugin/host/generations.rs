@@ -140,12 +140,18 @@ impl Inner {
         let mut process = generation.process.lock().await;
         let timeout = self.config.drain_timeout();
         let mut client = process.client.clone();
-        let asked = client
-            .drain(DrainRequest {
-                timeout_ms: self.config.drain_timeout_ms,
-            })
-            .await
-            .is_ok();
+        // The Drain RPC itself is bounded too: a plugin that never answers it is
+        // stopped hard like one that never exits.
+        let asked = matches!(
+            tokio::time::timeout(
+                timeout,
+                client.drain(DrainRequest {
+                    timeout_ms: self.config.drain_timeout_ms,
+                }),
+            )
+            .await,
+            Ok(Ok(_))
+        );
         // The plugin exits on its own within its drain timeout; past it (plus a grace)
         // it is stopped hard.
         let exited = asked
@@ -243,6 +249,11 @@ impl PluginHost {
             }
         }
         Ok(id)
+    }
+
+    /// Whether a generation is active.
+    pub fn is_active(&self) -> bool {
+        self.inner.active.lock().is_ok_and(|a| a.is_some())
     }
 
     /// Leases the active generation for a run (`None`: none is active).
