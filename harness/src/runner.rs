@@ -102,6 +102,11 @@ async fn run_scenario_reporting_launch(
     };
     let outcome = family::drive(scenario, side, &drive_opts).await;
     let generated_keys = family::generated_keys(&scenario.family, side);
+    // Written for every run, a failed one above all: the log is how a failure is read
+    // without running it again.
+    if let Some(dir) = &opts.wire_dir {
+        write_wire_log(dir, scenario, side, &outcome.recording.wire);
+    }
     if let Some(failure) = &outcome.failure {
         let launch = (failure.code == FailureCode::LaunchFailed && failure.phase == Phase::Launch)
             .then(|| {
@@ -118,9 +123,6 @@ async fn run_scenario_reporting_launch(
         .with_code(failure.code, failure.phase)
         .with_reference(failure.reference.clone());
         return (result, launch);
-    }
-    if let Some(dir) = &opts.wire_dir {
-        write_wire_log(dir, scenario, side, &outcome.recording.wire);
     }
     let rendered = golden::render(
         scenario,
