@@ -22,6 +22,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use serde_json::{Map, Value, json};
 use tokio::sync::oneshot;
 
+use super::host::launch::Checks;
 use super::host::{CallError, Lease, PluginConfig, PluginHost, ToolOutcome};
 use crate::control::{OpError, Ops, Outcomes, bad, required, str_arg};
 
@@ -175,7 +176,15 @@ impl Ops for Controlled {
                             });
                         match config {
                             Ok(config) => {
-                                let host = PluginHost::new(config, self.supervisor.clone());
+                                // Another correct host need not ask ListTools at activation.
+                                let checks = Checks {
+                                    list_tools: !self.different,
+                                };
+                                let host = PluginHost::with_checks(
+                                    config,
+                                    self.supervisor.clone(),
+                                    checks,
+                                );
                                 *lock(&self.host) = Some(host.clone());
                                 host
                             }
@@ -318,7 +327,8 @@ impl Controlled {
 
 /// Runs the controlled host until the control channel ends or SIGTERM; retires every
 /// generation before it returns. Returns the process exit code (0; 2 when it cannot
-/// start). `different`: refusals and call outcomes are named otherwise (`host-` and dashes).
+/// start). `different`: refusals and call outcomes are named otherwise (`host-` and dashes)
+/// and activation does not ask `ListTools`, as another correct host may.
 pub async fn run(different: bool) -> i32 {
     let socket = match std::env::var(CONTROL_ENV) {
         Ok(s) => s,

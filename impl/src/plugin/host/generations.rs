@@ -18,7 +18,7 @@ use serde_json::{Value, json};
 use tokio::sync::Mutex as AsyncMutex;
 
 use super::config::PluginConfig;
-use super::launch::{LaunchError, PluginClient, Process, launch};
+use super::launch::{Checks, LaunchError, PluginClient, Process, launch_with};
 use super::verify::verify;
 use crate::plugin::proto::v1::{DrainRequest, ToolDefinition};
 use crate::plugin::wire::capability_enforcement;
@@ -132,6 +132,7 @@ struct Inner {
     next: AtomicU64,
     drains: Mutex<Vec<Value>>,
     activating: AsyncMutex<()>,
+    checks: Checks,
 }
 
 impl Inner {
@@ -191,7 +192,23 @@ impl PluginHost {
                 next: AtomicU64::new(1),
                 drains: Mutex::new(Vec::new()),
                 activating: AsyncMutex::new(()),
+                checks: Checks::ALL,
             }),
+        }
+    }
+
+    /// A host for `config` that makes only `checks` of the checks the spec leaves to a
+    /// host (another correct host's choices, for the vendor-mode trial).
+    pub fn with_checks(
+        config: PluginConfig,
+        supervisor: std::path::PathBuf,
+        checks: Checks,
+    ) -> Self {
+        let host = Self::new(config, supervisor);
+        let mut inner = Arc::try_unwrap(host.inner).expect("a new host is not shared");
+        inner.checks = checks;
+        Self {
+            inner: Arc::new(inner),
         }
     }
 
@@ -209,7 +226,8 @@ impl PluginHost {
             code: e.code(),
             message: e.to_string(),
         })?;
-        let process = launch(config, &verified, &self.inner.supervisor).await?;
+        let process =
+            launch_with(config, &verified, &self.inner.supervisor, self.inner.checks).await?;
         let id = self.inner.next.fetch_add(1, Ordering::SeqCst);
         let init = &process.initialized;
         let generation = Arc::new(Generation {

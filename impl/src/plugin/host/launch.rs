@@ -260,6 +260,32 @@ pub async fn launch(
     verified: &Verified,
     supervisor: &Path,
 ) -> Result<Process, LaunchError> {
+    launch_with(config, verified, supervisor, Checks::ALL).await
+}
+
+/// The checks of a candidate the spec leaves to the host.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Checks {
+    /// Call `ListTools` at activation and refuse a candidate whose answer differs from
+    /// the tools of `Initialize` (`tools_changed`).
+    pub list_tools: bool,
+}
+
+impl Checks {
+    /// Every check (ours).
+    pub const ALL: Self = Self { list_tools: true };
+}
+
+/// [`launch`] with the host's own `checks`.
+///
+/// # Errors
+/// As [`launch`].
+pub async fn launch_with(
+    config: &PluginConfig,
+    verified: &Verified,
+    supervisor: &Path,
+    checks: Checks,
+) -> Result<Process, LaunchError> {
     if let Some(drift) = verified.drift() {
         return Err(err(
             drift.code(),
@@ -334,7 +360,7 @@ pub async fn launch(
                 ));
             }
         }
-        initialize(config, verified, &socket, &secret, &output).await
+        initialize(config, verified, &socket, &secret, &output, checks).await
     });
     let outcome = tokio::select! {
         outcome = started => outcome.unwrap_or_else(|_| Err(err("startup_timeout", format!("no validated candidate within {:?}", config.startup_timeout())))),
@@ -374,6 +400,7 @@ async fn initialize(
     socket: &Path,
     secret: &str,
     output: &Output,
+    checks: Checks,
 ) -> Result<(PluginClient, InitializeResponse), LaunchError> {
     let channel = unix_channel(socket)
         .await
@@ -418,21 +445,23 @@ async fn initialize(
         },
     )?;
     // "ListTools returns immutable bounded definitions": the same as Initialize's.
-    let listed = client
-        .list_tools(ListToolsRequest {})
-        .await
-        .map_err(|s| {
-            err(
-                "list_tools_failed",
-                format!("{:?}: {}", s.code(), s.message()),
-            )
-        })?
-        .into_inner();
-    if listed.tools != answer.tools {
-        return Err(err(
-            "tools_changed",
-            "ListTools differs from the tools of Initialize",
-        ));
+    if checks.list_tools {
+        let listed = client
+            .list_tools(ListToolsRequest {})
+            .await
+            .map_err(|s| {
+                err(
+                    "list_tools_failed",
+                    format!("{:?}: {}", s.code(), s.message()),
+                )
+            })?
+            .into_inner();
+        if listed.tools != answer.tools {
+            return Err(err(
+                "tools_changed",
+                "ListTools differs from the tools of Initialize",
+            ));
+        }
     }
     if let Some(c) = output.contaminated() {
         return Err(err(
