@@ -706,8 +706,13 @@ impl ScriptedPluginPeer {
             }
             self.stdio(idx, &args).await?;
             if args.get("crash") == Some(&Value::Bool(true)) {
-                // Dies at once: what its server had not written yet is lost.
-                self.procs[idx].flags.exiting.store(true, Ordering::SeqCst);
+                // Dies at once: what its server had not written yet is lost, and no call
+                // the host makes from now on reaches it.
+                let p = &mut self.procs[idx];
+                p.flags.exiting.store(true, Ordering::SeqCst);
+                if let Some(server) = &mut p.server {
+                    server.close();
+                }
                 // A relay already gone is a process already ended.
                 let _ = self.relay_to(idx, RelayMsg::Exit(1)).await;
                 return Ok(());
@@ -874,6 +879,10 @@ impl Connection for ScriptedPluginPeer {
         };
         let p = &mut self.procs[idx];
         p.flags.exiting.store(true, Ordering::SeqCst);
+        // Dead from now on: no call the host makes after this reaches it.
+        if let Some(server) = &mut p.server {
+            server.close();
+        }
         // A relay already gone is a process already ended.
         p.tx.try_send(RelayMsg::Exit(1)).is_ok() || p.gone || p.tx.is_closed()
     }
