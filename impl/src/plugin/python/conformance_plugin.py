@@ -1103,6 +1103,9 @@ def main():
     except OSError as e:
         server.stop(None)
         _launch_failure(f"{socket}: {e}")
+    # Stopped by its host (or its supervisor), from before readiness on: the socket goes
+    # with it.
+    signal.signal(signal.SIGTERM, lambda _sig, _frame: (_remove_socket(socket), _exit(EXIT_OK)))
     # The handshake line, then stdout points at stderr: nothing else ever reaches it.
     try:
         sys.stdout.write(HANDSHAKE_LINE + "\n")
@@ -1112,8 +1115,6 @@ def main():
         server.stop(None)
         _launch_failure(f"writing the handshake line: {e}")
     threading.Thread(target=_watch_stdin, args=(socket,), daemon=True, name="stdin").start()
-    # Stopped by its host (or its supervisor): the socket goes with it.
-    signal.signal(signal.SIGTERM, lambda _sig, _frame: (_remove_socket(socket), _exit(EXIT_OK)))
     service.stop.wait()
     # A drain's streams had their terminal messages queued; give them a moment to flush.
     deadline = time.monotonic() + FLUSH_GRACE_S

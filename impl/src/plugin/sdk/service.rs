@@ -533,6 +533,9 @@ pub async fn serve_on(plugin: impl Plugin, launch: Launch) -> Result<(), String>
             conventions.unauthenticated,
         ),
     );
+    // Handled from before readiness: a host may stop the plugin as soon as it is ready.
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .map_err(|e| format!("installing the SIGTERM handler: {e}"))?;
     announce()?;
     // The host's end of stdin closes when the host dies or drops us: exit, never spin.
     let (host_gone_tx, host_gone) = tokio::sync::oneshot::channel::<()>();
@@ -549,8 +552,6 @@ pub async fn serve_on(plugin: impl Plugin, launch: Launch) -> Result<(), String>
         .layer(tower::util::MapResponseLayer::new(size_status))
         .add_service(authenticated)
         .serve_with_incoming_shutdown(UnixListenerStream::new(listener), drained);
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        .map_err(|e| format!("installing the SIGTERM handler: {e}"))?;
     let outcome = tokio::select! {
         served = server => served.map_err(|e| e.to_string()),
         _ = host_gone => {
