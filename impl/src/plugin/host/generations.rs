@@ -184,17 +184,7 @@ pub struct PluginHost {
 impl PluginHost {
     /// A host for `config`, supervising its processes with `supervisor` (this program).
     pub fn new(config: PluginConfig, supervisor: std::path::PathBuf) -> Self {
-        Self {
-            inner: Arc::new(Inner {
-                config,
-                supervisor,
-                active: Mutex::new(None),
-                next: AtomicU64::new(1),
-                drains: Mutex::new(Vec::new()),
-                activating: AsyncMutex::new(()),
-                checks: Checks::ALL,
-            }),
-        }
+        Self::with_checks(config, supervisor, Checks::ALL)
     }
 
     /// A host for `config` that makes only `checks` of the checks the spec leaves to a
@@ -204,11 +194,16 @@ impl PluginHost {
         supervisor: std::path::PathBuf,
         checks: Checks,
     ) -> Self {
-        let host = Self::new(config, supervisor);
-        let mut inner = Arc::try_unwrap(host.inner).expect("a new host is not shared");
-        inner.checks = checks;
         Self {
-            inner: Arc::new(inner),
+            inner: Arc::new(Inner {
+                config,
+                supervisor,
+                active: Mutex::new(None),
+                next: AtomicU64::new(1),
+                drains: Mutex::new(Vec::new()),
+                activating: AsyncMutex::new(()),
+                checks,
+            }),
         }
     }
 
