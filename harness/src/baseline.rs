@@ -65,7 +65,8 @@ impl Verdict {
 pub fn judge(baseline: &Baseline, side: Side, results: &[ScenarioResult]) -> Verdict {
     let listed = baseline.get(side.as_str());
     let mut v = Verdict::default();
-    for r in results {
+    // A run that did not apply to the target is neither a failure nor a pass.
+    for r in results.iter().filter(|r| !r.not_applicable) {
         let reason = listed.and_then(|l| l.get(&r.scenario));
         match (r.passed || r.differs, reason) {
             (false, Some(reason)) => v.expected.push((r.scenario.clone(), reason.clone())),
@@ -85,7 +86,10 @@ pub fn render(side: Side, results: &[ScenarioResult]) -> String {
          # why the target fails it; remove a line once the scenario passes.\n{}:\n",
         side.as_str()
     );
-    let failed: Vec<&ScenarioResult> = results.iter().filter(|r| !r.passed && !r.differs).collect();
+    let failed: Vec<&ScenarioResult> = results
+        .iter()
+        .filter(|r| !r.passed && !r.differs && !r.not_applicable)
+        .collect();
     if failed.is_empty() {
         out = format!("{}: {{}}\n", side.as_str());
     }

@@ -547,6 +547,7 @@ mod tests {
     fn scenario() -> Scenario {
         Scenario {
             pending: Default::default(),
+            requires: Default::default(),
             family: "core_runtime".into(),
             name: "prep".into(),
             summary: "s".into(),

@@ -56,6 +56,7 @@ fn options(args: &ImplArgs, impl_args: &str) -> RunOptions {
         startup_timeout: runner::DEFAULT_STARTUP_TIMEOUT,
         mode: runner::Mode::Strict,
         peer_exe: std::env::current_exe().ok(),
+        features: Default::default(),
         wire_dir: None,
     }
 }

@@ -11,6 +11,7 @@ pub mod differential;
 pub mod drive;
 pub mod embedded;
 pub mod family;
+pub mod features;
 pub mod golden;
 pub mod matcher;
 pub mod report;

@@ -6,7 +6,8 @@
 //!     [--step-timeout 5s] [--startup-timeout 10s] [--jobs N] [--mode strict|vendor]
 //!     [--junit FILE] [--json FILE] [--markdown FILE]
 //!     [--expected-failures FILE] [--write-expected-failures FILE] [--conformance FILE]
-//!     [--wire-log DIR]
+//!     [--wire-log DIR] [--features FILE]
+//! contract-harness features --family core_runtime
 //! contract-harness coverage --family core_runtime [--scenarios DIR] [--markdown FILE]
 //! contract-harness list --family core_runtime [--scenarios DIR]
 //! contract-harness golden review [--golden-dir DIR]
@@ -35,7 +36,7 @@ use contract_harness::report::{self, ScenarioResult};
 use contract_harness::requirements;
 use contract_harness::runner::{self, Mode, RunOptions};
 use contract_harness::scenario::loader::parse_duration;
-use contract_harness::scenario::{LoadError, Scenario, Side, load_family};
+use contract_harness::scenario::{self, LoadError, Scenario, Side, load_family};
 use contract_harness::{baseline, differential, family};
 
 /// Set once stdout is gone (`… | head`): later output is dropped.
@@ -72,6 +73,13 @@ enum Command {
     Coverage(CoverageArgs),
     /// List a family's scenarios and the sides they run on.
     List(FamilyArgs),
+    /// Print a complete features file of a family (every optional feature `true`) to
+    /// edit and pass to `run --features`.
+    Features {
+        /// Protocol family, e.g. `core_runtime`.
+        #[arg(long)]
+        family: String,
+    },
     /// Review or accept pending golden files.
     Golden {
         #[command(subcommand)]
@@ -179,6 +187,13 @@ struct RunArgs {
     /// `not run`, `uncovered`); JSON when the file name ends in `.json`, else Markdown.
     #[arg(long)]
     conformance: Option<PathBuf>,
+    /// What the target supports (`contract-harness features --family F` prints a
+    /// complete file to edit): a scenario that requires a feature declared `false` is
+    /// reported `not applicable` (never passed), and a refusal scenario that requires it
+    /// `false` runs. Without it, every feature counts as supported (the full suite),
+    /// unless the target declares otherwise on the wire (core_runtime: its heartbeat).
+    #[arg(long)]
+    features: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]
@@ -286,6 +301,21 @@ fn main() -> ExitCode {
         Command::Run(args) => run(*args),
         Command::Coverage(args) => coverage(args),
         Command::List(args) => list(&args),
+        Command::Features { family } => {
+            match contract_harness::scenario::families::table(&family) {
+                Some(table) => {
+                    print!("{}", contract_harness::features::template(table));
+                    ExitCode::SUCCESS
+                }
+                None => {
+                    eprintln!(
+                        "--family: unknown family `{family}` (known: {})",
+                        contract_harness::scenario::families::family_names()
+                    );
+                    ExitCode::from(EXIT_USAGE)
+                }
+            }
+        }
         Command::Golden { action } => golden_action(action),
         Command::Sides => golden_cli::print_sides(),
         Command::Diff(args) => diff(&args),
@@ -427,12 +457,61 @@ fn run(args: RunArgs) -> ExitCode {
             return ExitCode::from(EXIT_USAGE);
         }
     }
+    let declared = match (
+        &args.features,
+        scenario::families::table(&args.family.family),
+    ) {
+        (Some(_), Some(table)) if table.feature_side != Some(side) => {
+            eprintln!(
+                "--features: family `{}` declares its optional features on side {}, not {side}",
+                table.family,
+                table
+                    .feature_side
+                    .map_or_else(|| "(none)".to_string(), |s| s.to_string())
+            );
+            return ExitCode::from(EXIT_USAGE);
+        }
+        (Some(path), Some(table)) => match contract_harness::features::load(path, table) {
+            Ok(declared) => declared,
+            Err(e) => {
+                eprintln!("--features: {e}");
+                return ExitCode::from(EXIT_USAGE);
+            }
+        },
+        _ => Default::default(),
+    };
     let all_scenarios = scenarios.clone();
     let (pending, runs): (Vec<Scenario>, Vec<Scenario>) = scenarios
         .into_iter()
         .filter(|s| s.runs_on(side))
         .filter(|s| args.filter.as_deref().is_none_or(|f| s.id().contains(f)))
         .partition(|s| s.pending_reason(side).is_some());
+    let (runs, not_applicable): (Vec<Scenario>, Vec<Scenario>) = runs
+        .into_iter()
+        .partition(|s| s.unmet_requirement(side, &declared).is_none());
+    let not_applicable: Vec<ScenarioResult> = not_applicable
+        .iter()
+        .map(|s| {
+            let (feature, want) = s.unmet_requirement(side, &declared).unwrap_or_default();
+            ScenarioResult::not_applicable(
+                s.id(),
+                side,
+                Duration::ZERO,
+                format!(
+                    "the scenario requires `{feature}` {}; the target declares it {} ({})",
+                    if want { "supported" } else { "unsupported" },
+                    if want { "unsupported" } else { "supported" },
+                    match &args.features {
+                        Some(path) => format!("--features {}", path.display()),
+                        None => "every feature counts as supported without --features".into(),
+                    }
+                ),
+            )
+        })
+        .collect();
+    for result in &not_applicable {
+        say!("{}", report::console::result_line(result));
+    }
     let runs: Vec<(Scenario, Side)> = runs.into_iter().map(|s| (s, side)).collect();
     for s in &pending {
         say!(
@@ -475,6 +554,7 @@ fn run(args: RunArgs) -> ExitCode {
         startup_timeout: args.startup_timeout,
         mode: args.mode,
         peer_exe: None,
+        features: declared,
         wire_dir: args.wire_log.clone(),
     };
     let jobs = args.jobs.unwrap_or_else(runner::default_jobs);
@@ -497,7 +577,8 @@ fn run(args: RunArgs) -> ExitCode {
             );
         }
     }));
-    let results = many.results;
+    let mut results = many.results;
+    results.extend(not_applicable);
     if let Some(reason) = &many.aborted {
         say!("ABORTED: {reason}");
     }
@@ -581,6 +662,7 @@ fn diff(args: &DiffArgs) -> ExitCode {
         Ok(s) => s
             .into_iter()
             .filter(|s| s.runs_on(side) && s.pending_reason(side).is_none())
+            .filter(|s| s.unmet_requirement(side, &Default::default()).is_none())
             .filter(|s| args.filter.as_deref().is_none_or(|f| s.id().contains(f)))
             .collect(),
         Err(code) => return code,
@@ -593,6 +675,7 @@ fn diff(args: &DiffArgs) -> ExitCode {
         startup_timeout: runner::DEFAULT_STARTUP_TIMEOUT,
         mode: Mode::Strict,
         peer_exe: None,
+        features: Default::default(),
         wire_dir: None,
     };
     let runtime = match tokio::runtime::Builder::new_multi_thread()

@@ -479,6 +479,7 @@ mod tests {
     fn scen(name: &str, covers: &[&str]) -> Scenario {
         Scenario {
             pending: Default::default(),
+            requires: Default::default(),
             family: "core_runtime".into(),
             name: name.into(),
             summary: "s".into(),

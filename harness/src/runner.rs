@@ -49,6 +49,9 @@ pub struct RunOptions {
     /// Where to write each scenario's wire log (`<dir>/<family>/<name>.<side>.wire.jsonl`),
     /// if anywhere.
     pub wire_dir: Option<PathBuf>,
+    /// The optional features the target declares (`--features FILE`; see
+    /// [`crate::features`]): feature → supported; a feature not named is supported.
+    pub features: std::collections::BTreeMap<String, bool>,
 }
 
 /// What a vendor-mode DIFF names instead of a requirement when the target's frames pass
@@ -99,6 +102,7 @@ async fn run_scenario_reporting_launch(
         startup_timeout: opts.startup_timeout,
         vendor: opts.mode == Mode::Vendor,
         peer_exe: opts.peer_exe.clone(),
+        features: opts.features.clone(),
     };
     let outcome = family::drive(scenario, side, &drive_opts).await;
     let generated_keys = family::generated_keys(&scenario.family, side);
@@ -106,6 +110,14 @@ async fn run_scenario_reporting_launch(
     // without running it again.
     if let Some(dir) = &opts.wire_dir {
         write_wire_log(dir, scenario, side, &outcome.recording.wire);
+    }
+    if let Some(failure) = &outcome.failure
+        && failure.code == FailureCode::NotApplicable
+    {
+        let result =
+            ScenarioResult::not_applicable(id, side, started.elapsed(), failure.message.clone())
+                .with_code(failure.code, failure.phase);
+        return (result, None);
     }
     if let Some(failure) = &outcome.failure {
         let launch = (failure.code == FailureCode::LaunchFailed && failure.phase == Phase::Launch)

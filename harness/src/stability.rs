@@ -13,12 +13,16 @@ use crate::golden::{self, GoldenMode};
 use crate::runner::{self, RunOptions};
 use crate::scenario::{Scenario, Side};
 
-/// Every `step`-th scenario of those that run on `side` (all of them when `sample` is
-/// `None` or covers them), in file order: a sample that keeps the family's spread.
+/// Every `step`-th scenario of those that run on `side` against a target supporting every
+/// optional feature (all of them when `sample` is `None` or covers them), in file order:
+/// a sample that keeps the family's spread. A refusal scenario (one that requires a
+/// feature unsupported) is left out: it runs under the family's lacking declaration
+/// (`crate::features::reference_declaration`), which the contract test gives it.
 pub fn sample(scenarios: &[Scenario], side: Side, sample: Option<usize>) -> Vec<Scenario> {
     let runs: Vec<Scenario> = scenarios
         .iter()
         .filter(|s| s.runs_on(side) && s.pending_reason(side).is_none())
+        .filter(|s| s.unmet_requirement(side, &Default::default()).is_none())
         .cloned()
         .collect();
     match sample {

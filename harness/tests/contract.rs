@@ -142,6 +142,13 @@ fn main() {
 
         for scenario in scenarios {
             for side in scenario.target_sides() {
+                // Our implementation supports every optional feature; a refusal scenario
+                // runs under the family's committed lacking declaration.
+                let declared = contract_harness::features::reference_declaration(
+                    &scenarios_dir,
+                    &scenario,
+                    side,
+                );
                 let pending = scenario.pending_reason(side).map(str::to_string);
                 let scenario_id = scenario.id();
                 let name = format!("{}::{}", scenario.id(), side.as_str());
@@ -156,6 +163,7 @@ fn main() {
                         startup_timeout: runner::DEFAULT_STARTUP_TIMEOUT,
                         mode: runner::Mode::Strict,
                         peer_exe: Some(PathBuf::from(env!("CARGO_BIN_EXE_contract-harness"))),
+                        features: declared?.ok_or("applies to no declaration of ours")?,
                         wire_dir: None,
                     };
                     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -255,6 +263,12 @@ fn main() {
         baselines_and_diff_trial,
     ));
 
+    // A vendor's features file: what a target lacks is not applicable, its refusal runs.
+    trials.push(Trial::test(
+        "harness::features_select_scenarios",
+        features_trial,
+    ));
+
     // Goldens must not depend on load: a sample of every side, replayed one at a time
     // and in parallel, writes byte-identical goldens (`make golden-stable` runs all).
     {
@@ -283,6 +297,7 @@ fn accepting(target_cmd: String, golden_dir: &Path, mode: runner::Mode) -> RunOp
         startup_timeout: runner::DEFAULT_STARTUP_TIMEOUT,
         mode,
         peer_exe: Some(PathBuf::from(env!("CARGO_BIN_EXE_contract-harness"))),
+        features: Default::default(),
         wire_dir: None,
     }
 }
@@ -309,6 +324,93 @@ fn hostile_client_trial(scenarios_dir: &Path) -> Result<(), Failed> {
     let r = rt.block_on(runner::run_scenario(&scenario, Side::Client, &opts));
     if r.passed || r.differs || !r.failure_line().contains("endpoint token") {
         return Err(format!("a client with a wrong token: {}", console::result_line(&r)).into());
+    }
+    Ok(())
+}
+
+/// `--features`: a Runtime that declares `mcp_http_tools` (and the two MCP capabilities
+/// built on it) unsupported gets the scenarios needing them as `not applicable` and the
+/// refusal scenario run (and passed); without the file the refusal is the one not
+/// applicable; a features file on a side that declares none is a usage error.
+fn features_trial() -> Result<(), Failed> {
+    let bin = impl_binary()?.display().to_string();
+    let harness = env!("CARGO_BIN_EXE_contract-harness");
+    let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+    let template = Command::new(harness)
+        .args(["features", "--family", "core_runtime"])
+        .output()
+        .map_err(|e| e.to_string())?;
+    let mut text = String::from_utf8_lossy(&template.stdout).into_owned();
+    for cap in [
+        "mcp_http_tools",
+        "mcp_http_required",
+        "mcp_http_bearer_auth",
+    ] {
+        text = text.replace(&format!("  {cap}: true"), &format!("  {cap}: false"));
+    }
+    let file = dir.path().join("acme-features.yaml");
+    std::fs::write(&file, text).map_err(|e| e.to_string())?;
+    let file = file.display().to_string();
+    let run = |side: &str, target: &str, extra: &[&str]| -> Result<(i32, String), Failed> {
+        let out = Command::new(harness)
+            .current_dir(workspace_root())
+            .args([
+                "run",
+                "--family",
+                "core_runtime",
+                "--side",
+                side,
+                "--filter",
+                "mcp",
+            ])
+            .args(["--mode", "vendor", "--target-cmd", target])
+            .args(extra)
+            .output()
+            .map_err(|e| e.to_string())?;
+        Ok((
+            out.status.code().unwrap_or(-1),
+            format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            ),
+        ))
+    };
+    let runtime = format!("{bin} runtime");
+    let (code, out) = run("runtime", &runtime, &["--features", &file])?;
+    let refusal_ran = out.contains("PASS core_runtime/undeclared_mcp_http_tools_refused")
+        || out.contains("DIFF core_runtime/undeclared_mcp_http_tools_refused");
+    if code != 0
+        || !out.contains("N/A  core_runtime/mcp_core_relay_passthrough")
+        || !out.contains("N/A  core_runtime/mcp_connection_origin")
+        || !refusal_ran
+        || !out.contains("0 failed")
+    {
+        return Err(format!(
+            "with the features file: exit {code}
+{out}"
+        )
+        .into());
+    }
+    let (code, out) = run("runtime", &runtime, &[])?;
+    if code != 0
+        || !out.contains("N/A  core_runtime/undeclared_mcp_http_tools_refused")
+        || !(out.contains("PASS core_runtime/mcp_core_relay_passthrough")
+            || out.contains("DIFF core_runtime/mcp_core_relay_passthrough"))
+    {
+        return Err(format!(
+            "without the features file: exit {code}
+{out}"
+        )
+        .into());
+    }
+    let (code, out) = run("core", &format!("{bin} core serve"), &["--features", &file])?;
+    if code != 2 || !out.contains("declares its optional features on side runtime") {
+        return Err(format!(
+            "features on side core: exit {code}
+{out}"
+        )
+        .into());
     }
     Ok(())
 }

@@ -49,11 +49,15 @@ pub enum FailureCode {
     /// The harness itself failed (a task panicked, a file could not be read)
     /// (`harness_error`).
     HarnessError,
+    /// Not a failure: the target declared on the wire that it does not support a feature
+    /// the scenario requires (or supports one a refusal scenario needs undeclared), so the
+    /// run ended there (`not_applicable`).
+    NotApplicable,
 }
 
 impl FailureCode {
     /// Every code, in a stable order.
-    pub const ALL: [FailureCode; 16] = [
+    pub const ALL: [FailureCode; 17] = [
         FailureCode::LaunchFailed,
         FailureCode::Timeout,
         FailureCode::UnexpectedEvent,
@@ -70,6 +74,7 @@ impl FailureCode {
         FailureCode::ControlFailed,
         FailureCode::GoldenMismatch,
         FailureCode::HarnessError,
+        FailureCode::NotApplicable,
     ];
 
     /// The stable code (`snake_case`).
@@ -91,6 +96,7 @@ impl FailureCode {
             FailureCode::ControlFailed => "control_failed",
             FailureCode::GoldenMismatch => "golden_mismatch",
             FailureCode::HarnessError => "harness_error",
+            FailureCode::NotApplicable => "not_applicable",
         }
     }
 }

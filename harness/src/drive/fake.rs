@@ -276,6 +276,7 @@ fn pause() -> Step {
 fn scenario(steps: Vec<Step>) -> Scenario {
     Scenario {
         pending: Default::default(),
+        requires: Default::default(),
         family: "fake".into(),
         name: "engine".into(),
         summary: String::new(),
@@ -897,6 +898,7 @@ fn opts() -> DriveOptions {
         startup_timeout: STEP,
         vendor: false,
         peer_exe: None,
+        features: Default::default(),
     }
 }
 

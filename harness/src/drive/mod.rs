@@ -51,6 +51,10 @@ pub struct DriveOptions {
     /// The `contract-harness` binary a target runs as its peer in relay mode (the worker
     /// program a target host launches); `None`: the running executable.
     pub peer_exe: Option<std::path::PathBuf>,
+    /// The optional features the target declares (`--features FILE`): feature →
+    /// supported. A feature not named is supported. The family's launch contract may
+    /// use it (core_runtime: the default launch declaration of side runtime).
+    pub features: std::collections::BTreeMap<String, bool>,
 }
 
 /// The outcome of driving one scenario against one side.
@@ -154,9 +158,20 @@ pub async fn drive_steps<P: Peer>(
     scenario: &Scenario,
 ) -> Option<Failure> {
     let id = scenario.id();
+    run.requires = scenario.requires.clone();
     for (i, step) in scenario.steps.iter().enumerate() {
         run.step = i + 1;
-        if let Err(error) = run.exec(peer, step).await {
+        let done = run.exec(peer, step).await;
+        // A declaration on the wire that the scenario does not apply to ends the run
+        // before anything else is judged (a step may fail because of it).
+        if let Some(why) = run.applicability(peer) {
+            return Some(Failure::outside(
+                &id,
+                Phase::Step(i + 1),
+                StepError::new(FailureCode::NotApplicable, why),
+            ));
+        }
+        if let Err(error) = done {
             return Some(Failure {
                 scenario: id,
                 phase: Phase::Step(i + 1),

@@ -7,6 +7,7 @@
 //! trailers and the end of a stream onto [`Event::Text`] (the message in its JSON
 //! mapping, one call ID inside it), [`Event::Other`] and [`Event::Eof`].
 
+use std::collections::BTreeMap;
 use std::process::ExitStatus;
 use std::time::Duration;
 
@@ -147,6 +148,14 @@ pub trait Codec: Send + Sync {
     /// The rule [`Codec::may_trail`] implements, for failure messages
     /// (`only heartbeats may follow the last step`).
     fn trailing_rule(&self) -> &'static str;
+    /// The optional features (`crate::scenario::families::FamilyTable::features`) a
+    /// recorded frame of the target declares, each supported or not, where the family
+    /// declares them on the wire (core_runtime: a Runtime's heartbeat); `None` for every
+    /// other frame. By default no frame declares any.
+    fn declared_features(&self, frame: &Value) -> Option<BTreeMap<String, bool>> {
+        let _ = frame;
+        None
+    }
 }
 
 /// The one connection to the target that the steps use, as the engine sees it: a

@@ -1,8 +1,9 @@
 //! The conformance report a vendor publishes (`run --conformance FILE`): for each
 //! requirement of the family's catalog, what this target's run showed on this side —
 //! `pass` (every scenario covering it passed), `fail` (one failed), `differs` (one only
-//! differs from our reference's choices, vendor mode), `not run` (its scenarios were
-//! filtered out or pending), `uncovered` (no scenario covers it on this side, with the
+//! differs from our reference's choices, vendor mode), `not applicable` (every scenario
+//! of it that ran requires a feature the target does not declare), `not run` (its
+//! scenarios were filtered out or pending), `uncovered` (no scenario covers it on this side, with the
 //! catalog's reason) — with its level and spec section, as Markdown or JSON.
 //!
 //! This module only renders from the catalog, the scenarios and the results.
@@ -23,7 +24,7 @@ pub struct Line {
     pub level: &'static str,
     /// Its spec section.
     pub section: String,
-    /// `pass`, `fail`, `differs`, `not run` or `uncovered`.
+    /// `pass`, `fail`, `differs`, `not applicable`, `not run` or `uncovered`.
     pub status: &'static str,
     /// The scenarios of this side that cover it, each with its own status.
     pub scenarios: Vec<(String, &'static str)>,
@@ -37,6 +38,7 @@ fn status_of(r: Option<&ScenarioResult>) -> &'static str {
         // A difference from our reference's choices ends that run in vendor mode: what
         // came after it was not checked.
         Some(r) if r.differs => "differs",
+        Some(r) if r.not_applicable => "not applicable",
         Some(r) if r.passed => "pass",
         Some(_) => "fail",
     }
@@ -69,6 +71,8 @@ pub fn lines(
                 "differs"
             } else if covering.iter().all(|(_, s)| *s == "not run") {
                 "not run"
+            } else if !covering.iter().any(|(_, s)| *s == "pass") {
+                "not applicable"
             } else {
                 "pass"
             };
@@ -100,14 +104,16 @@ fn count(lines: &[Line], level: &str, status: &str) -> usize {
 pub fn markdown(family: &str, side: Side, target: &str, lines: &[Line]) -> String {
     let mut out = format!("# Conformance: {family}, side {side}\n\nTarget: `{target}`\n\n");
     out.push_str(
-        "| level | pass | fail | differs | not run | uncovered |\n|---|---|---|---|---|---|\n",
+        "| level | pass | fail | differs | not applicable | not run | uncovered |\n\
+         |---|---|---|---|---|---|---|\n",
     );
     for level in ["required", "reference"] {
         out.push_str(&format!(
-            "| {level} | {} | {} | {} | {} | {} |\n",
+            "| {level} | {} | {} | {} | {} | {} | {} |\n",
             count(lines, level, "pass"),
             count(lines, level, "fail"),
             count(lines, level, "differs"),
+            count(lines, level, "not applicable"),
             count(lines, level, "not run"),
             count(lines, level, "uncovered"),
         ));

@@ -16,10 +16,11 @@ pub fn millis(duration: Duration) -> String {
 
 /// The line(s) for one run.
 pub fn result_line(result: &ScenarioResult) -> String {
-    let status = match (result.passed, result.differs) {
-        (true, true) => "DIFF",
-        (true, false) => "PASS",
-        (false, _) => "FAIL",
+    let status = match (result.passed, result.differs, result.not_applicable) {
+        (_, _, true) => "N/A ",
+        (true, true, _) => "DIFF",
+        (true, false, _) => "PASS",
+        (false, _, _) => "FAIL",
     };
     let mut out = format!(
         "{status} {} [{}] {}",

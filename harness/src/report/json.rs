@@ -39,6 +39,9 @@ pub fn result_value(r: &ScenarioResult) -> Value {
     if r.differs {
         map.insert("differs_from_reference".into(), json!(true));
     }
+    if r.not_applicable {
+        map.insert("not_applicable".into(), json!(true));
+    }
     if let Some(g) = &r.golden {
         map.insert("golden".into(), json!(g));
     }
@@ -49,7 +52,7 @@ pub fn result_value(r: &ScenarioResult) -> Value {
 pub fn render_value(results: &[ScenarioResult]) -> Value {
     let summary = Summary::of(results);
     json!({
-        "summary": { "passed": summary.passed, "failed": summary.failed, "differ": summary.differ },
+        "summary": { "passed": summary.passed, "failed": summary.failed, "differ": summary.differ, "not_applicable": summary.not_applicable },
         "results": results.iter().map(result_value).collect::<Vec<_>>(),
     })
 }

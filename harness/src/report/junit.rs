@@ -29,6 +29,11 @@ pub fn render(report_name: &str, results: &[ScenarioResult]) -> Result<String, R
         for r in runs {
             let status = if r.passed {
                 TestCaseStatus::success()
+            } else if r.not_applicable {
+                let mut status = TestCaseStatus::skipped();
+                let why = r.failure.as_deref().unwrap_or("not applicable");
+                status.set_message(format!("not applicable: {why}"));
+                status
             } else {
                 let mut status = TestCaseStatus::non_success(NonSuccessKind::Failure);
                 let failure = r.failure.as_deref().unwrap_or("failed");

@@ -20,6 +20,8 @@ pub fn render(results: &[ScenarioResult]) -> String {
             r.side.as_str(),
             if r.passed {
                 "pass".to_string()
+            } else if r.not_applicable {
+                "not applicable".to_string()
             } else if r.code.is_some() {
                 format!("**FAIL** `{}`", r.code_line())
             } else {
@@ -28,7 +30,10 @@ pub fn render(results: &[ScenarioResult]) -> String {
             millis(r.duration)
         ));
     }
-    let failures: Vec<&ScenarioResult> = results.iter().filter(|r| !r.passed).collect();
+    let failures: Vec<&ScenarioResult> = results
+        .iter()
+        .filter(|r| !r.passed && !r.not_applicable)
+        .collect();
     if !failures.is_empty() {
         out.push_str("\n### Failures\n");
         for r in failures {

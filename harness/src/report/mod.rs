@@ -43,6 +43,10 @@ pub struct ScenarioResult {
     /// In vendor mode: the target is conformant here but differs from our reference
     /// behaviour at [`Self::reference`] ([`Self::failure`] says how).
     pub differs: bool,
+    /// The scenario requires a feature the target does not declare (or declares one a
+    /// refusal scenario needs undeclared): neither passed nor failed, with
+    /// [`Self::failure`] saying which feature and where the declaration came from.
+    pub not_applicable: bool,
 }
 
 impl ScenarioResult {
@@ -67,6 +71,7 @@ impl ScenarioResult {
             phase: None,
             reference: None,
             differs: false,
+            not_applicable: false,
         }
     }
 
@@ -83,6 +88,19 @@ impl ScenarioResult {
         result.failure = Some(how.into());
         result.reference = Some(requirement.to_string());
         result.differs = true;
+        result
+    }
+
+    /// A run that does not apply to the target (see [`Self::not_applicable`]): `why`
+    /// names the feature and where the target declared it.
+    pub fn not_applicable(
+        scenario: impl Into<String>,
+        side: Side,
+        duration: Duration,
+        why: impl Into<String>,
+    ) -> Self {
+        let mut result = Self::fail(scenario, side, duration, why);
+        result.not_applicable = true;
         result
     }
 
@@ -104,6 +122,7 @@ impl ScenarioResult {
             phase: None,
             reference: None,
             differs: false,
+            not_applicable: false,
         }
     }
 
@@ -166,16 +185,20 @@ pub struct Summary {
     pub failed: usize,
     /// Passing runs that differ from the reference behaviour (vendor mode).
     pub differ: usize,
+    /// Runs that did not apply to the target (neither passed nor failed).
+    pub not_applicable: usize,
 }
 
 impl Summary {
     /// Counts `results`.
     pub fn of(results: &[ScenarioResult]) -> Self {
         let passed = results.iter().filter(|r| r.passed).count();
+        let not_applicable = results.iter().filter(|r| r.not_applicable).count();
         Self {
             passed,
-            failed: results.len() - passed,
+            failed: results.len() - passed - not_applicable,
             differ: results.iter().filter(|r| r.differs).count(),
+            not_applicable,
         }
     }
 
@@ -186,11 +209,15 @@ impl Summary {
 }
 
 impl std::fmt::Display for Summary {
-    /// Exactly `N passed, M failed`, then `, K differ from the reference` when any do.
+    /// Exactly `N passed, M failed`, then `, K differ from the reference` when any do
+    /// and `, J not applicable` when any are.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{} passed, {} failed", self.passed, self.failed)?;
         if self.differ > 0 {
             write!(f, ", {} differ from the reference", self.differ)?;
+        }
+        if self.not_applicable > 0 {
+            write!(f, ", {} not applicable", self.not_applicable)?;
         }
         Ok(())
     }

@@ -54,6 +54,13 @@ pub struct FamilyTable {
     /// Whether `null` is a value of the family's wire (worker: `revision: null`); where it
     /// is not, a scenario frame holding one is refused at load.
     pub nulls: bool,
+    /// The optional features a target of this family may declare or not (`requires:` of
+    /// a scenario and `--features FILE` name only these). Empty where the family's spec
+    /// names nothing optional for a target.
+    pub features: &'static [&'static str],
+    /// The side whose target declares [`Self::features`] (core_runtime: the Runtime's
+    /// capabilities); on other sides `requires:` is not judged and `--features` is refused.
+    pub feature_side: Option<Side>,
 }
 
 impl FamilyTable {
@@ -135,10 +142,44 @@ pub const CORE_RUNTIME: FamilyTable = FamilyTable {
         "report",
     ],
     native_side: Some(Side::Runtime),
-    prebound: |_| false,
+    // `$declared_capabilities`: the declaration of kind `controlled` in the launch
+    // configuration (`crate::family::core_runtime::DECLARED_CAPABILITIES`).
+    prebound: |name| name == "declared_capabilities",
     check_frame: core_runtime_frame,
     nulls: false,
+    features: CORE_RUNTIME_FEATURES,
+    feature_side: Some(Side::Runtime),
 };
+
+/// The core_runtime capabilities a Runtime may declare unsupported while its kind stays
+/// usable: every `AgentKindCapabilities` field but the seven the spec's table
+/// ("Capability declarations") requires "always, for every execution on that Harness"
+/// (`streaming`, `steering`, `durable_turns`, `durable_input_receipts`, `preparation`,
+/// `execution_controls`, `tool_observations`): a kind without one of those runs nothing.
+pub const CORE_RUNTIME_FEATURES: &[&str] = &[
+    "environment_none",
+    "local_environment",
+    "workspace_read_preparation",
+    "workspace_output_export",
+    "native_session_recovery",
+    "web_search_control",
+    "text_verbosity",
+    "structured_output",
+    "message_items",
+    "subagent_observations",
+    "subagent_control",
+    "tool_search",
+    "programmatic_tool_calling_disable",
+    "function_tools",
+    "message_images",
+    "function_result_images",
+    "mcp_http_tools",
+    "mcp_http_required",
+    "mcp_http_bearer_auth",
+    "permissions",
+    "usage",
+    "resume",
+];
 
 /// The worker frame check: a known message kind, sent in its direction.
 fn worker_frame(party: Party, frame: &Value) -> Result<(), String> {
@@ -189,6 +230,10 @@ pub const WORKER: FamilyTable = FamilyTable {
     prebound: |name| name == "hooks_dir" || name.starts_with("snapshot_"),
     check_frame: worker_frame,
     nulls: true,
+    // "Message vocabulary" lists every `host_request` method as the host's to implement;
+    // the spec names no optional part of either side.
+    features: &[],
+    feature_side: None,
 };
 
 /// The engine family (gRPC on a Unix socket; frames are RPC events on named calls).
@@ -214,6 +259,10 @@ pub const ENGINE: FamilyTable = FamilyTable {
     prebound: |_| false,
     check_frame: crate::family::engine::codec::check_frame,
     nulls: false,
+    // "The implementation advertises protocol range 1.0 through 1.1" with snapshot
+    // authority: the capabilities are the implementation's, not a target's option.
+    features: &[],
+    feature_side: None,
 };
 
 /// The plugin family (gRPC on the plugin's Unix socket; frames are RPC events on named
@@ -251,6 +300,10 @@ pub const PLUGIN: FamilyTable = FamilyTable {
     },
     check_frame: crate::family::plugin::codec::check_frame,
     nulls: true,
+    // A plugin's capabilities are what it declares and the host approves per scenario
+    // (`config.plugin`); no part of either side is optional.
+    features: &[],
+    feature_side: None,
 };
 
 /// A family of generic steps only, for the loader's own tests.
@@ -266,6 +319,8 @@ pub const DEMO: FamilyTable = FamilyTable {
     prebound: |_| false,
     check_frame: |_, _| Ok(()),
     nulls: false,
+    features: &["alpha", "beta"],
+    feature_side: Some(Side::Core),
 };
 
 /// Every family's table.

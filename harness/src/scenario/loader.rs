@@ -201,7 +201,18 @@ struct RawScenario {
     config: Option<Spanned<ScenarioConfig>>,
     #[serde(default)]
     pending: Option<Spanned<BTreeMap<Side, String>>>,
+    #[serde(default)]
+    requires: Option<Spanned<RawRequires>>,
     steps: Spanned<Vec<Spanned<RawStep>>>,
+}
+
+/// `requires:` as written: a list of features the target must declare, or a mapping
+/// feature → `true` (must declare) / `false` (must declare unsupported).
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum RawRequires {
+    List(Vec<String>),
+    Map(BTreeMap<String, bool>),
 }
 
 #[derive(Deserialize)]
@@ -712,9 +723,11 @@ pub fn parse_scenario(path: &Path, source: &str) -> Result<Scenario, Vec<LoadErr
         sides: raw.sides.as_ref().map(|s| s.referenced),
         config: raw.config.as_ref().map(|c| c.referenced),
         pending: raw.pending.as_ref().map(|p| p.referenced),
+        requires: raw.requires.as_ref().map(|r| r.referenced),
         steps: raw.steps.referenced,
         step_items: step_spans,
     };
+    let requires_span = raw.requires.as_ref().map(|r| r.referenced);
     let scenario = Scenario {
         family: raw.family.value,
         name: raw.name.value,
@@ -724,6 +737,24 @@ pub fn parse_scenario(path: &Path, source: &str) -> Result<Scenario, Vec<LoadErr
         config: raw.config.map(|c| c.value).unwrap_or_default(),
         steps,
         pending: raw.pending.map(|p| p.value).unwrap_or_default(),
+        requires: match raw.requires.map(|r| r.value) {
+            None => BTreeMap::new(),
+            Some(RawRequires::Map(map)) => map,
+            Some(RawRequires::List(names)) => {
+                let mut map = BTreeMap::new();
+                for name in names {
+                    if map.insert(name.clone(), true).is_some() {
+                        conv.errors.push(LoadError::at(
+                            path,
+                            requires_span,
+                            format!("requires: `{name}` is listed twice"),
+                            Some(source),
+                        ));
+                    }
+                }
+                map
+            }
+        },
         path: path.to_path_buf(),
     };
     let mut errors = conv.errors;

@@ -176,6 +176,12 @@ pub struct Scenario {
     /// (`pending: {core: "..."}`). A pending side is listed, never run and never counted
     /// as passed (the contract test marks it ignored; the CLI prints it as pending).
     pub pending: BTreeMap<Side, String>,
+    /// The optional features of the family (`super::families::FamilyTable::features`)
+    /// the scenario needs the target to declare (`true`) or to declare unsupported
+    /// (`false`, a refusal scenario). A run against a target whose declaration (its
+    /// `--features` file, or the wire where the family declares features there) does not
+    /// fit is reported `not applicable`, never passed. Empty: runs against every target.
+    pub requires: BTreeMap<String, bool>,
     /// The file the scenario was loaded from.
     pub path: PathBuf,
 }
@@ -191,6 +197,27 @@ impl Scenario {
         self.sides
             .as_ref()
             .is_none_or(|sides| sides.contains(&side))
+    }
+
+    /// The requirement of [`Scenario::requires`] that `declared` (feature → declared
+    /// supported) does not meet on `side`, first in name order, as `(feature, required
+    /// value)`; a feature `declared` does not name counts as supported, and on a side
+    /// other than the family's `feature_side` nothing is judged. `None`: the scenario
+    /// applies.
+    pub fn unmet_requirement(
+        &self,
+        side: Side,
+        declared: &BTreeMap<String, bool>,
+    ) -> Option<(&str, bool)> {
+        let judged =
+            super::families::table(&self.family).is_some_and(|t| t.feature_side == Some(side));
+        if !judged {
+            return None;
+        }
+        self.requires
+            .iter()
+            .find(|(name, want)| declared.get(*name).copied().unwrap_or(true) != **want)
+            .map(|(name, want)| (name.as_str(), *want))
     }
 
     /// Why the scenario is pending on `side`, if it is (see [`Scenario::pending`]).

@@ -48,6 +48,8 @@ pub struct Spans {
     pub config: Option<Location>,
     /// `pending`, when present.
     pub pending: Option<Location>,
+    /// `requires`, when present.
+    pub requires: Option<Location>,
     /// `steps` list.
     pub steps: Location,
     /// Each top-level step (parallel to `Scenario::steps`).
@@ -1000,6 +1002,25 @@ pub fn validate(scenario: &Scenario, spans: &Spans) -> Vec<Issue> {
                 spans.pending,
                 format!("pending.{side}: say why the side is pending"),
             );
+        }
+    }
+    if let Some(table) = c.table {
+        for name in scenario.requires.keys() {
+            if !table.features.contains(&name.as_str()) {
+                c.issue(
+                    spans.requires,
+                    format!(
+                        "requires: `{name}` is not an optional feature of family `{}` (its \
+                         features: {})",
+                        table.family,
+                        if table.features.is_empty() {
+                            "none".to_string()
+                        } else {
+                            table.features.join(", ")
+                        }
+                    ),
+                );
+            }
         }
     }
     if scenario.steps.is_empty() {

@@ -5,7 +5,9 @@
 use contract_impl::core_runtime::wire::Direction;
 use contract_impl::core_runtime::wire::frame::validate_value;
 use contract_impl::wire::{WireError, encode_strict, parse_strict};
-use serde_json::Value;
+use std::collections::BTreeMap;
+
+use serde_json::{Value, json};
 
 use crate::drive::{Codec, Role, WireFault};
 use crate::scenario::model::Party;
@@ -76,6 +78,27 @@ impl Codec for EnvelopeCodec {
 
     fn trailing_rule(&self) -> &'static str {
         "only heartbeats may follow the last step"
+    }
+
+    /// A Runtime's heartbeat declares, for kind `controlled` (the kind scenarios
+    /// prepare), each optional capability ([`crate::scenario::families::CORE_RUNTIME_FEATURES`])
+    /// supported or not ("Capability declarations").
+    fn declared_features(&self, frame: &Value) -> Option<BTreeMap<String, bool>> {
+        if self.emitted != Direction::RuntimeToCore
+            || frame.get("type").and_then(Value::as_str) != Some(TRAILING_ALLOWED_TYPE)
+        {
+            return None;
+        }
+        let capabilities = super::declared_capabilities(
+            &json!({"agent_kinds": frame.pointer("/payload/supported_agent_kinds")?}),
+        );
+        let capabilities = capabilities.as_object()?;
+        Some(
+            crate::scenario::families::CORE_RUNTIME_FEATURES
+                .iter()
+                .filter_map(|f| Some(((*f).to_string(), capabilities.get(*f)?.as_bool()?)))
+                .collect(),
+        )
     }
 }
 

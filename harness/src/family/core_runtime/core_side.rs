@@ -237,6 +237,10 @@ pub async fn start(
     let http = HttpClient::new().map_err(|e| e.to_string())?;
     let (target, base_url) = launcher.launch(opts.startup_timeout).await?;
     let secret = launcher.credential.clone();
+    let heartbeat = default_heartbeat(scenario);
+    let declared = super::declared_capabilities(&json!({
+        "agent_kinds": heartbeat.pointer("/payload/supported_agent_kinds").cloned().unwrap_or(Value::Null)
+    }));
     Ok(Started {
         peer: ScriptedRuntimePeer {
             launcher,
@@ -246,14 +250,14 @@ pub async fn start(
             superseded: Vec::new(),
             connection_url: None,
             undeclared: None,
-            heartbeat: default_heartbeat(scenario),
+            heartbeat,
             in_flight: BTreeMap::new(),
         },
         process: Box::new(target),
         secret,
         ready: true,
         normalize: mask_clocks,
-        prebound: Vec::new(),
+        prebound: vec![(super::DECLARED_CAPABILITIES.to_string(), declared)],
     })
 }
 

@@ -39,6 +39,7 @@ fn credentials_are_fresh_and_shaped() {
 fn heartbeat_follows_the_launch_declarations() {
     let scenario = Scenario {
         pending: Default::default(),
+        requires: Default::default(),
         family: "core_runtime".into(),
         name: "x".into(),
         summary: String::new(),
@@ -114,6 +115,7 @@ async fn drive_fake_core(steps: Vec<Step>) -> DriveOutcome {
     );
     let scenario = Scenario {
         pending: Default::default(),
+        requires: Default::default(),
         family: "core_runtime".into(),
         name: "driver_test".into(),
         summary: String::new(),

@@ -17,6 +17,7 @@ pub mod core_api;
 pub mod core_side;
 pub mod link;
 pub mod masks;
+pub mod requires;
 pub mod runtime_side;
 pub mod steps;
 
@@ -122,6 +123,47 @@ pub fn default_launch_config() -> Value {
     })
 }
 
+/// The default launch configuration of a target Runtime that declares `features`
+/// (`--features`): [`default_launch_config`] with each named capability of kind
+/// `controlled` set as declared, so the target is never asked to declare what it said it
+/// lacks.
+pub fn launch_config_for(features: &std::collections::BTreeMap<String, bool>) -> Value {
+    let mut config = default_launch_config();
+    if let Some(caps) = config
+        .pointer_mut("/agent_kinds/0/capabilities")
+        .and_then(Value::as_object_mut)
+    {
+        for (name, supported) in features {
+            if caps.contains_key(name) {
+                caps.insert(name.clone(), Value::Bool(*supported));
+            }
+        }
+    }
+    config
+}
+
+/// The placeholder bound before the first step to the capabilities the launch
+/// configuration declares for kind `controlled` (side runtime: what the target must
+/// declare; side core: what the harness declares), so a scenario on the default
+/// declaration asserts a complete heartbeat without spelling out its values.
+pub const DECLARED_CAPABILITIES: &str = "declared_capabilities";
+
+/// The capabilities `launch` (a launch configuration) declares for kind `controlled`
+/// (`null` when it declares no such kind).
+pub fn declared_capabilities(launch: &Value) -> Value {
+    launch
+        .get("agent_kinds")
+        .and_then(Value::as_array)
+        .and_then(|kinds| {
+            kinds
+                .iter()
+                .find(|k| k.get("agent_kind").and_then(Value::as_str) == Some("controlled"))
+        })
+        .and_then(|k| k.get("capabilities"))
+        .cloned()
+        .unwrap_or(Value::Null)
+}
+
 /// Deep-merges `overlay` into `base`: objects merge key by key, recursively; any other
 /// value (arrays included) replaces the base value.
 pub fn deep_merge(base: &mut Value, overlay: &Value) {
@@ -154,6 +196,7 @@ pub(crate) fn self_as_target(env: &str, test_path: &str) -> DriveOptions {
         startup_timeout: std::time::Duration::from_secs(20),
         vendor: false,
         peer_exe: None,
+        features: Default::default(),
     }
 }
 

@@ -32,8 +32,8 @@ use super::codec::RUNTIME_ROLE;
 use super::link::{Link, Seen};
 use super::steps::{Bootstrap, CoreRuntimePeer, Native, family_step};
 use super::{
-    BOOTSTRAP_PATH, DEFAULT_HEARTBEAT_INTERVAL_MS, DEVICE_ID, WS_LIMITS, WS_PATH, deep_merge,
-    default_launch_config,
+    BOOTSTRAP_PATH, DECLARED_CAPABILITIES, DEFAULT_HEARTBEAT_INTERVAL_MS, DEVICE_ID, WS_LIMITS,
+    WS_PATH, declared_capabilities, deep_merge, launch_config_for,
 };
 use crate::drive::{
     Connection, Describe, DriveOptions, Event, FailureCode, Peer, Role, Run, Started, StepError,
@@ -92,7 +92,7 @@ pub async fn start(
             .seed_generated(&seed.generated)
             .map_err(|e| e.to_string())?;
     }
-    let mut config = default_launch_config();
+    let mut config = launch_config_for(&opts.features);
     if let Some(overlay) = &scenario.config.runtime {
         deep_merge(&mut config, overlay);
     }
@@ -161,7 +161,10 @@ pub async fn start(
         process: Box::new(target),
         secret: credential,
         normalize: Value::clone,
-        prebound: Vec::new(),
+        prebound: vec![(
+            DECLARED_CAPABILITIES.to_string(),
+            declared_capabilities(&config),
+        )],
     })
 }
 

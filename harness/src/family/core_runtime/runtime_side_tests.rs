@@ -169,6 +169,7 @@ fn fake_runtime() {
 fn scenario(steps: Vec<Step>) -> Scenario {
     Scenario {
         pending: Default::default(),
+        requires: Default::default(),
         family: FAMILY.into(),
         name: "driver_test".into(),
         summary: String::new(),
@@ -496,4 +497,35 @@ async fn handshake_frames_and_native_are_recorded() {
         "Bearer <credential>"
     );
     assert_eq!(outcome.bindings.get("run"), Some(&json!("run-1")));
+}
+
+/// A Runtime's heartbeat is a declaration on the wire: a scenario that needs a
+/// capability the heartbeat declares otherwise ends `not_applicable` at that step
+/// (whatever a `--features` file said), and one it fits runs on.
+#[tokio::test]
+async fn a_heartbeat_declaring_otherwise_makes_the_scenario_not_applicable() {
+    let steps = || vec![handshake(), Step::Silence(Duration::from_millis(20))];
+    let opts = super::super::self_as_target(
+        "CRH_FAKE=echo",
+        "family::core_runtime::runtime_side::tests::fake_runtime",
+    );
+    // The fake declares every capability supported.
+    let mut refusal = scenario(steps());
+    refusal.requires = [("mcp_http_tools".to_string(), false)].into();
+    let outcome = super::super::drive(&refusal, Side::Runtime, &opts).await;
+    let failure = outcome.failure.expect("not applicable");
+    assert_eq!(failure.code, FailureCode::NotApplicable, "{failure}");
+    assert_eq!(failure.phase, Phase::Step(1));
+    assert!(
+        failure.message.contains("`mcp_http_tools` unsupported")
+            && failure
+                .message
+                .contains("declared it supported in its runtime frame at step 1"),
+        "{}",
+        failure.message
+    );
+    let mut needs = scenario(steps());
+    needs.requires = [("mcp_http_tools".to_string(), true)].into();
+    let outcome = super::super::drive(&needs, Side::Runtime, &opts).await;
+    assert!(outcome.failure.is_none(), "{:?}", outcome.failure);
 }
