@@ -130,10 +130,16 @@ fn visit(step: &Step, out: &mut BTreeSet<&'static str>) {
 
 /// The optional capabilities `scenario` exercises on side runtime: those its frames opt
 /// into, less those its own launch declaration (`config.runtime.agent_kinds`, kind
-/// `controlled`) declares `false` and those it requires `false` (the scenario then
-/// proves the refusal, and a target that lacks the capability passes it).
+/// `controlled`) declares `false` (the scenario then proves the refusal, and a target
+/// that lacks the capability passes it).
+///
+/// A refusal scenario (one that requires a feature `false`) exercises nothing: the
+/// preparation it sends is refused for the missing feature whatever else it asks for.
 pub fn implied_features(scenario: &Scenario) -> BTreeSet<&'static str> {
     let mut out = BTreeSet::new();
+    if scenario.requires.values().any(|want| !want) {
+        return out;
+    }
     scenario.steps.iter().for_each(|s| visit(s, &mut out));
     let configured = scenario
         .config
@@ -144,7 +150,6 @@ pub fn implied_features(scenario: &Scenario) -> BTreeSet<&'static str> {
     out.retain(|f| {
         CORE_RUNTIME_FEATURES.contains(f)
             && configured.get(*f).and_then(Value::as_bool) != Some(false)
-            && scenario.requires.get(*f) != Some(&false)
     });
     out
 }
