@@ -14,10 +14,10 @@ JOBS    ?=
 HARNESS_ARGS ?=
 
 .PHONY: check-runtime-contract check setup build test lint fmt fmt-check clippy doc proto-check proto-baseline \
-        contract contract-core contract-worker contract-worker-host contract-engine contract-engine-client contract-plugin contract-plugin-python contract-plugin-host coverage golden-review golden-accept golden-stable schema bench clean
+        contract contract-refusals contract-core contract-worker contract-worker-host contract-engine contract-engine-client contract-plugin contract-plugin-python contract-plugin-host coverage golden-review golden-accept golden-stable schema bench package clean
 
 ## The main job: build everything, replay every scenario against our binaries, print coverage.
-check-runtime-contract: setup build contract contract-core contract-worker contract-worker-host contract-engine contract-engine-client contract-plugin contract-plugin-python contract-plugin-host coverage
+check-runtime-contract: setup build contract contract-refusals contract-core contract-worker contract-worker-host contract-engine contract-engine-client contract-plugin contract-plugin-python contract-plugin-host coverage
 
 ## What CI runs (.ci/run): formatting, lints, docs, schema checks, unit tests and the
 ## contract suite.
@@ -32,6 +32,15 @@ build:
 ## Replays scenarios/$(FAMILY) against `contract-impl runtime` through the launch contract.
 contract: build
 	$(HARNESS) run --family $(FAMILY) --side $(SIDE) \
+	  --target-cmd '$(IMPL) runtime' $(if $(JOBS),--jobs $(JOBS)) $(HARNESS_ARGS)
+
+## The refusal scenarios (`requires:` a capability `false`, not applicable to a Runtime
+## that supports everything) against our Runtime declaring those capabilities unsupported
+## (scenarios/features/core_runtime.lacking.yaml). The other scenarios' goldens record the
+## full declaration, so only the refusals are replayed here.
+contract-refusals: build
+	$(HARNESS) run --family core_runtime --side runtime --filter undeclared_ \
+	  --features scenarios/features/core_runtime.lacking.yaml \
 	  --target-cmd '$(IMPL) runtime' $(if $(JOBS),--jobs $(JOBS)) $(HARNESS_ARGS)
 
 ## The same scenarios with Core as the target (`contract-impl core serve`; the harness plays
@@ -90,6 +99,12 @@ coverage: build
 	$(HARNESS) coverage --family worker
 	$(HARNESS) coverage --family engine
 	$(HARNESS) coverage --family plugin
+
+## Both crates as packages that could be published (the harness carrying its scenarios,
+## catalogs, features files and goldens; the implementation its schemas), each built
+## from its package alone.
+package:
+	$(CARGO) package -p contract-impl -p contract-harness
 
 ## Unit tests of both crates plus harness/tests/contract.rs (one trial per scenario × side).
 test:

@@ -1,6 +1,7 @@
 //! Embeds the scenarios, requirement catalogs and reference goldens of this version into
 //! the harness binary (`contract_harness::embedded`), so a `contract-harness` installed
-//! with `cargo install --path harness` runs without a checkout.
+//! with `cargo install --path harness` (or from the packaged crate) runs without a
+//! checkout.
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -23,8 +24,9 @@ fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
 }
 
 fn main() {
-    let manifest = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").expect("cargo sets it"));
-    let root = manifest.parent().map(Path::to_path_buf).unwrap_or(manifest);
+    // `harness/scenarios` and `harness/golden` link to the repository's directories, so a
+    // packaged crate carries copies of them and builds the same binary without a checkout.
+    let root = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").expect("cargo sets it"));
     let mut files = Vec::new();
     for dir in ["scenarios", "golden"] {
         let path = root.join(dir);

@@ -15,7 +15,8 @@ const PROTOS: &[&str] = &[
 ];
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../proto");
+    // `impl/proto` links to the repository's `proto/` (a packaged crate carries a copy).
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("proto");
     println!("cargo:rerun-if-changed={}", root.display());
     let files = protox::compile(PROTOS, [&root])?;
     let out = PathBuf::from(std::env::var("OUT_DIR")?);
