@@ -255,3 +255,53 @@ pub fn stable(args: &ImplArgs, sample: Option<usize>, jobs: Option<usize>) -> Ex
         ExitCode::FAILURE
     }
 }
+
+/// `golden audit`: per family × side of the registry, every recorded frame field that no
+/// step of its scenario asserts (`crate::audit`), one line each, then a count per side.
+/// A report, never a failure: exit 0 unless a scenario or golden cannot be read.
+pub fn audit(places: &Places, family: Option<&str>) -> ExitCode {
+    let mut unreadable = 0;
+    for (family, side, _) in sides(family) {
+        let scenarios = match load_family(&places.scenarios, family) {
+            Ok(s) => s,
+            Err(errors) => {
+                errors.iter().for_each(|e| eprintln!("{e}"));
+                return ExitCode::from(2);
+            }
+        };
+        let (mut fields, mut family_steps) = (0, 0);
+        for scenario in scenarios.iter().filter(|s| s.runs_on(side)) {
+            let path = contract_harness::golden::golden_path(
+                &places.golden_dir,
+                family,
+                &scenario.name,
+                side,
+            );
+            let Ok(text) = std::fs::read_to_string(&path) else {
+                // A pending side or a refusal scenario of another declaration may have
+                // no golden of this name; anything else is worth saying.
+                if scenario.pending_reason(side).is_none() && path.exists() {
+                    eprintln!("{}: unreadable", path.display());
+                    unreadable += 1;
+                }
+                continue;
+            };
+            let findings = contract_harness::audit::audit(scenario, &text);
+            fields += findings.iter().map(|f| f.fields.len()).sum::<usize>();
+            family_steps += findings.iter().filter(|f| f.family_step.is_some()).count();
+            print!(
+                "{}",
+                contract_harness::audit::render(side.as_str(), &findings)
+            );
+        }
+        println!(
+            "{family} [{side}]: {fields} golden-only field(s), {family_steps} frame(s) recorded \
+             by family steps"
+        );
+    }
+    if unreadable == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}

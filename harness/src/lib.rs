@@ -4,6 +4,7 @@
 //! requirement coverage, reports) never touches sockets or processes; the transport,
 //! target, family drivers and runner build on it.
 
+pub mod audit;
 pub mod baseline;
 pub mod bind;
 pub mod changes;

@@ -14,6 +14,7 @@
 //! contract-harness golden accept [--golden-dir DIR]
 //! contract-harness golden refresh [--impl BIN] [--family F]
 //! contract-harness golden changes [--base REV] [--json]
+//! contract-harness golden audit [--family F]
 //! contract-harness golden stable [--impl BIN] [--family F] [--sample N] [--jobs N]
 //! contract-harness sides
 //! contract-harness diff --family F --side S --target-cmd '…' --against-cmd '…'
@@ -256,6 +257,15 @@ enum GoldenAction {
         /// Print the report as JSON.
         #[arg(long)]
         json: bool,
+    },
+    /// List, per golden, the recorded frame fields no step of its scenario asserts
+    /// (golden-only checks: in vendor mode they never fail a run).
+    Audit {
+        #[command(flatten)]
+        places: golden_cli::Places,
+        /// Only this family.
+        #[arg(long)]
+        family: Option<String>,
     },
     /// Check that goldens are stable: replay each side's scenarios one at a time and in
     /// parallel; the goldens written must be byte-identical.
@@ -840,6 +850,7 @@ fn golden_action(action: GoldenAction) -> ExitCode {
             golden_cli::changes(&places, base.as_deref(), json)
         }
         GoldenAction::Stable { args, sample, jobs } => golden_cli::stable(&args, sample, jobs),
+        GoldenAction::Audit { places, family } => golden_cli::audit(&places, family.as_deref()),
         GoldenAction::Review { golden_dir } => review(&golden_dir),
         GoldenAction::Accept { golden_dir } => match golden::accept_pending(&golden_dir) {
             Ok(written) => {

@@ -68,6 +68,9 @@ pub struct ScriptedCorePeer {
     /// `None` when the target exited before readiness (a first `expect_exit` step).
     control: Option<ControlChannel>,
     credential: String,
+    /// The agent-kind declarations of the launch configuration (`agent_kinds`): what
+    /// every heartbeat of a `handshake` or `reconnect` must declare.
+    declared_kinds: Value,
     /// Held until the peer is dropped, after the target stopped.
     _run_dir: RunDir,
 }
@@ -156,6 +159,7 @@ pub async fn start(
             ws: Link::default(),
             control,
             credential: credential.clone(),
+            declared_kinds: config.get("agent_kinds").cloned().unwrap_or(Value::Null),
             _run_dir: run_dir,
         },
         process: Box::new(target),
@@ -411,11 +415,23 @@ impl CoreRuntimePeer for ScriptedCorePeer {
         }
     }
 
+    /// The heartbeat must declare exactly the launch configuration's agent kinds, each
+    /// with its availability and complete capabilities, in any order ("Each heartbeat
+    /// declares `supported_agent_kinds`, their availability and capabilities"; "a kind
+    /// missing from a heartbeat is undeclared").
     async fn first_heartbeat(&mut self, run: &mut Run) -> StepResult {
         let pattern = json!({"type": "heartbeat"});
         let value = run.expect_frame(self, "runtime: {type: heartbeat}").await?;
         match_frame(&pattern, &value, &mut run.bindings)
-            .map_err(|m| fail::mismatch(format!("expected the first heartbeat: {m}")))
+            .map_err(|m| fail::mismatch(format!("expected the first heartbeat: {m}")))?;
+        let declared = value
+            .pointer("/payload/supported_agent_kinds")
+            .unwrap_or(&Value::Null);
+        declaration_difference(&self.declared_kinds, declared).map_or(Ok(()), |why| {
+            Err(fail::mismatch(format!(
+                "the heartbeat's declaration is not the launch configuration's: {why}"
+            )))
+        })
     }
 
     async fn api(&mut self, _run: &mut Run, _api: &ApiStep) -> StepResult {
@@ -425,6 +441,58 @@ impl CoreRuntimePeer for ScriptedCorePeer {
     async fn api_result(&mut self, _run: &mut Run, _id: &str) -> StepResult {
         Ok(())
     }
+}
+
+/// How the agent kinds a heartbeat declares (`declared`) differ from the launch
+/// configuration's (`launched`), kinds compared by name in any order: the first kind
+/// missing, added or declared otherwise, with the field; `None` when they are the same.
+pub fn declaration_difference(launched: &Value, declared: &Value) -> Option<String> {
+    let by_name = |kinds: &Value| -> std::collections::BTreeMap<String, Value> {
+        kinds
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|k| {
+                let name = k.get("agent_kind").and_then(Value::as_str).unwrap_or("");
+                (name.to_string(), k.clone())
+            })
+            .collect()
+    };
+    let (launched, declared) = (by_name(launched), by_name(declared));
+    if let Some(name) = launched.keys().find(|k| !declared.contains_key(*k)) {
+        return Some(format!("kind `{name}` is launched but not declared"));
+    }
+    if let Some(name) = declared.keys().find(|k| !launched.contains_key(*k)) {
+        return Some(format!("kind `{name}` is declared but not launched"));
+    }
+    launched.iter().find_map(|(name, want)| {
+        let got = &declared[name];
+        for key in ["available", "capabilities"] {
+            if want.get(key) != got.get(key) {
+                let field = match (want.get(key), got.get(key)) {
+                    (Some(Value::Object(w)), Some(Value::Object(g))) => w
+                        .iter()
+                        .find(|(f, v)| g.get(*f) != Some(*v))
+                        .map(|(f, v)| {
+                            format!(".{f}: launched {v}, declared {}", show_opt(g.get(f)))
+                        })
+                        .or_else(|| {
+                            g.keys()
+                                .find(|f| !w.contains_key(*f))
+                                .map(|f| format!(".{f}: not launched, declared"))
+                        })
+                        .unwrap_or_default(),
+                    (w, g) => format!(": launched {}, declared {}", show_opt(w), show_opt(g)),
+                };
+                return Some(format!("kind `{name}` {key}{field}"));
+            }
+        }
+        None
+    })
+}
+
+fn show_opt(value: Option<&Value>) -> String {
+    value.map_or_else(|| "nothing".to_string(), Value::to_string)
 }
 
 impl ScriptedCorePeer {

@@ -22,11 +22,15 @@ use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 
-fn heartbeat() -> String {
+fn heartbeat(mode: &str) -> String {
+    let kinds = if mode == "undeclare" {
+        json!([])
+    } else {
+        json!([{"agent_kind": "controlled", "available": true, "capabilities": all_capabilities()}])
+    };
     json!({"type": "heartbeat", "id": "hb-1", "payload": {
         "runtime_version": "fake-1",
-        "supported_agent_kinds": [{"agent_kind": "controlled", "available": true,
-            "capabilities": all_capabilities()}]
+        "supported_agent_kinds": kinds
     }})
     .to_string()
 }
@@ -115,14 +119,14 @@ async fn fake_main(mode: &str) {
     let (mut ws, _) = tokio_tungstenite::connect_async(request).await.unwrap();
     match mode {
         "badframe" => {
-            let mut hb: Value = serde_json::from_str(&heartbeat()).unwrap();
+            let mut hb: Value = serde_json::from_str(&heartbeat(mode)).unwrap();
             hb["payload"]
                 .as_object_mut()
                 .unwrap()
                 .remove("runtime_version");
             ws.send(Message::text(hb.to_string())).await.unwrap();
         }
-        _ => ws.send(Message::text(heartbeat())).await.unwrap(),
+        _ => ws.send(Message::text(heartbeat(mode))).await.unwrap(),
     }
     // Echo every text frame's id back as a delta; close when asked.
     while let Some(Ok(message)) = ws.next().await {
@@ -139,7 +143,7 @@ async fn fake_main(mode: &str) {
                         ws.send(Message::text(extra.to_string())).await.unwrap();
                     }
                     "trailing_heartbeat" => {
-                        ws.send(Message::text(heartbeat())).await.unwrap();
+                        ws.send(Message::text(heartbeat(mode))).await.unwrap();
                     }
                     "trailing_leak" => {
                         let extra = json!({"type": "delta", "id": frame["id"], "payload": {"text": credential}});
@@ -276,6 +280,16 @@ fn cases() -> Vec<Case> {
             C::Mismatch,
             Phase::Step(1),
             vec!["step 1 (handshake)", "no Authorization header"],
+        ),
+        fails(
+            "undeclare",
+            vec![handshake()],
+            C::Mismatch,
+            Phase::Step(1),
+            vec![
+                "the heartbeat's declaration is not the launch configuration's",
+                "kind `controlled` is launched but not declared",
+            ],
         ),
         fails(
             "badframe",
@@ -528,4 +542,38 @@ async fn a_heartbeat_declaring_otherwise_makes_the_scenario_not_applicable() {
     needs.requires = [("mcp_http_tools".to_string(), true)].into();
     let outcome = super::super::drive(&needs, Side::Runtime, &opts).await;
     assert!(outcome.failure.is_none(), "{:?}", outcome.failure);
+}
+
+#[test]
+fn declaration_differences_name_the_kind_and_field() {
+    use super::super::runtime_side::declaration_difference;
+    let caps = all_capabilities();
+    let kind = |name: &str, available: bool, caps: Value| json!({"agent_kind": name, "available": available, "capabilities": caps});
+    let launched = json!([
+        kind("a", true, caps.clone()),
+        kind("b", false, caps.clone())
+    ]);
+    // Any order is the same declaration.
+    let swapped = json!([
+        kind("b", false, caps.clone()),
+        kind("a", true, caps.clone())
+    ]);
+    assert_eq!(declaration_difference(&launched, &swapped), None);
+    let one = json!([kind("a", true, caps.clone())]);
+    assert_eq!(
+        declaration_difference(&launched, &one).unwrap(),
+        "kind `b` is launched but not declared"
+    );
+    let mut fewer = caps.clone();
+    fewer["usage"] = json!(false);
+    let changed = json!([kind("a", true, fewer), kind("b", false, caps.clone())]);
+    assert_eq!(
+        declaration_difference(&launched, &changed).unwrap(),
+        "kind `a` capabilities.usage: launched true, declared false"
+    );
+    let unavailable = json!([kind("a", false, caps.clone()), kind("b", false, caps)]);
+    assert_eq!(
+        declaration_difference(&launched, &unavailable).unwrap(),
+        "kind `a` available: launched true, declared false"
+    );
 }
