@@ -46,7 +46,7 @@ pub fn capabilities(minor: u32) -> &'static [&'static str] {
 pub const SNAPSHOT_FORMAT: &str = "v1alpha2";
 
 /// The committed compatibility manifest.
-pub const MANIFEST: &str = include_str!("../../../proto/compatibility.json");
+pub const MANIFEST: &str = include_str!("../../proto/compatibility.json");
 
 /// Why negotiation failed, with the observed and required values.
 #[derive(Debug, Clone, PartialEq, Eq)]
