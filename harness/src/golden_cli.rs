@@ -51,6 +51,7 @@ fn options(args: &ImplArgs, impl_args: &str) -> RunOptions {
             shell_words::quote(&args.impl_bin.display().to_string())
         ),
         golden_dir: args.places.golden_dir.clone(),
+        own_goldens: false,
         golden_mode: GoldenMode::Pending,
         step_timeout: runner::DEFAULT_STEP_TIMEOUT,
         startup_timeout: runner::DEFAULT_STARTUP_TIMEOUT,

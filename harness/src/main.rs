@@ -133,9 +133,11 @@ struct RunArgs {
     /// Command that starts the target (split like a POSIX shell, no shell involved).
     #[arg(long)]
     target_cmd: String,
-    /// Golden root directory.
-    #[arg(long, default_value = "golden")]
-    golden_dir: PathBuf,
+    /// Your own golden root directory: golden differences then fail the run in every
+    /// mode. Left out: the reference goldens (`golden/`, or those embedded in this
+    /// binary), whose differences are advisory (`DIFF`) in vendor mode.
+    #[arg(long)]
+    golden_dir: Option<PathBuf>,
     /// Only scenarios whose ID (`family/name`) contains this text.
     #[arg(long)]
     filter: Option<String>,
@@ -558,7 +560,8 @@ fn run(args: RunArgs) -> ExitCode {
     };
     let opts = RunOptions {
         target_cmd: args.target_cmd.clone(),
-        golden_dir: golden_root(&args.golden_dir),
+        golden_dir: golden_root(args.golden_dir.as_deref().unwrap_or(Path::new("golden"))),
+        own_goldens: args.golden_dir.is_some(),
         golden_mode,
         step_timeout: args.step_timeout,
         startup_timeout: args.startup_timeout,
@@ -680,6 +683,7 @@ fn diff(args: &DiffArgs) -> ExitCode {
     let opts = |cmd: &str| RunOptions {
         target_cmd: cmd.to_string(),
         golden_dir: PathBuf::new(),
+        own_goldens: false,
         golden_mode: GoldenMode::Accept,
         step_timeout: runner::DEFAULT_STEP_TIMEOUT,
         startup_timeout: runner::DEFAULT_STARTUP_TIMEOUT,
@@ -733,17 +737,17 @@ fn rerun_command(args: &RunArgs, side: Side, scenario: &str) -> String {
     if args.mode == Mode::Vendor {
         cmd.push_str(" --mode vendor");
     }
+    if args.family.scenarios != Path::new("scenarios") {
+        cmd.push_str(&format!(
+            " --scenarios {}",
+            q(&args.family.scenarios.display().to_string())
+        ));
+    }
     for (flag, path) in [
-        ("--scenarios", &args.family.scenarios),
         ("--golden-dir", &args.golden_dir),
+        ("--features", &args.features),
     ] {
-        if path
-            != Path::new(if flag == "--scenarios" {
-                "scenarios"
-            } else {
-                "golden"
-            })
-        {
+        if let Some(path) = path {
             cmd.push_str(&format!(" {flag} {}", q(&path.display().to_string())));
         }
     }

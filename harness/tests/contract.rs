@@ -158,6 +158,7 @@ fn main() {
                     let opts = RunOptions {
                         target_cmd: target_cmd(family, side)?,
                         golden_dir,
+                        own_goldens: false,
                         golden_mode: golden_mode(),
                         step_timeout: runner::DEFAULT_STEP_TIMEOUT,
                         startup_timeout: runner::DEFAULT_STARTUP_TIMEOUT,
@@ -263,6 +264,12 @@ fn main() {
         baselines_and_diff_trial,
     ));
 
+    // In vendor mode the reference goldens are advisory, the target's own are strict.
+    trials.push(Trial::test(
+        "harness::own_goldens_are_strict_in_vendor_mode",
+        own_goldens_trial,
+    ));
+
     // A vendor's features file: what a target lacks is not applicable, its refusal runs.
     trials.push(Trial::test(
         "harness::features_select_scenarios",
@@ -292,6 +299,7 @@ fn accepting(target_cmd: String, golden_dir: &Path, mode: runner::Mode) -> RunOp
     RunOptions {
         target_cmd,
         golden_dir: golden_dir.to_path_buf(),
+        own_goldens: false,
         golden_mode: GoldenMode::Accept,
         step_timeout: runner::DEFAULT_STEP_TIMEOUT,
         startup_timeout: runner::DEFAULT_STARTUP_TIMEOUT,
@@ -324,6 +332,70 @@ fn hostile_client_trial(scenarios_dir: &Path) -> Result<(), Failed> {
     let r = rt.block_on(runner::run_scenario(&scenario, Side::Client, &opts));
     if r.passed || r.differs || !r.failure_line().contains("endpoint token") {
         return Err(format!("a client with a wrong token: {}", console::result_line(&r)).into());
+    }
+    Ok(())
+}
+
+/// A Runtime whose wire differs from the reference goldens (`--wire-profile different`):
+/// in vendor mode against the reference goldens the difference is a `DIFF` (exit 0);
+/// against a golden directory of its own (here a copy of the reference) it fails.
+fn own_goldens_trial() -> Result<(), Failed> {
+    let bin = impl_binary()?.display().to_string();
+    let harness = env!("CARGO_BIN_EXE_contract-harness");
+    let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+    let own = dir.path().join("core_runtime");
+    std::fs::create_dir_all(&own).map_err(|e| e.to_string())?;
+    let name = "handshake_heartbeat.runtime.golden";
+    std::fs::copy(
+        workspace_root().join("golden/core_runtime").join(name),
+        own.join(name),
+    )
+    .map_err(|e| e.to_string())?;
+    let run = |extra: &[&str]| -> Result<(i32, String), Failed> {
+        let out = Command::new(harness)
+            .current_dir(workspace_root())
+            .args([
+                "run",
+                "--family",
+                "core_runtime",
+                "--side",
+                "runtime",
+                "--mode",
+                "vendor",
+            ])
+            .args(["--filter", "core_runtime/handshake_heartbeat"])
+            .args([
+                "--target-cmd",
+                &format!("{bin} runtime --wire-profile different"),
+            ])
+            .args(extra)
+            .output()
+            .map_err(|e| e.to_string())?;
+        Ok((
+            out.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+        ))
+    };
+    let (code, out) = run(&[])?;
+    if code != 0 || !out.contains("DIFF core_runtime/handshake_heartbeat") {
+        return Err(format!(
+            "against the reference goldens: exit {code}
+{out}"
+        )
+        .into());
+    }
+    let own_dir = dir.path().display().to_string();
+    let (code, out) = run(&["--golden-dir", &own_dir])?;
+    if code != 1
+        || !out.contains("FAIL core_runtime/handshake_heartbeat")
+        || !out.contains("golden_mismatch")
+        || !out.contains("--golden-dir")
+    {
+        return Err(format!(
+            "against its own goldens: exit {code}
+{out}"
+        )
+        .into());
     }
     Ok(())
 }
