@@ -687,7 +687,8 @@ fn diff(args: &DiffArgs) -> ExitCode {
         golden_mode: GoldenMode::Accept,
         step_timeout: runner::DEFAULT_STEP_TIMEOUT,
         startup_timeout: runner::DEFAULT_STARTUP_TIMEOUT,
-        mode: Mode::Strict,
+        // A reference value the target chose otherwise is a difference to compare.
+        mode: Mode::Vendor,
         peer_exe: None,
         features: Default::default(),
         wire_dir: None,

@@ -567,10 +567,15 @@ fn baselines_and_diff_trial() -> Result<(), Failed> {
         .into());
     }
     let diff = |target: &str, against: &str, side: &str, filter: &str| {
+        let family = if side == "runtime" {
+            "core_runtime"
+        } else {
+            "engine"
+        };
         Command::new(harness)
             .current_dir(workspace_root())
             .args([
-                "diff", "--family", "engine", "--side", side, "--filter", filter,
+                "diff", "--family", family, "--side", side, "--filter", filter,
             ])
             .args(["--target-cmd", target, "--against-cmd", against])
             .output()
@@ -597,6 +602,24 @@ fn baselines_and_diff_trial() -> Result<(), Failed> {
 {text}"
         )
         .into());
+    }
+    // Our Runtime against itself, then against one that names its heartbeats otherwise:
+    // the scenario, the step and the field.
+    let runtime = format!("{bin} runtime");
+    let same = diff(&runtime, &runtime, "runtime", "heartbeat")?;
+    let text = String::from_utf8_lossy(&same.stdout);
+    if same.status.code() != Some(0) || !text.contains("0 differ, 0 failed") {
+        return Err(format!("our Runtime against itself:\n{text}").into());
+    }
+    let other = format!("{bin} runtime --wire-profile different");
+    let differs = diff(&other, &runtime, "runtime", "handshake_heartbeat")?;
+    let text = String::from_utf8_lossy(&differs.stdout);
+    if differs.status.code() != Some(1)
+        || !text.contains("DIFFERS core_runtime/handshake_heartbeat")
+        || !text.contains("step 3 runtime frame")
+        || !text.contains("`$.id`: `\"hb-1\"` → `\"beat-1\"`")
+    {
+        return Err(format!("another Runtime against ours:\n{text}").into());
     }
     Ok(())
 }
