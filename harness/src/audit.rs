@@ -42,6 +42,8 @@ pub struct Finding {
 /// whole value.
 pub fn unasserted(pattern: &Value, actual: &Value, path: &str, out: &mut Vec<String>) {
     match (pattern, actual) {
+        // `$_` and `$unspecified` match anything: they assert nothing.
+        (Value::String(s), _) if s == "$_" || s == "$unspecified" => out.push(path.to_string()),
         (Value::String(s), _) if s.starts_with('$') => {}
         (Value::Object(p), _) if p.keys().any(|k| k.starts_with('$')) => {}
         (Value::Object(p), Value::Object(a)) => {
@@ -160,12 +162,12 @@ mod tests {
     fn fields_a_pattern_leaves_out_are_listed_and_placeholders_assert_all() {
         let mut out = Vec::new();
         unasserted(
-            &json!({"type": "done", "payload": {"a": 1, "b": "$x", "c": {"$gt": 0}}}),
-            &json!({"type": "done", "id": "r", "payload": {"a": 1, "b": {"deep": 1}, "c": 4, "d": [1]}}),
+            &json!({"type": "done", "payload": {"a": 1, "b": "$x", "c": {"$gt": 0}, "e": "$_"}}),
+            &json!({"type": "done", "id": "r", "payload": {"a": 1, "b": {"deep": 1}, "c": 4, "d": [1], "e": 2}}),
             "$",
             &mut out,
         );
-        assert_eq!(out, vec!["$.id", "$.payload.d"]);
+        assert_eq!(out, vec!["$.id", "$.payload.d", "$.payload.e"]);
     }
 
     #[test]

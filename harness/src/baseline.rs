@@ -50,6 +50,9 @@ pub struct Verdict {
     pub unexpected: Vec<String>,
     /// Listed scenarios that passed.
     pub stale: Vec<String>,
+    /// Listed scenarios that did not apply to the target (`not applicable`): neither
+    /// expected nor stale, told so the entry is not left to rot.
+    pub not_applicable: Vec<String>,
 }
 
 impl Verdict {
@@ -66,6 +69,11 @@ pub fn judge(baseline: &Baseline, side: Side, results: &[ScenarioResult]) -> Ver
     let listed = baseline.get(side.as_str());
     let mut v = Verdict::default();
     // A run that did not apply to the target is neither a failure nor a pass.
+    for r in results.iter().filter(|r| r.not_applicable) {
+        if listed.is_some_and(|l| l.contains_key(&r.scenario)) {
+            v.not_applicable.push(r.scenario.clone());
+        }
+    }
     for r in results.iter().filter(|r| !r.not_applicable) {
         let reason = listed.and_then(|l| l.get(&r.scenario));
         match (r.passed || r.differs, reason) {
@@ -76,6 +84,18 @@ pub fn judge(baseline: &Baseline, side: Side, results: &[ScenarioResult]) -> Ver
         }
     }
     v
+}
+
+/// The IDs `baseline` lists for `side` that are not in `known` (the scenario IDs of the
+/// family on that side): a typo or a removed scenario, which can never fail again.
+pub fn unknown(baseline: &Baseline, side: Side, known: &[String]) -> Vec<String> {
+    baseline
+        .get(side.as_str())
+        .into_iter()
+        .flat_map(|l| l.keys())
+        .filter(|id| !known.contains(id))
+        .cloned()
+        .collect()
 }
 
 /// Today's failures of `side` as a baseline file, each with its first failure line as

@@ -32,7 +32,9 @@ pub const FEATURES_FILE_MAX_BYTES: u64 = 64 * 1024;
 #[serde(deny_unknown_fields)]
 struct RawFeatures {
     family: String,
-    features: BTreeMap<String, bool>,
+    // Values are checked to be the booleans `true`/`false` themselves: YAML's `yes`, `off`
+    // or a quoted "false" are not a declaration.
+    features: BTreeMap<String, serde_json::Value>,
 }
 
 /// Reads and checks the features file at `path` for `table`'s family.
@@ -51,15 +53,20 @@ pub fn load(path: &Path, table: &FamilyTable) -> Result<BTreeMap<String, bool>, 
         ));
     }
     let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    parse(&text, table).map_err(|e| format!("{}: {e}", path.display()))
+    parse(path, &text, table).map_err(|e| format!("{}: {e}", path.display()))
 }
 
-/// Parses a features file's text (see [`load`]).
+/// Parses a features file's text, read from `path` (see [`load`]).
 ///
 /// # Errors
 /// As [`load`].
-pub fn parse(text: &str, table: &FamilyTable) -> Result<BTreeMap<String, bool>, String> {
-    let raw: RawFeatures = serde_saphyr::from_str(text)
+pub fn parse(
+    path: &Path,
+    text: &str,
+    table: &FamilyTable,
+) -> Result<BTreeMap<String, bool>, String> {
+    // The scenario loader's strict YAML: 1.2 booleans only, duplicate keys refused.
+    let raw: RawFeatures = crate::scenario::loader::parse_yaml(path, text)
         .map_err(|e| format!("expected `family:` and `features:` (feature: true|false): {e}"))?;
     if raw.family != table.family {
         return Err(format!(
@@ -71,6 +78,12 @@ pub fn parse(text: &str, table: &FamilyTable) -> Result<BTreeMap<String, bool>, 
         return Err(format!(
             "family `{}` has no optional feature: every scenario applies to every target",
             table.family
+        ));
+    }
+    if let Some((name, value)) = raw.features.iter().find(|(_, v)| !v.is_boolean()) {
+        return Err(format!(
+            "`{name}`: expected true or false, found {value} (write the YAML booleans \
+             themselves, unquoted)"
         ));
     }
     if let Some(unknown) = raw
@@ -96,7 +109,11 @@ pub fn parse(text: &str, table: &FamilyTable) -> Result<BTreeMap<String, bool>, 
             missing.join(", ")
         ));
     }
-    Ok(raw.features)
+    Ok(raw
+        .features
+        .into_iter()
+        .map(|(name, value)| (name, value == serde_json::Value::Bool(true)))
+        .collect())
 }
 
 /// Where the declaration our reference implementation is run with for `family`'s
@@ -179,7 +196,7 @@ mod tests {
 
     #[test]
     fn the_template_parses_and_declares_everything_supported() {
-        let parsed = parse(&template(&CORE_RUNTIME), &CORE_RUNTIME).unwrap();
+        let parsed = parse(Path::new("f.yaml"), &template(&CORE_RUNTIME), &CORE_RUNTIME).unwrap();
         assert_eq!(parsed.len(), CORE_RUNTIME.features.len());
         assert!(parsed.values().all(|v| *v));
     }
@@ -188,21 +205,33 @@ mod tests {
     fn an_incomplete_unknown_or_foreign_declaration_is_refused() {
         let full = template(&CORE_RUNTIME);
         let short = full.replace("  usage: true\n", "");
-        let err = parse(&short, &CORE_RUNTIME).unwrap_err();
+        let err = parse(Path::new("f.yaml"), &short, &CORE_RUNTIME).unwrap_err();
         assert!(err.contains("missing: usage"), "{err}");
         let unknown = full.replace("  usage: true\n", "  usage: true\n  teleport: false\n");
-        let err = parse(&unknown, &CORE_RUNTIME).unwrap_err();
+        let err = parse(Path::new("f.yaml"), &unknown, &CORE_RUNTIME).unwrap_err();
         assert!(
             err.contains("`teleport` is not an optional feature"),
             "{err}"
         );
         let foreign = full.replace("family: core_runtime", "family: engine");
-        let err = parse(&foreign, &CORE_RUNTIME).unwrap_err();
+        let err = parse(Path::new("f.yaml"), &foreign, &CORE_RUNTIME).unwrap_err();
         assert!(err.contains("family `engine`"), "{err}");
-        let not_bool = full.replace("  usage: true\n", "  usage: maybe\n");
-        assert!(parse(&not_bool, &CORE_RUNTIME).is_err());
+        for loose in ["maybe", "yes", "\"false\"", "'true'", "off", "1", "null"] {
+            let not_bool = full.replace("  usage: true\n", &format!("  usage: {loose}\n"));
+            let err = parse(Path::new("f.yaml"), &not_bool, &CORE_RUNTIME).err();
+            assert!(
+                err.as_deref()
+                    .is_some_and(|e| e.contains("`usage`: expected true or false")),
+                "{loose}: {err:?}"
+            );
+        }
         let engine = crate::scenario::families::ENGINE;
-        let err = parse("family: engine\nfeatures: {}\n", &engine).unwrap_err();
+        let err = parse(
+            Path::new("f.yaml"),
+            "family: engine\nfeatures: {}\n",
+            &engine,
+        )
+        .unwrap_err();
         assert!(err.contains("no optional feature"), "{err}");
     }
 }

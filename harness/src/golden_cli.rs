@@ -261,6 +261,22 @@ pub fn stable(args: &ImplArgs, sample: Option<usize>, jobs: Option<usize>) -> Ex
 /// step of its scenario asserts (`crate::audit`), one line each, then a count per side.
 /// A report, never a failure: exit 0 unless a scenario or golden cannot be read.
 pub fn audit(places: &Places, family: Option<&str>) -> ExitCode {
+    if let Some(name) = family
+        && contract_harness::family::family(name).is_none()
+    {
+        eprintln!(
+            "--family: unknown family `{name}`; families: {}",
+            contract_harness::family::known()
+        );
+        return ExitCode::from(2);
+    }
+    if !places.golden_dir.is_dir() {
+        eprintln!(
+            "--golden-dir {}: not a directory of goldens",
+            places.golden_dir.display()
+        );
+        return ExitCode::from(2);
+    }
     let mut unreadable = 0;
     for (family, side, _) in sides(family) {
         let scenarios = match load_family(&places.scenarios, family) {
@@ -270,7 +286,7 @@ pub fn audit(places: &Places, family: Option<&str>) -> ExitCode {
                 return ExitCode::from(2);
             }
         };
-        let (mut fields, mut family_steps) = (0, 0);
+        let (mut fields, mut family_steps) = (0, std::collections::BTreeMap::new());
         for scenario in scenarios.iter().filter(|s| s.runs_on(side)) {
             let path = contract_harness::golden::golden_path(
                 &places.golden_dir,
@@ -289,15 +305,30 @@ pub fn audit(places: &Places, family: Option<&str>) -> ExitCode {
             };
             let findings = contract_harness::audit::audit(scenario, &text);
             fields += findings.iter().map(|f| f.fields.len()).sum::<usize>();
-            family_steps += findings.iter().filter(|f| f.family_step.is_some()).count();
+            for step in findings.iter().filter_map(|f| f.family_step.as_deref()) {
+                *family_steps.entry(step.to_string()).or_insert(0usize) += 1;
+            }
+            let fields_only: Vec<_> = findings
+                .into_iter()
+                .filter(|f| f.family_step.is_none())
+                .collect();
             print!(
                 "{}",
-                contract_harness::audit::render(side.as_str(), &findings)
+                contract_harness::audit::render(side.as_str(), &fields_only)
             );
         }
+        let by_steps: Vec<String> = family_steps
+            .iter()
+            .map(|(step, n)| format!("{n} by `{step}`"))
+            .collect();
         println!(
-            "{family} [{side}]: {fields} golden-only field(s), {family_steps} frame(s) recorded \
-             by family steps"
+            "{family} [{side}]: {fields} golden-only field(s); frames recorded by family steps \
+             (checked as each step documents): {}",
+            if by_steps.is_empty() {
+                "none".to_string()
+            } else {
+                by_steps.join(", ")
+            }
         );
     }
     if unreadable == 0 {

@@ -187,7 +187,8 @@ struct RunArgs {
     wire_log: Option<PathBuf>,
     /// Write the conformance report here: every requirement of the family's catalog
     /// with its status for this target on this side (`pass`, `fail`, `differs`,
-    /// `not run`, `uncovered`); JSON when the file name ends in `.json`, else Markdown.
+    /// `not applicable`, `not run`, `uncovered`); JSON when the file name ends in
+    /// `.json`, else Markdown.
     #[arg(long)]
     conformance: Option<PathBuf>,
     /// What the target supports (`contract-harness features --family F` prints a
@@ -475,11 +476,14 @@ fn run(args: RunArgs) -> ExitCode {
     ) {
         (Some(_), Some(table)) if table.feature_side != Some(side) => {
             eprintln!(
-                "--features: family `{}` declares its optional features on side {}, not {side}",
-                table.family,
-                table
-                    .feature_side
-                    .map_or_else(|| "(none)".to_string(), |s| s.to_string())
+                "--features: {}",
+                match table.feature_side {
+                    Some(s) => format!(
+                        "family `{}` declares its optional features on side {s}, not {side}",
+                        table.family
+                    ),
+                    None => format!("family `{}` has no optional feature", table.family),
+                }
             );
             return ExitCode::from(EXIT_USAGE);
         }
@@ -491,6 +495,58 @@ fn run(args: RunArgs) -> ExitCode {
             }
         },
         _ => Default::default(),
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("cannot start the async runtime: {e}");
+            return ExitCode::from(EXIT_USAGE);
+        }
+    };
+    // Without a file, a family that declares its features on the wire is asked once.
+    let declared = if args.features.is_some() {
+        declared
+    } else {
+        let probe_opts = contract_harness::drive::DriveOptions {
+            target_cmd: args.target_cmd.clone(),
+            step_timeout: args.step_timeout,
+            startup_timeout: args.startup_timeout,
+            vendor: args.mode == Mode::Vendor,
+            peer_exe: None,
+            features: Default::default(),
+        };
+        match runtime.block_on(family::probe_features(
+            &args.family.family,
+            side,
+            &probe_opts,
+        )) {
+            None => declared,
+            Some(Ok(found)) => {
+                let lacking: Vec<&str> = found
+                    .iter()
+                    .filter(|(_, supported)| !**supported)
+                    .map(|(f, _)| f.as_str())
+                    .collect();
+                say!(
+                    "features (the target's heartbeat, no --features): {}",
+                    if lacking.is_empty() {
+                        "every optional feature supported".to_string()
+                    } else {
+                        format!("declared unsupported: {}", lacking.join(", "))
+                    }
+                );
+                found
+            }
+            Some(Err(e)) => {
+                say!(
+                    "features (no --features): the probe failed, every feature counts as supported: {e}"
+                );
+                declared
+            }
+        }
     };
     let all_scenarios = scenarios.clone();
     let (pending, runs): (Vec<Scenario>, Vec<Scenario>) = scenarios
@@ -515,7 +571,7 @@ fn run(args: RunArgs) -> ExitCode {
                     if want { "unsupported" } else { "supported" },
                     match &args.features {
                         Some(path) => format!("--features {}", path.display()),
-                        None => "every feature counts as supported without --features".into(),
+                        None => "its heartbeat, asked before the run".into(),
                     }
                 ),
             )
@@ -535,6 +591,7 @@ fn run(args: RunArgs) -> ExitCode {
     }
     if runs.is_empty()
         && pending.is_empty()
+        && not_applicable.is_empty()
         && let Some(filter) = &args.filter
     {
         eprintln!(
@@ -571,16 +628,6 @@ fn run(args: RunArgs) -> ExitCode {
         wire_dir: args.wire_log.clone(),
     };
     let jobs = args.jobs.unwrap_or_else(runner::default_jobs);
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("cannot start the async runtime: {e}");
-            return ExitCode::from(EXIT_USAGE);
-        }
-    };
     let many = runtime.block_on(runner::run_many(runs, &opts, jobs, |result| {
         say!("{}", report::console::result_line(result));
         if !result.passed && !result.differs {
@@ -631,6 +678,21 @@ fn run(args: RunArgs) -> ExitCode {
     let passed = match &expected {
         Some(listed) => {
             let verdict = baseline::judge(listed, side, &results);
+            let known: Vec<String> = all_scenarios
+                .iter()
+                .filter(|s| s.runs_on(side))
+                .map(Scenario::id)
+                .collect();
+            let unknown = baseline::unknown(listed, side, &known);
+            for id in &verdict.not_applicable {
+                say!("LISTED BUT NOT APPLICABLE {id} [{side}]: it does not apply to this target");
+            }
+            for id in &unknown {
+                say!(
+                    "UNKNOWN {id} [{side}]: no such scenario on this side; remove it from the \
+                     baseline"
+                );
+            }
             for (id, reason) in &verdict.expected {
                 say!("EXPECTED FAIL {id} [{side}]: {reason}");
             }
@@ -641,12 +703,13 @@ fn run(args: RunArgs) -> ExitCode {
                 say!("STALE {id} [{side}]: it passes; remove it from the baseline");
             }
             say!(
-                "baseline: {} expected failure(s), {} unexpected, {} stale",
+                "baseline: {} expected failure(s), {} unexpected, {} stale, {} unknown",
                 verdict.expected.len(),
                 verdict.unexpected.len(),
-                verdict.stale.len()
+                verdict.stale.len(),
+                unknown.len()
             );
-            verdict.ok()
+            verdict.ok() && unknown.is_empty()
         }
         None => report::Summary::of(&results).ok(),
     };

@@ -115,14 +115,6 @@ async fn run_scenario_reporting_launch(
     if let Some(dir) = &opts.wire_dir {
         write_wire_log(dir, scenario, side, &outcome.recording.wire);
     }
-    if let Some(failure) = &outcome.failure
-        && failure.code == FailureCode::NotApplicable
-    {
-        let result =
-            ScenarioResult::not_applicable(id, side, started.elapsed(), failure.message.clone())
-                .with_code(failure.code, failure.phase);
-        return (result, None);
-    }
     if let Some(failure) = &outcome.failure {
         let launch = (failure.code == FailureCode::LaunchFailed && failure.phase == Phase::Launch)
             .then(|| {

@@ -49,15 +49,11 @@ pub enum FailureCode {
     /// The harness itself failed (a task panicked, a file could not be read)
     /// (`harness_error`).
     HarnessError,
-    /// Not a failure: the target declared on the wire that it does not support a feature
-    /// the scenario requires (or supports one a refusal scenario needs undeclared), so the
-    /// run ended there (`not_applicable`).
-    NotApplicable,
 }
 
 impl FailureCode {
     /// Every code, in a stable order.
-    pub const ALL: [FailureCode; 17] = [
+    pub const ALL: [FailureCode; 16] = [
         FailureCode::LaunchFailed,
         FailureCode::Timeout,
         FailureCode::UnexpectedEvent,
@@ -74,7 +70,6 @@ impl FailureCode {
         FailureCode::ControlFailed,
         FailureCode::GoldenMismatch,
         FailureCode::HarnessError,
-        FailureCode::NotApplicable,
     ];
 
     /// The stable code (`snake_case`).
@@ -96,7 +91,6 @@ impl FailureCode {
             FailureCode::ControlFailed => "control_failed",
             FailureCode::GoldenMismatch => "golden_mismatch",
             FailureCode::HarnessError => "harness_error",
-            FailureCode::NotApplicable => "not_applicable",
         }
     }
 }

@@ -158,20 +158,9 @@ pub async fn drive_steps<P: Peer>(
     scenario: &Scenario,
 ) -> Option<Failure> {
     let id = scenario.id();
-    run.requires = scenario.requires.clone();
     for (i, step) in scenario.steps.iter().enumerate() {
         run.step = i + 1;
-        let done = run.exec(peer, step).await;
-        // A declaration on the wire that the scenario does not apply to ends the run
-        // before anything else is judged (a step may fail because of it).
-        if let Some(why) = run.applicability(peer) {
-            return Some(Failure::outside(
-                &id,
-                Phase::Step(i + 1),
-                StepError::new(FailureCode::NotApplicable, why),
-            ));
-        }
-        if let Err(error) = done {
+        if let Err(error) = run.exec(peer, step).await {
             return Some(Failure {
                 scenario: id,
                 phase: Phase::Step(i + 1),

@@ -150,8 +150,9 @@ pub trait Codec: Send + Sync {
     fn trailing_rule(&self) -> &'static str;
     /// The optional features (`crate::scenario::families::FamilyTable::features`) a
     /// recorded frame of the target declares, each supported or not, where the family
-    /// declares them on the wire (core_runtime: a Runtime's heartbeat); `None` for every
-    /// other frame. By default no frame declares any.
+    /// declares them on the wire (core_runtime: a Runtime's heartbeat; read by the
+    /// feature probe, `crate::family::probe_features`); `None` for every other frame. By
+    /// default no frame declares any.
     fn declared_features(&self, frame: &Value) -> Option<BTreeMap<String, bool>> {
         let _ = frame;
         None

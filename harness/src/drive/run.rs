@@ -88,12 +88,6 @@ pub struct Run {
     normalize: fn(&Value) -> Value,
     /// When the run started (the wire log's clock).
     pub started: Instant,
-    /// The scenario's `requires:` (feature → must be declared supported), checked
-    /// against every feature declaration the target makes on the wire
-    /// ([`Run::applicability`]).
-    pub requires: std::collections::BTreeMap<String, bool>,
-    /// How many recorded entries [`Run::applicability`] has looked at.
-    features_seen: usize,
 }
 
 /// A typical frame an `optional:` step allows, not yet seen.
@@ -181,38 +175,7 @@ impl Run {
             recorded_leak: None,
             normalize: identity,
             started: Instant::now(),
-            requires: Default::default(),
-            features_seen: 0,
         }
-    }
-
-    /// Why the scenario does not apply to the target, when a frame recorded since the
-    /// last call declares (on the wire, [`super::Codec::declared_features`]) a feature of
-    /// [`Run::requires`] otherwise than the scenario needs: `the target declared
-    /// `message_items` unsupported in its runtime frame at step 1`. `None`: it applies
-    /// so far.
-    pub fn applicability<P: Peer>(&mut self, peer: &P) -> Option<String> {
-        let codec = peer.role().codec;
-        let fresh = self.recording.entries.get(self.features_seen..)?;
-        self.features_seen = self.recording.entries.len();
-        if self.requires.is_empty() {
-            return None;
-        }
-        fresh.iter().find_map(|entry| {
-            let declared = codec.declared_features(&entry.body)?;
-            let (name, want) = self
-                .requires
-                .iter()
-                .find(|(name, want)| declared.get(*name).is_some_and(|d| d != *want))?;
-            Some(format!(
-                "the scenario requires `{name}` {}; the target declared it {} in its {} at \
-                 step {}",
-                if *want { "supported" } else { "unsupported" },
-                if *want { "unsupported" } else { "supported" },
-                entry.label,
-                entry.step
-            ))
-        })
     }
 
     /// Sets the normalization applied to every recorded body.

@@ -183,6 +183,68 @@ pub async fn drive(scenario: &Scenario, side: Side, opts: &DriveOptions) -> Driv
     }
 }
 
+/// The placeholder the feature probe binds to the heartbeat's `supported_agent_kinds`.
+const PROBED_KINDS: &str = "probed_kinds";
+
+/// What the target declares of its family's optional features on the wire, where the
+/// family declares them there (core_runtime, side runtime: the capabilities of kind
+/// `controlled` in its first heartbeat, `docs/scenario-format.md` "Features"): the target
+/// is launched once with the full launch declaration for a bootstrap, a connect and that
+/// heartbeat. `None`: the
+/// family declares no features on this side's wire.
+///
+/// # Errors
+/// The probe run recorded no declaration (the failure, or why).
+pub async fn probe_features(
+    family_name: &str,
+    side: Side,
+    opts: &DriveOptions,
+) -> Option<Result<std::collections::BTreeMap<String, bool>, String>> {
+    use crate::drive::Codec as _;
+    let table = crate::scenario::families::table(family_name)?;
+    if family_name != core_runtime::FAMILY || table.feature_side != Some(side) {
+        return None;
+    }
+    let probe = Scenario {
+        family: family_name.to_string(),
+        name: "feature_probe".into(),
+        summary: "the target's declaration of its optional features".into(),
+        covers: Vec::new(),
+        sides: Some(vec![side]),
+        config: Default::default(),
+        // The declaration binds a placeholder: recorded frames are masked for goldens.
+        steps: vec![
+            crate::scenario::model::Step::Bootstrap(Default::default()),
+            crate::scenario::model::Step::Connect(Default::default()),
+            crate::scenario::model::Step::Frame {
+                party: crate::scenario::model::Party::Runtime,
+                frame: serde_json::json!({"type": "heartbeat", "payload": {
+                    "supported_agent_kinds": format!("${PROBED_KINDS}")
+                }}),
+            },
+        ],
+        pending: Default::default(),
+        requires: Default::default(),
+        path: "feature_probe".into(),
+    };
+    let opts = DriveOptions {
+        features: Default::default(),
+        ..opts.clone()
+    };
+    let outcome = drive(&probe, side, &opts).await;
+    let codec = core_runtime::codec::EnvelopeCodec::RUNTIME_TARGET;
+    let declared = outcome.bindings.get(PROBED_KINDS).and_then(|kinds| {
+        codec.declared_features(&serde_json::json!({
+            "type": "heartbeat",
+            "payload": {"supported_agent_kinds": kinds}
+        }))
+    });
+    Some(declared.ok_or_else(|| match &outcome.failure {
+        Some(f) => format!("the probe run recorded no heartbeat: {f}"),
+        None => "the probe run recorded no heartbeat".to_string(),
+    }))
+}
+
 /// Keys whose values the target generates on `side` (aliased in goldens).
 pub fn generated_keys(family_name: &str, side: Side) -> &'static [&'static str] {
     match family_name {

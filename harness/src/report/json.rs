@@ -1,8 +1,10 @@
 //! Machine-readable JSON report. Pure rendering; never touches sockets.
 //!
 //! Shape: `{"summary": {"passed": N, "failed": M}, "results": [{"scenario", "side",
-//! "passed", "duration_ms", "failure"?, "code"?, "phase"?, "step"?, "reference"?,
-//! "differs_from_reference"?, "golden"?}...]}` (the summary also counts `differ`):
+//! "passed", "status", "duration_ms", "failure"?, "code"?, "phase"?, "step"?,
+//! "reference"?, "differs_from_reference"?, "not_applicable"?, "golden"?}...]}` (the
+//! summary also counts `differ` and `not_applicable`; `status` is `pass`, `fail`,
+//! `differs` or `not_applicable`, and `failure` of a `not_applicable` run says why):
 //! `code` is the failure's stable code (`mismatch`, `launch_failed`, …), `phase` one of
 //! `launch`, `step`, `after_last_step`, `end_of_run`, `golden`, and `step` the 1-based
 //! step index when the phase is `step`.
@@ -17,6 +19,15 @@ pub fn result_value(r: &ScenarioResult) -> Value {
     map.insert("scenario".into(), json!(r.scenario));
     map.insert("side".into(), json!(r.side.as_str()));
     map.insert("passed".into(), json!(r.passed));
+    map.insert(
+        "status".into(),
+        json!(match (r.passed, r.differs, r.not_applicable) {
+            (_, _, true) => "not_applicable",
+            (true, true, _) => "differs",
+            (true, false, _) => "pass",
+            (false, _, _) => "fail",
+        }),
+    );
     map.insert(
         "duration_ms".into(),
         json!(u64::try_from(r.duration.as_millis()).unwrap_or(u64::MAX)),

@@ -202,17 +202,39 @@ struct RawScenario {
     #[serde(default)]
     pending: Option<Spanned<BTreeMap<Side, String>>>,
     #[serde(default)]
-    requires: Option<Spanned<RawRequires>>,
+    requires: Option<Spanned<Value>>,
     steps: Spanned<Vec<Spanned<RawStep>>>,
 }
 
-/// `requires:` as written: a list of features the target must declare, or a mapping
-/// feature → `true` (must declare) / `false` (must declare unsupported).
-#[derive(Deserialize)]
-#[serde(untagged)]
-enum RawRequires {
-    List(Vec<String>),
-    Map(BTreeMap<String, bool>),
+/// `requires:` as written — a list of features the target must declare, or a mapping
+/// feature → `true` (must declare) / `false` (must declare unsupported) — as the mapping,
+/// or what is wrong with it.
+fn requires_of(value: &Value) -> Result<BTreeMap<String, bool>, String> {
+    const SHAPE: &str =
+        "requires: expected a list of feature names or a mapping of feature: true|false";
+    let mut map = BTreeMap::new();
+    match value {
+        Value::Array(names) => {
+            for name in names {
+                let Value::String(name) = name else {
+                    return Err(format!("{SHAPE}; found the list item {name}"));
+                };
+                if map.insert(name.clone(), true).is_some() {
+                    return Err(format!("requires: `{name}` is listed twice"));
+                }
+            }
+        }
+        Value::Object(entries) => {
+            for (name, want) in entries {
+                let Value::Bool(want) = want else {
+                    return Err(format!("{SHAPE}; `{name}` is {want}"));
+                };
+                map.insert(name.clone(), *want);
+            }
+        }
+        other => return Err(format!("{SHAPE}; found {other}")),
+    }
+    Ok(map)
 }
 
 #[derive(Deserialize)]
@@ -737,22 +759,13 @@ pub fn parse_scenario(path: &Path, source: &str) -> Result<Scenario, Vec<LoadErr
         config: raw.config.map(|c| c.value).unwrap_or_default(),
         steps,
         pending: raw.pending.map(|p| p.value).unwrap_or_default(),
-        requires: match raw.requires.map(|r| r.value) {
+        requires: match raw.requires.as_ref().map(|r| requires_of(&r.value)) {
             None => BTreeMap::new(),
-            Some(RawRequires::Map(map)) => map,
-            Some(RawRequires::List(names)) => {
-                let mut map = BTreeMap::new();
-                for name in names {
-                    if map.insert(name.clone(), true).is_some() {
-                        conv.errors.push(LoadError::at(
-                            path,
-                            requires_span,
-                            format!("requires: `{name}` is listed twice"),
-                            Some(source),
-                        ));
-                    }
-                }
-                map
+            Some(Ok(map)) => map,
+            Some(Err(message)) => {
+                conv.errors
+                    .push(LoadError::at(path, requires_span, message, Some(source)));
+                BTreeMap::new()
             }
         },
         path: path.to_path_buf(),
@@ -1146,6 +1159,45 @@ steps:
             ),
         );
         assert!(err.contains("`$typo` appears nowhere else"), "{err}");
+    }
+
+    #[test]
+    fn requires_names_known_features_in_either_shape() {
+        let head = "family: core_runtime\nname: x\nsummary: s\ncovers: [CR-A-001]\n";
+        let load = |requires: &str| {
+            parse_scenario(
+                Path::new("scenarios/core_runtime/x.yaml"),
+                &format!("{head}requires: {requires}\nsteps:\n  - silence: 1ms\n"),
+            )
+        };
+        let s = load("[message_items]").unwrap();
+        assert_eq!(s.requires, [("message_items".to_string(), true)].into());
+        let s = load("{ mcp_http_tools: false }").unwrap();
+        assert_eq!(s.requires, [("mcp_http_tools".to_string(), false)].into());
+        for (bad, says) in [
+            ("[3]", "found the list item 3"),
+            ("message_items", "found \"message_items\""),
+            ("{ usage: \"no\" }", "`usage` is \"no\""),
+            ("{ usage: yes }", "`usage` is \"yes\""),
+            ("{ usage: null }", "`usage` is null"),
+            ("[usage, usage]", "`usage` is listed twice"),
+            (
+                "[teleport]",
+                "`teleport` is not an optional feature of family `core_runtime`",
+            ),
+            ("[streaming]", "`streaming` is not an optional feature"),
+        ] {
+            let errors = load(bad).unwrap_err();
+            let text = errors
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join("\n");
+            assert!(
+                text.contains(says) && text.contains("x.yaml:5:"),
+                "{bad}: {text}"
+            );
+        }
     }
 
     #[test]

@@ -67,6 +67,34 @@ pub fn mask_clocks(value: &Value) -> Value {
     }
 }
 
+/// What the capability declaration of each kind in a Runtime's heartbeat is recorded as
+/// (side `runtime`). The declaration follows the target's features (`--features` or its
+/// heartbeat), and the steps assert it wherever it is the contract (`handshake`: exactly
+/// the launch configuration's; `$declared_capabilities`; a literal declaration), so the
+/// golden leaves it out and a target lacking a capability does not differ from the
+/// reference in every heartbeat.
+pub const DECLARATION_MASK: &str = "<declared capabilities>";
+
+/// `frame` with every `capabilities` object of a heartbeat's `supported_agent_kinds`
+/// replaced by [`DECLARATION_MASK`]; any other frame unchanged.
+pub fn mask_declarations(frame: &Value) -> Value {
+    let mut frame = frame.clone();
+    if frame.get("type").and_then(Value::as_str) == Some("heartbeat")
+        && let Some(kinds) = frame
+            .pointer_mut("/payload/supported_agent_kinds")
+            .and_then(Value::as_array_mut)
+    {
+        for kind in kinds {
+            if let Some(caps) = kind.get_mut("capabilities")
+                && caps.is_object()
+            {
+                *caps = Value::String(DECLARATION_MASK.into());
+            }
+        }
+    }
+    frame
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -93,5 +121,24 @@ mod tests {
             mask_clocks(&json!({"body": {"connection_url": "ws://a:1/x"}})),
             json!({"body": {"connection_url": "ws://<core-address>/x"}})
         );
+    }
+
+    #[test]
+    fn heartbeat_declarations_are_masked_and_nothing_else() {
+        let hb = serde_json::json!({"type": "heartbeat", "id": "hb-1", "payload": {
+            "runtime_version": "v",
+            "supported_agent_kinds": [{"agent_kind": "k", "available": true,
+                "capabilities": {"usage": false}}]}});
+        let masked = mask_declarations(&hb);
+        assert_eq!(
+            masked["payload"]["supported_agent_kinds"][0]["capabilities"],
+            DECLARATION_MASK
+        );
+        assert_eq!(
+            masked["payload"]["supported_agent_kinds"][0]["available"],
+            true
+        );
+        let other = serde_json::json!({"type": "done", "payload": {"capabilities": {"a": 1}}});
+        assert_eq!(mask_declarations(&other), other);
     }
 }

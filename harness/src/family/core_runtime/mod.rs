@@ -123,19 +123,33 @@ pub fn default_launch_config() -> Value {
     })
 }
 
-/// The default launch configuration of a target Runtime that declares `features`
-/// (`--features`): [`default_launch_config`] with each named capability of kind
-/// `controlled` set as declared, so the target is never asked to declare what it said it
-/// lacks.
-pub fn launch_config_for(features: &std::collections::BTreeMap<String, bool>) -> Value {
+/// The launch configuration of a target Runtime that declares `features` (`--features`
+/// or its heartbeat): [`default_launch_config`] deep-merged with the scenario's
+/// `config.runtime`, then every capability the target lacks declared `false` in every
+/// kind where the configuration says `true`, so the target is never asked to declare
+/// what it lacks (a scenario that needs it `true` says so in `requires:` and does not
+/// run). Other values (a `null`, an omitted field of a `declaration_invalid_*` scenario)
+/// stay as written.
+pub fn launch_config_for(
+    features: &std::collections::BTreeMap<String, bool>,
+    overlay: Option<&Value>,
+) -> Value {
     let mut config = default_launch_config();
-    if let Some(caps) = config
-        .pointer_mut("/agent_kinds/0/capabilities")
-        .and_then(Value::as_object_mut)
-    {
-        for (name, supported) in features {
-            if caps.contains_key(name) {
-                caps.insert(name.clone(), Value::Bool(*supported));
+    if let Some(overlay) = overlay {
+        deep_merge(&mut config, overlay);
+    }
+    let kinds = config
+        .get_mut("agent_kinds")
+        .and_then(Value::as_array_mut)
+        .into_iter()
+        .flatten();
+    for kind in kinds {
+        let Some(caps) = kind.get_mut("capabilities").and_then(Value::as_object_mut) else {
+            continue;
+        };
+        for (name, _) in features.iter().filter(|(_, supported)| !**supported) {
+            if caps.get(name) == Some(&Value::Bool(true)) {
+                caps.insert(name.clone(), Value::Bool(false));
             }
         }
     }

@@ -103,28 +103,74 @@ fn frame_feature(party: Party, kind: &str) -> Option<&'static str> {
     }
 }
 
-fn visit(step: &Step, out: &mut BTreeSet<&'static str>) {
-    match step {
-        Step::Frame { party, frame } => {
-            let kind = frame
-                .get("type")
-                .and_then(Value::as_str)
-                .unwrap_or_default();
-            if *party == Party::Core
-                && kind == "execution_prepare"
-                && let Some(configuration) = frame.pointer("/payload/configuration")
-            {
-                configuration_features(configuration, out);
+/// Every frame step of `steps`, nested groups flattened, in order.
+fn frames<'a>(steps: &'a [Step], out: &mut Vec<(Party, &'a Value)>) {
+    for step in steps {
+        match step {
+            Step::Frame { party, frame } => out.push((*party, frame)),
+            Step::AnyOrder(steps) | Step::Reference { steps, .. } => frames(steps, out),
+            Step::Optional(inner) | Step::Tolerated(inner) => {
+                frames(std::slice::from_ref(inner.as_ref()), out);
             }
-            if let Some(feature) = frame_feature(*party, kind) {
-                out.insert(feature);
+            _ => {}
+        }
+    }
+}
+
+/// The capabilities the frames exercise: the configuration of every `execution_prepare`
+/// the Runtime does not reject (its next `preparation_status` under the same Envelope
+/// ID is `rejected` with `operation: prepare`: refused whatever it asks for), the
+/// frame types of [`frame_feature`], and every capability a Runtime heartbeat pattern
+/// asserts literally `true` (the target must declare it).
+fn kind_of(frame: &Value) -> &str {
+    frame
+        .get("type")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+}
+
+fn visit(all: &[(Party, &Value)], out: &mut BTreeSet<&'static str>) {
+    // A preparation whose next status (same Envelope ID) is a `prepare` rejection.
+    let rejected = |i: usize, id: &str| {
+        all[i + 1..]
+            .iter()
+            .find(|(party, frame)| {
+                *party == Party::Runtime
+                    && kind_of(frame) == "preparation_status"
+                    && frame.get("id").and_then(Value::as_str) == Some(id)
+            })
+            .is_some_and(|(_, frame)| {
+                frame.pointer("/payload/status").and_then(Value::as_str) == Some("rejected")
+                    && frame.pointer("/payload/operation").and_then(Value::as_str)
+                        == Some("prepare")
+            })
+    };
+    for (i, (party, frame)) in all.iter().enumerate() {
+        let kind = kind_of(frame);
+        let id = frame.get("id").and_then(Value::as_str).unwrap_or_default();
+        if *party == Party::Core
+            && kind == "execution_prepare"
+            && !rejected(i, id)
+            && let Some(configuration) = frame.pointer("/payload/configuration")
+        {
+            configuration_features(configuration, out);
+        }
+        if let Some(feature) = frame_feature(*party, kind) {
+            out.insert(feature);
+        }
+        if *party == Party::Runtime && kind == "heartbeat" {
+            let kinds = frame.pointer("/payload/supported_agent_kinds");
+            for kind in kinds.and_then(Value::as_array).into_iter().flatten() {
+                let Some(caps) = kind.get("capabilities").and_then(Value::as_object) else {
+                    continue;
+                };
+                out.extend(
+                    CORE_RUNTIME_FEATURES
+                        .iter()
+                        .filter(|f| caps.get(**f) == Some(&Value::Bool(true))),
+                );
             }
         }
-        Step::AnyOrder(steps) | Step::Reference { steps, .. } => {
-            steps.iter().for_each(|s| visit(s, out));
-        }
-        Step::Optional(inner) | Step::Tolerated(inner) => visit(inner, out),
-        _ => {}
     }
 }
 
@@ -140,7 +186,9 @@ pub fn implied_features(scenario: &Scenario) -> BTreeSet<&'static str> {
     if scenario.requires.values().any(|want| !want) {
         return out;
     }
-    scenario.steps.iter().for_each(|s| visit(s, &mut out));
+    let mut all = Vec::new();
+    frames(&scenario.steps, &mut all);
+    visit(&all, &mut out);
     let configured = scenario
         .config
         .runtime

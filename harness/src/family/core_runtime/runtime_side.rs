@@ -33,7 +33,7 @@ use super::link::{Link, Seen};
 use super::steps::{Bootstrap, CoreRuntimePeer, Native, family_step};
 use super::{
     BOOTSTRAP_PATH, DECLARED_CAPABILITIES, DEFAULT_HEARTBEAT_INTERVAL_MS, DEVICE_ID, WS_LIMITS,
-    WS_PATH, declared_capabilities, deep_merge, launch_config_for,
+    WS_PATH, declared_capabilities, launch_config_for,
 };
 use crate::drive::{
     Connection, Describe, DriveOptions, Event, FailureCode, Peer, Role, Run, Started, StepError,
@@ -95,10 +95,7 @@ pub async fn start(
             .seed_generated(&seed.generated)
             .map_err(|e| e.to_string())?;
     }
-    let mut config = launch_config_for(&opts.features);
-    if let Some(overlay) = &scenario.config.runtime {
-        deep_merge(&mut config, overlay);
-    }
+    let config = launch_config_for(&opts.features, scenario.config.runtime.as_ref());
     let config_text = serde_json::to_string_pretty(&config).map_err(|e| e.to_string())?;
     let config_path = run_dir
         .write_config(&config_text)
@@ -164,7 +161,7 @@ pub async fn start(
         },
         process: Box::new(target),
         secret: credential,
-        normalize: Value::clone,
+        normalize: super::masks::mask_declarations,
         prebound: vec![(
             DECLARED_CAPABILITIES.to_string(),
             declared_capabilities(&config),

@@ -25,6 +25,10 @@ use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 fn heartbeat(mode: &str) -> String {
     let kinds = if mode == "undeclare" {
         json!([])
+    } else if mode == "lacking" {
+        let mut caps = all_capabilities();
+        caps["message_items"] = json!(false);
+        json!([{"agent_kind": "controlled", "available": true, "capabilities": caps}])
     } else {
         json!([{"agent_kind": "controlled", "available": true, "capabilities": all_capabilities()}])
     };
@@ -513,35 +517,36 @@ async fn handshake_frames_and_native_are_recorded() {
     assert_eq!(outcome.bindings.get("run"), Some(&json!("run-1")));
 }
 
-/// A Runtime's heartbeat is a declaration on the wire: a scenario that needs a
-/// capability the heartbeat declares otherwise ends `not_applicable` at that step
-/// (whatever a `--features` file said), and one it fits runs on.
+/// Without `--features`, the target is asked once: its first heartbeat's declaration of
+/// kind `controlled` is what it supports, even where it declares less than the launch
+/// configuration asked for (a Runtime's declaration says what it can do).
 #[tokio::test]
-async fn a_heartbeat_declaring_otherwise_makes_the_scenario_not_applicable() {
-    let steps = || vec![handshake(), Step::Silence(Duration::from_millis(20))];
-    let opts = super::super::self_as_target(
-        "CRH_FAKE=echo",
-        "family::core_runtime::runtime_side::tests::fake_runtime",
+async fn the_feature_probe_reads_the_heartbeat() {
+    let probe = |mode: &str| {
+        let opts = super::super::self_as_target(
+            &format!("CRH_FAKE={mode}"),
+            "family::core_runtime::runtime_side::tests::fake_runtime",
+        );
+        async move { crate::family::probe_features(FAMILY, Side::Runtime, &opts).await }
+    };
+    let all = probe("echo").await.expect("side runtime declares").unwrap();
+    assert_eq!(
+        all.len(),
+        crate::scenario::families::CORE_RUNTIME_FEATURES.len()
     );
-    // The fake declares every capability supported.
-    let mut refusal = scenario(steps());
-    refusal.requires = [("mcp_http_tools".to_string(), false)].into();
-    let outcome = super::super::drive(&refusal, Side::Runtime, &opts).await;
-    let failure = outcome.failure.expect("not applicable");
-    assert_eq!(failure.code, FailureCode::NotApplicable, "{failure}");
-    assert_eq!(failure.phase, Phase::Step(1));
+    assert!(all.values().all(|v| *v), "{all:?}");
+    let lacking = probe("lacking")
+        .await
+        .expect("side runtime declares")
+        .unwrap();
+    assert_eq!(lacking.get("message_items"), Some(&false));
+    assert_eq!(lacking.values().filter(|v| !**v).count(), 1);
+    let opts = super::super::self_as_target("CRH_FAKE=echo", "none");
     assert!(
-        failure.message.contains("`mcp_http_tools` unsupported")
-            && failure
-                .message
-                .contains("declared it supported in its runtime frame at step 1"),
-        "{}",
-        failure.message
+        crate::family::probe_features(FAMILY, Side::Core, &opts)
+            .await
+            .is_none()
     );
-    let mut needs = scenario(steps());
-    needs.requires = [("mcp_http_tools".to_string(), true)].into();
-    let outcome = super::super::drive(&needs, Side::Runtime, &opts).await;
-    assert!(outcome.failure.is_none(), "{:?}", outcome.failure);
 }
 
 #[test]
