@@ -1,6 +1,7 @@
 //! Integration test of the bootstrap credential check of `contract-impl core serve` as
-//! a separate process. The Turn path, the version check and the device status are
-//! side-core scenarios in `scenarios/core_runtime/`.
+//! a separate process, and of a revocation by another process ending a live
+//! connection. The Turn path, the version check, the device status and a revocation
+//! through the API are side-core scenarios in `scenarios/core_runtime/`.
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
@@ -26,7 +27,11 @@ impl Drop for Core {
 fn start_core() -> Core {
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("core.json");
-    std::fs::write(&config, r#"{"timers":{"heartbeat_interval_ms":3600000}}"#).unwrap();
+    std::fs::write(
+        &config,
+        r#"{"timers":{"heartbeat_interval_ms":3600000,"credential_recheck_ms":20}}"#,
+    )
+    .unwrap();
     let mut child = Command::new(env!("CARGO_BIN_EXE_contract-impl"))
         .args(["core", "serve"])
         .env("CONTRACT_LISTEN", "127.0.0.1:0")
@@ -130,4 +135,77 @@ async fn the_public_api_needs_the_minted_project_api_key() {
     let boot = format!("{}/api/v1/agent-daemon/bootstrap", core.base);
     let (status, _) = post(&client, boot, json!({"device_id": DEVICE}), Some(&key)).await;
     assert_eq!(status, 401);
+}
+
+/// `core credential revoke`, run by another process against the data directory of a
+/// running Core, ends the live connection upgraded with that credential (Close 1008
+/// `credential_revoked`), and the credential is refused from then on.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_credential_revoked_by_the_cli_ends_its_live_connection() {
+    use futures_util::StreamExt;
+    use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+    use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
+    use tokio_tungstenite::tungstenite::{Message, http::HeaderValue};
+
+    let core = start_core();
+    let data_dir = core._dir.path().join("data");
+    let client = reqwest::Client::new();
+    let boot = format!("{}/api/v1/agent-daemon/bootstrap", core.base);
+    let (status, body) = post(
+        &client,
+        boot.clone(),
+        json!({"device_id": DEVICE}),
+        Some(SECRET),
+    )
+    .await;
+    assert_eq!(status, 200);
+    let url = format!(
+        "{}?device_id={DEVICE}&version=1.0.0",
+        body["connection_url"].as_str().unwrap()
+    );
+    let mut request = url.into_client_request().unwrap();
+    request.headers_mut().insert(
+        "authorization",
+        HeaderValue::from_str(&format!("Bearer {SECRET}")).unwrap(),
+    );
+    let (mut ws, _) = tokio_tungstenite::connect_async(request).await.unwrap();
+
+    let cli = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_contract-impl"))
+            .args(["core", "credential"])
+            .args(args)
+            .arg("--data-dir")
+            .arg(&data_dir)
+            .output()
+            .unwrap()
+    };
+    let listed = cli(&["list"]);
+    assert!(listed.status.success(), "{listed:?}");
+    let listed: Value =
+        serde_json::from_str(String::from_utf8(listed.stdout).unwrap().trim()).unwrap();
+    let id = listed["credential_id"].as_str().unwrap().to_string();
+    let revoked = cli(&["revoke", "--credential-id", &id]);
+    assert!(revoked.status.success(), "{revoked:?}");
+
+    // A guard against a hang, not a timing assertion: the recheck interval is 20 ms.
+    let close = tokio::time::timeout(std::time::Duration::from_secs(30), async {
+        while let Some(message) = ws.next().await {
+            match message {
+                Ok(Message::Close(frame)) => return frame,
+                Ok(_) => continue,
+                Err(err) => panic!("the connection failed instead of closing: {err}"),
+            }
+        }
+        None
+    })
+    .await
+    .expect("the revoked connection stays open");
+    let close = close.expect("a Close frame");
+    assert_eq!(close.code, CloseCode::Policy);
+    assert_eq!(close.reason.as_str(), "credential_revoked");
+    let (status, body) = post(&client, boot, json!({"device_id": DEVICE}), Some(SECRET)).await;
+    assert_eq!(
+        (status, body),
+        (401, json!({"error": "invalid_credential"}))
+    );
 }

@@ -21,7 +21,12 @@ pub const CORE_GENERATED_KEYS: &[&str] = &[
 /// Keys whose values are clock readings of Core (ms since the epoch): recorded as
 /// [`CLOCK_MASK`], since two readings may or may not coincide from run to run (aliasing
 /// them by value would make goldens flaky).
-pub const CLOCK_KEYS: &[&str] = &["created_at_ms", "updated_at_ms", "recorded_at_ms"];
+pub const CLOCK_KEYS: &[&str] = &[
+    "created_at_ms",
+    "updated_at_ms",
+    "recorded_at_ms",
+    "revoked_at_ms",
+];
 
 /// What a clock reading is recorded as.
 pub const CLOCK_MASK: &str = "<clock>";

@@ -74,7 +74,7 @@ pub struct ApiError {
 }
 
 impl ApiError {
-    fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+    pub(super) fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
         Self {
             status,
             code,
@@ -119,7 +119,7 @@ impl IntoResponse for ApiError {
     }
 }
 
-type ApiResult = Result<Response, ApiError>;
+pub(super) type ApiResult = Result<Response, ApiError>;
 
 fn parse<T: serde::de::DeserializeOwned>(body: &Bytes) -> Result<T, ApiError> {
     if body.len() > BODY_MAX_BYTES {
@@ -185,6 +185,7 @@ pub async fn require_api_key(
 pub fn routes() -> Router<Arc<Core>> {
     Router::new()
         .route("/v1/devices/{id}", get(get_device))
+        .merge(super::credentials::routes())
         .route("/v1/agents", post(create_agent))
         .route("/v1/agents/{id}", get(get_agent))
         .route("/v1/environments", post(create_environment))

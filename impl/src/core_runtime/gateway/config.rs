@@ -3,7 +3,8 @@
 //!
 //! ```json
 //! { "timers": { "written_receipt_ms": 30000, "cancel_confirm_ms": 15000,
-//!               "heartbeat_interval_ms": 30000, "preparation_retry_ms": 1000 },
+//!               "heartbeat_interval_ms": 30000, "preparation_retry_ms": 1000,
+//!               "credential_recheck_ms": 1000 },
 //!   "engine_profiles": { "controlled": { "web_search_control": false, "text_verbosity": false } } }
 //! ```
 //!
@@ -29,6 +30,12 @@ pub const DEFAULT_HEARTBEAT_INTERVAL: Duration = Duration::from_secs(30);
 /// to retry"): 1 s.
 pub const DEFAULT_PREPARATION_RETRY: Duration = Duration::from_secs(1);
 
+/// Default interval at which Core re-reads the revocation state of every live daemon
+/// connection's credential (Core policy): 1 s. A credential revoked through the public
+/// API ends its connections at once; one revoked by `core credential revoke` (another
+/// process writing the same database) ends them within this interval.
+pub const DEFAULT_CREDENTIAL_RECHECK: Duration = Duration::from_secs(1);
+
 /// Bound on engine profiles in one configuration.
 pub const ENGINE_PROFILES_MAX: usize = 64;
 
@@ -43,6 +50,9 @@ pub struct CoreTimers {
     pub heartbeat_interval: Duration,
     /// Retry delay after `preparation_capacity`.
     pub preparation_retry: Duration,
+    /// Interval of the revocation re-check of live daemon connections
+    /// ([`DEFAULT_CREDENTIAL_RECHECK`]).
+    pub credential_recheck: Duration,
 }
 
 impl Default for CoreTimers {
@@ -52,6 +62,7 @@ impl Default for CoreTimers {
             cancel_confirm: CANCEL_CONFIRM_TIMEOUT,
             heartbeat_interval: DEFAULT_HEARTBEAT_INTERVAL,
             preparation_retry: DEFAULT_PREPARATION_RETRY,
+            credential_recheck: DEFAULT_CREDENTIAL_RECHECK,
         }
     }
 }
@@ -122,6 +133,7 @@ struct RawTimers {
     cancel_confirm_ms: Option<u64>,
     heartbeat_interval_ms: Option<u64>,
     preparation_retry_ms: Option<u64>,
+    credential_recheck_ms: Option<u64>,
 }
 
 fn timer(key: &str, value: Option<u64>, default: Duration) -> Result<Duration, CoreConfigError> {
@@ -171,6 +183,11 @@ impl CoreConfig {
                     "preparation_retry_ms",
                     t.preparation_retry_ms,
                     d.preparation_retry,
+                )?,
+                credential_recheck: timer(
+                    "credential_recheck_ms",
+                    t.credential_recheck_ms,
+                    d.credential_recheck,
                 )?,
             },
             engine_profiles: profiles,
@@ -228,12 +245,13 @@ mod tests {
     fn defaults_overrides_and_unknown_keys() {
         assert_eq!(CoreConfig::parse(b"{}").unwrap(), CoreConfig::default());
         let c = CoreConfig::parse(
-            br#"{"timers":{"written_receipt_ms":50,"cancel_confirm_ms":60,"heartbeat_interval_ms":70,"preparation_retry_ms":80},
+            br#"{"timers":{"written_receipt_ms":50,"cancel_confirm_ms":60,"heartbeat_interval_ms":70,"preparation_retry_ms":80,"credential_recheck_ms":90},
                 "engine_profiles":{"controlled":{"text_verbosity":true}}}"#,
         )
         .unwrap();
         assert_eq!(c.timers.written_receipt, Duration::from_millis(50));
         assert_eq!(c.timers.preparation_retry, Duration::from_millis(80));
+        assert_eq!(c.timers.credential_recheck, Duration::from_millis(90));
         assert!(c.profile("controlled").text_verbosity);
         assert!(!c.profile("other").text_verbosity);
         let err = CoreConfig::parse(br#"{"timers":{"nope":1}}"#).unwrap_err();

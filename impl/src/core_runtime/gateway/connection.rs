@@ -13,6 +13,12 @@
 //! inherits nothing. Capabilities are unknown until the first heartbeat; an invalid
 //! heartbeat clears the snapshot and closes the transport with 1007 and the wire error
 //! code. Any other malformed frame closes with 1007 (1009 when over-size) and the code.
+//!
+//! Every connection remembers the credential it was upgraded with. Revoking that
+//! credential ends the connection (Close [`CLOSE_REVOKED`] `credential_revoked`, its
+//! routes dropped like a fenced connection's): at once when the revocation goes through
+//! Core's public API, within `timers.credential_recheck` when another process revoked it
+//! in the database ([`recheck_revocations`]).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -50,6 +56,11 @@ pub const CLOSE_TOO_BIG: u16 = 1009;
 pub const CLOSE_REPLACED: u16 = 1000;
 /// Close reason used when a replacement connection fences this one.
 pub const REPLACED_REASON: &str = "replaced";
+/// Close code when the connection's daemon credential was revoked (RFC 6455 "policy
+/// violation").
+pub const CLOSE_REVOKED: u16 = 1008;
+/// Close reason when the connection's daemon credential was revoked.
+pub const REVOKED_REASON: &str = "credential_revoked";
 /// Bound on frames queued for one connection's writer.
 pub const OUTBOUND_QUEUE_MAX: usize = 256;
 /// Bytes above [`TRANSPORT_FRAME_MAX_BYTES`] the WebSocket layer still reads whole, so
@@ -106,6 +117,8 @@ pub struct DeviceConnection {
     pub conn_id: u64,
     /// Owner epoch granted to this connection.
     pub epoch: u64,
+    /// The daemon credential (its ID, never the secret) the connection was upgraded with.
+    pub credential_id: String,
     out: mpsc::Sender<Outgoing>,
     state: Mutex<ConnState>,
 }
@@ -213,17 +226,15 @@ fn bearer(headers: &HeaderMap) -> Option<String> {
     value.strip_prefix("Bearer ").map(str::to_string)
 }
 
-async fn authenticate(core: &Core, headers: &HeaderMap, device_id: &str) -> bool {
-    let Some(secret) = bearer(headers) else {
-        return false;
-    };
+/// The ID of the device's non-revoked credential presented as the Bearer header.
+async fn authenticate(core: &Core, headers: &HeaderMap, device_id: &str) -> Option<String> {
+    let secret = bearer(headers)?;
     let device = device_id.to_string();
-    matches!(
-        core.store
-            .call(move |s| s.verify_credential(&device, &secret))
-            .await,
-        Ok(Some(_))
-    )
+    core.store
+        .call(move |s| s.verify_credential(&device, &secret))
+        .await
+        .ok()
+        .flatten()
 }
 
 #[derive(Deserialize)]
@@ -240,7 +251,10 @@ async fn bootstrap(State(core): State<Arc<Core>>, headers: HeaderMap, body: Byte
         Ok(r) => r,
         Err(_) => return error(StatusCode::BAD_REQUEST, "invalid_request"),
     };
-    if !authenticate(&core, &headers, &request.device_id).await {
+    if authenticate(&core, &headers, &request.device_id)
+        .await
+        .is_none()
+    {
         return error(StatusCode::UNAUTHORIZED, "invalid_credential");
     }
     let ws_base = core.base_url.replacen("http://", "ws://", 1);
@@ -266,9 +280,9 @@ async fn upgrade(
     let Some(device_id) = query.device_id else {
         return error(StatusCode::BAD_REQUEST, "missing_device_id");
     };
-    if !authenticate(&core, &headers, &device_id).await {
+    let Some(credential_id) = authenticate(&core, &headers, &device_id).await else {
         return error(StatusCode::UNAUTHORIZED, "invalid_credential");
-    }
+    };
     if query.version.as_deref() != Some(WIRE_VERSION) {
         return error(StatusCode::UPGRADE_REQUIRED, "incompatible_version");
     }
@@ -288,7 +302,7 @@ async fn upgrade(
         .max_frame_size(TRANSPORT_FRAME_MAX_BYTES + FRAME_READ_SLACK_BYTES)
         .write_buffer_size(WS_WRITE_BUFFER_BYTES)
         .max_write_buffer_size(WS_MAX_WRITE_BUFFER_BYTES)
-        .on_upgrade(move |socket| run_connection(core, device_id, epoch, socket))
+        .on_upgrade(move |socket| run_connection(core, device_id, credential_id, epoch, socket))
 }
 
 /// Installs `conn` as its device's owner, fencing the previous one.
@@ -324,13 +338,81 @@ fn drop_connection(core: &Core, conn: &DeviceConnection) {
     }
 }
 
-async fn run_connection(core: Arc<Core>, device_id: String, epoch: u64, socket: WebSocket) {
+/// Ends every live connection upgraded with one of `revoked` (credential IDs): its
+/// routes are dropped (its Turns observe the connection loss) and it is closed with
+/// [`CLOSE_REVOKED`]. Returns how many connections ended.
+pub fn end_revoked(core: &Core, revoked: &HashSet<String>) -> usize {
+    let live: Vec<Arc<DeviceConnection>> = core
+        .devices
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .values()
+        .filter(|c| revoked.contains(&c.credential_id))
+        .cloned()
+        .collect();
+    for conn in &live {
+        tracing::info!(device_id = %conn.device_id, credential_id = %conn.credential_id, "the credential was revoked: ending its connection");
+        drop_connection(core, conn);
+        let _ = conn
+            .out
+            .try_send(Outgoing::Close(CLOSE_REVOKED, REVOKED_REASON.into()));
+    }
+    live.len()
+}
+
+/// Re-reads, every `timers.credential_recheck`, which credentials of live connections
+/// were revoked (by any process sharing the database) and ends those connections. Runs
+/// for Core's lifetime.
+pub async fn recheck_revocations(core: Arc<Core>) {
+    let mut tick = tokio::time::interval(core.config.timers.credential_recheck);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let live: HashSet<String> = core
+            .devices
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .map(|c| c.credential_id.clone())
+            .collect();
+        if live.is_empty() {
+            continue;
+        }
+        match core.store.call(|s| s.list_credentials()).await {
+            Ok(all) => {
+                let revoked: HashSet<String> = all
+                    .into_iter()
+                    .filter(|c| c.revoked_at_ms.is_some() && live.contains(&c.credential_id))
+                    .map(|c| c.credential_id)
+                    .collect();
+                if !revoked.is_empty() {
+                    end_revoked(&core, &revoked);
+                }
+            }
+            Err(err) => {
+                tracing::warn!(
+                    code = err.code(),
+                    "cannot re-read credential revocations: {err}"
+                )
+            }
+        }
+    }
+}
+
+async fn run_connection(
+    core: Arc<Core>,
+    device_id: String,
+    credential_id: String,
+    epoch: u64,
+    socket: WebSocket,
+) {
     let (mut sink, mut stream) = socket.split();
     let (out, mut rx) = mpsc::channel::<Outgoing>(OUTBOUND_QUEUE_MAX);
     let conn = Arc::new(DeviceConnection {
         device_id,
         conn_id: NEXT_CONNECTION.fetch_add(1, Ordering::Relaxed),
         epoch,
+        credential_id,
         out,
         state: Mutex::new(ConnState::default()),
     });
@@ -538,6 +620,7 @@ mod tests {
             device_id: "device-1".into(),
             conn_id: 1,
             epoch: 1,
+            credential_id: "cred-1".into(),
             out,
             state: Mutex::default(),
         };

@@ -13,6 +13,8 @@
 //! * [`env_files`]: Environment file installation through `runtime_prepare` transfers.
 //! * [`suspension`]: `environment_quiesce` / `environment_resume` (suspension fencing).
 //! * [`api`]: the public HTTP JSON API under `/v1` (`docs/core-api.md`).
+//! * [`credentials`]: listing and revoking a device's daemon credentials over the
+//!   public API; a revocation ends the credential's live connections.
 //! * [`cli`]: `contract-impl core serve` and `core credential issue|revoke|list`.
 //!
 //! [`Core`] is the shared state; [`serve`] binds the listener and runs everything.
@@ -22,6 +24,7 @@ pub mod api;
 pub mod cli;
 pub mod config;
 pub mod connection;
+pub mod credentials;
 pub mod env_files;
 pub mod files;
 pub mod files_export;
@@ -213,6 +216,7 @@ pub async fn serve(
         api_key_digest: api::key_digest(api_key),
     });
     tokio::spawn(turn::scheduler(core.clone()));
+    tokio::spawn(connection::recheck_revocations(core.clone()));
     let app = connection::routes()
         .merge(
             api::routes().route_layer(axum::middleware::from_fn_with_state(
