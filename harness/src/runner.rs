@@ -23,10 +23,59 @@ pub const DEFAULT_STEP_TIMEOUT: Duration = Duration::from_secs(5);
 /// Default start-up deadline (`--startup-timeout`).
 pub const DEFAULT_STARTUP_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// [`run_many`] aborts a run whose first this-many results (in list order) are all launch
-/// failures with the same first line: the target will not start, and running every
-/// other scenario would only repeat that (or wait out every start-up deadline).
+/// [`run_many`] aborts a run whose first this-many results (in list order) all failed
+/// the same hopeless way: launch failures with the same first line (the target will not
+/// start), or [`Abort::Silent`] failures with the same code (the target started but
+/// answered nothing at all). Running every other scenario would only repeat that, each
+/// waiting out its start-up or step deadline.
 pub const LAUNCH_FAILURES_TO_ABORT: usize = 3;
+
+/// Why one run counts towards aborting the whole run ([`LAUNCH_FAILURES_TO_ABORT`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Abort {
+    /// The target did not start; the first line of the launch failure.
+    Launch(String),
+    /// The target became ready, then emitted nothing at all (no frame, answer, request,
+    /// close or exit) before the run failed with this code ([`FailureCode::Timeout`] or
+    /// [`FailureCode::TransportFailed`], e.g. a Core that prints its ready line and
+    /// then never answers an HTTP request).
+    Silent(FailureCode),
+}
+
+impl Abort {
+    /// The signature of a failed run, if it is one of the hopeless kinds.
+    fn of(failure: &crate::drive::Failure, emitted_nothing: bool) -> Option<Self> {
+        match (failure.code, failure.phase) {
+            (FailureCode::LaunchFailed, Phase::Launch) => {
+                let first = failure.message.lines().next().unwrap_or("");
+                Some(Self::Launch(
+                    first.trim_end_matches("; stderr tail:").to_string(),
+                ))
+            }
+            (FailureCode::Timeout | FailureCode::TransportFailed, Phase::Step(_))
+                if emitted_nothing =>
+            {
+                Some(Self::Silent(failure.code))
+            }
+            _ => None,
+        }
+    }
+
+    /// The `ABORTED: …` reason for `skipped` runs left out.
+    fn reason(&self, skipped: usize) -> String {
+        match self {
+            Self::Launch(first_line) => format!(
+                "target never became ready: {first_line}; the first {LAUNCH_FAILURES_TO_ABORT} \
+                 scenarios failed to launch the same way, {skipped} remaining scenario(s) not run"
+            ),
+            Self::Silent(code) => format!(
+                "target never answered: the first {LAUNCH_FAILURES_TO_ABORT} scenarios received \
+                 nothing at all from the target before failing with `{code}`, {skipped} \
+                 remaining scenario(s) not run"
+            ),
+        }
+    }
+}
 
 /// How to run scenarios.
 #[derive(Debug, Clone)]
@@ -91,13 +140,13 @@ pub async fn run_scenario(scenario: &Scenario, side: Side, opts: &RunOptions) ->
     run_scenario_reporting_launch(scenario, side, opts).await.0
 }
 
-/// As [`run_scenario`], plus the first line of the launch failure when the target did
-/// not start (the signature [`run_many`] compares).
+/// As [`run_scenario`], plus the signature [`run_many`] compares when the run failed in
+/// a way that aborts the whole run if it repeats ([`Abort`]).
 async fn run_scenario_reporting_launch(
     scenario: &Scenario,
     side: Side,
     opts: &RunOptions,
-) -> (ScenarioResult, Option<String>) {
+) -> (ScenarioResult, Option<Abort>) {
     let started = Instant::now();
     let id = scenario.id();
     let drive_opts = DriveOptions {
@@ -116,11 +165,7 @@ async fn run_scenario_reporting_launch(
         write_wire_log(dir, scenario, side, &outcome.recording.wire);
     }
     if let Some(failure) = &outcome.failure {
-        let launch = (failure.code == FailureCode::LaunchFailed && failure.phase == Phase::Launch)
-            .then(|| {
-                let first = failure.message.lines().next().unwrap_or("");
-                first.trim_end_matches("; stderr tail:").to_string()
-            });
+        let launch = Abort::of(failure, outcome.recording.entries.is_empty());
         let text = with_target_context(failure.to_string(), &outcome);
         let result = match (&failure.reference, opts.mode) {
             (Some(requirement), Mode::Vendor) => {
@@ -269,8 +314,9 @@ fn write_wire_log(
 pub struct ManyResults {
     /// One result per run that was reported, in list order.
     pub results: Vec<ScenarioResult>,
-    /// Why the remaining runs were not run (`target never became ready: …`), when the
-    /// run was aborted after [`LAUNCH_FAILURES_TO_ABORT`] identical launch failures.
+    /// Why the remaining runs were not run (`target never became ready: …`, `target
+    /// never answered: …`), when the run was aborted after [`LAUNCH_FAILURES_TO_ABORT`]
+    /// identical hopeless failures.
     pub aborted: Option<String>,
 }
 
@@ -279,8 +325,9 @@ pub struct ManyResults {
 /// earlier ones are done, and returns the results in list order. A run whose task
 /// panicked becomes a failed result (the target's drop guard has killed it).
 ///
-/// When the first [`LAUNCH_FAILURES_TO_ABORT`] results are all launch failures with the
-/// same first line, the rest is not run: runs in flight are cancelled (their targets'
+/// When the first [`LAUNCH_FAILURES_TO_ABORT`] results all failed the same hopeless way
+/// (launch failures with the same first line, or a target that answered nothing), the
+/// rest is not run: runs in flight are cancelled (their targets'
 /// process groups are killed) and [`ManyResults::aborted`] says why.
 pub async fn run_many(
     runs: Vec<(Scenario, Side)>,
@@ -322,7 +369,7 @@ pub async fn run_many(
         })
         .buffered(jobs.max(1));
     let mut results = Vec::new();
-    let mut launch_failures: Vec<String> = Vec::new();
+    let mut launch_failures: Vec<Abort> = Vec::new();
     while let Some((result, launch)) = stream.next().await {
         on_result(&result);
         results.push(result);
@@ -342,12 +389,7 @@ pub async fn run_many(
             let skipped = total - results.len();
             return ManyResults {
                 results,
-                aborted: Some(format!(
-                    "target never became ready: {}; the first {LAUNCH_FAILURES_TO_ABORT} \
-                     scenarios failed to launch the same way, {skipped} remaining scenario(s) \
-                     not run",
-                    launch_failures[0]
-                )),
+                aborted: Some(launch_failures[0].reason(skipped)),
             };
         }
     }

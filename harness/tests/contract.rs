@@ -276,6 +276,12 @@ fn main() {
         features_trial,
     ));
 
+    // A Core that prints its ready line and then never answers aborts the run.
+    trials.push(Trial::test(
+        "harness::a_silent_core_aborts_the_run",
+        silent_core_trial,
+    ));
+
     // Goldens must not depend on load: a sample of every side, replayed one at a time
     // and in parallel, writes byte-identical goldens (`make golden-stable` runs all).
     {
@@ -728,6 +734,41 @@ fn vendor_trial(
             unnamed.join("\n")
         )
         .into());
+    }
+    Ok(())
+}
+
+/// A Core target that listens, prints its ready line and never answers an HTTP request:
+/// the first 3 scenarios time out having received nothing, and the run stops there
+/// (`ABORTED: target never answered: …`, exit 1) instead of waiting out every
+/// scenario's step deadline.
+fn silent_core_trial() -> Result<(), Failed> {
+    let harness = env!("CARGO_BIN_EXE_contract-harness");
+    let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+    let script = dir.path().join("silent_core.py");
+    std::fs::write(
+        &script,
+        "import json, socket\n\
+         s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen(64)\n\
+         print(json.dumps({'ready': {'base_url': 'http://127.0.0.1:%d' % s.getsockname()[1]}}), flush=True)\n\
+         held = []\n\
+         while True:\n    held.append(s.accept()[0])\n",
+    )
+    .map_err(|e| e.to_string())?;
+    let out = Command::new(harness)
+        .current_dir(workspace_root())
+        .args(["run", "--family", "core_runtime", "--side", "core"])
+        .args(["--step-timeout", "300ms", "--jobs", "1"])
+        .args(["--target-cmd", &format!("python3 {}", script.display())])
+        .output()
+        .map_err(|e| e.to_string())?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let code = out.status.code().unwrap_or(-1);
+    if code != 1
+        || !stdout.contains("ABORTED: target never answered")
+        || !stdout.contains("0 passed, 3 failed")
+    {
+        return Err(format!("a silent Core: exit {code}\n{stdout}").into());
     }
     Ok(())
 }
