@@ -25,7 +25,7 @@ pub const DEFAULT_STARTUP_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// [`run_many`] aborts a run whose first this-many results (in list order) all failed
 /// the same hopeless way: launch failures with the same first line (the target will not
-/// start), or [`Abort::Silent`] failures with the same code (the target started but
+/// start), or failures with the same code after the target emitted nothing at all (the target started but
 /// answered nothing at all). Running every other scenario would only repeat that, each
 /// waiting out its start-up or step deadline.
 pub const LAUNCH_FAILURES_TO_ABORT: usize = 3;
