@@ -245,7 +245,7 @@ impl Lease {
                 uncertain,
             });
         }
-        if let Some(c) = generation.output().await.contaminated() {
+        if let Some(c) = generation.output().await.settled_contamination().await {
             return Err(violation("stdout_contamination", format!("{c:?}")));
         }
         outcome

@@ -97,6 +97,11 @@ fn err(code: &'static str, message: impl Into<String>) -> LaunchError {
     }
 }
 
+/// Longest a call's outcome waits for stdout bytes already in the pipe to be read
+/// ([`Output::settled_contamination`]): a bound against a stalled reader, never a delay
+/// (the wait ends as soon as the reader took the bytes).
+pub const STDOUT_SETTLE_BOUND: Duration = Duration::from_secs(2);
+
 /// What the host watches of a running plugin's output.
 #[derive(Debug, Default)]
 pub struct Output {
@@ -104,6 +109,11 @@ pub struct Output {
     pub stderr: Mutex<Option<OutputTail>>,
     /// The first bytes written on stdout after the handshake line, if any.
     pub contamination: Mutex<Option<String>>,
+    /// A duplicate of the stdout pipe's read end, only to ask whether unread bytes wait
+    /// in it (never read through).
+    pub stdout_probe: Option<std::os::fd::OwnedFd>,
+    /// Signalled after every read of the stdout reader.
+    pub stdout_read: tokio::sync::Notify,
 }
 
 impl Output {
@@ -118,6 +128,36 @@ impl Output {
     /// The contamination seen on stdout, if any.
     pub fn contaminated(&self) -> Option<String> {
         self.contamination.lock().ok().and_then(|c| c.clone())
+    }
+
+    /// The contamination, once every byte the plugin wrote on stdout before now has been
+    /// read: a plugin that writes on stdout and then answers a call has its stdout bytes
+    /// in the pipe before its answer reaches the host, so a call's outcome is checked
+    /// against them, not against how fast the reader task happened to run. Waits (at most
+    /// [`STDOUT_SETTLE_BOUND`]) only while unread bytes are in the pipe.
+    pub async fn settled_contamination(&self) -> Option<String> {
+        use std::os::fd::AsFd;
+        let Some(probe) = &self.stdout_probe else {
+            return self.contaminated();
+        };
+        let deadline = tokio::time::Instant::now() + STDOUT_SETTLE_BOUND;
+        while self.contaminated().is_none() {
+            let notified = self.stdout_read.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            let mut fds = [nix::poll::PollFd::new(
+                probe.as_fd(),
+                nix::poll::PollFlags::POLLIN,
+            )];
+            let unread = matches!(nix::poll::poll(&mut fds, nix::poll::PollTimeout::ZERO), Ok(n) if n > 0)
+                && fds[0]
+                    .revents()
+                    .is_some_and(|r| r.contains(nix::poll::PollFlags::POLLIN));
+            if !unread || tokio::time::timeout_at(deadline, notified).await.is_err() {
+                break;
+            }
+        }
+        self.contaminated()
     }
 }
 
@@ -229,7 +269,9 @@ fn watch_stdout(
             {
                 *c = Some(String::from_utf8_lossy(&buf[..n.min(80)]).into_owned());
             }
+            output.stdout_read.notify_waiters();
         }
+        output.stdout_read.notify_waiters();
     });
     rx
 }
@@ -331,6 +373,11 @@ pub async fn launch_with(
             STDERR_LINE_BYTES,
         ))),
         contamination: Mutex::new(None),
+        stdout_probe: child.stdout.as_ref().and_then(|stdout| {
+            use std::os::fd::AsFd;
+            stdout.as_fd().try_clone_to_owned().ok()
+        }),
+        stdout_read: tokio::sync::Notify::new(),
     });
     if let Some(stderr) = child.stderr.take() {
         drain_stderr(stderr, output.clone());
