@@ -25,9 +25,9 @@ pub const DEFAULT_STARTUP_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// [`run_many`] aborts a run whose first this-many results (in list order) all failed
 /// the same hopeless way: launch failures with the same first line (the target will not
-/// start), or failures with the same code after the target emitted nothing at all (the target started but
-/// answered nothing at all). Running every other scenario would only repeat that, each
-/// waiting out its start-up or step deadline.
+/// start), or failures with the same code after the target emitted nothing at all (it
+/// started, then never answered). Running every other scenario would only repeat that,
+/// each waiting out its start-up or step deadline.
 pub const LAUNCH_FAILURES_TO_ABORT: usize = 3;
 
 /// Why one run counts towards aborting the whole run ([`LAUNCH_FAILURES_TO_ABORT`]).
