@@ -172,6 +172,10 @@ enum WorkerCommand {
     },
     /// Run PROGRAM as a supervised worker (what the host spawns; docs/worker-launch-contract.md).
     Supervise {
+        /// End by the worker's signal when a signal ended it (instead of exiting 128 +
+        /// signal): what the command adapter asks for.
+        #[arg(long)]
+        reraise_signal: bool,
         /// The worker program and its arguments.
         #[arg(last = true, required = true)]
         program: Vec<std::ffi::OsString>,
@@ -276,9 +280,17 @@ fn main() -> ExitCode {
             }
         }
         Command::Worker {
-            what: WorkerCommand::Supervise { program },
+            what:
+                WorkerCommand::Supervise {
+                    program,
+                    reraise_signal,
+                },
         } => ExitCode::from(
-            u8::try_from(contract_impl::worker::supervise::run(&program)).unwrap_or(1),
+            u8::try_from(contract_impl::worker::supervise::run_with(
+                &program,
+                reraise_signal,
+            ))
+            .unwrap_or(1),
         ),
         Command::Worker {
             what:
@@ -593,6 +605,13 @@ fn runtime(args: RuntimeArgs) -> ExitCode {
                     .unwrap_or_else(|| workspace.root().to_path_buf());
                 let mut command = CommandConfig::new(program, cwd);
                 command.args = args.command_args.clone();
+                match std::env::current_exe() {
+                    Ok(exe) => command.supervisor = Some(exe),
+                    Err(e) => {
+                        eprintln!("error: cannot find this executable to supervise programs: {e}");
+                        return ExitCode::from(EXIT_USAGE);
+                    }
+                }
                 (command.protocol, command.stdin) =
                     match (args.command_protocol, args.command_stdin) {
                         (CommandProtocol::Plain, None | Some(CommandStdin::Close)) => {

@@ -203,8 +203,13 @@ async fn register_environment(api: &Api) {
 /// reported its `sleep` child: the Turn ID, its events so far and the child's PID
 /// (checked alive).
 async fn sleeping_turn(api: &Api, agent_id: &str) -> (String, Vec<Value>, i32) {
+    sleeping_turn_with(api, agent_id, "/sleep").await
+}
+
+/// [`sleeping_turn`] with the fixture's `command` (`/sleep` or `/setsid`).
+async fn sleeping_turn_with(api: &Api, agent_id: &str, command: &str) -> (String, Vec<Value>, i32) {
     let session_id = session(api, agent_id).await;
-    let sleeper = turn(api, &session_id, "/sleep").await;
+    let sleeper = turn(api, &session_id, command).await;
     let evs = api
         .wait(&format!("/turns/{sleeper}/events"), |v| {
             delta_text(v["events"].as_array().unwrap()).contains("sleeping (pid ")
@@ -346,4 +351,34 @@ async fn sigterm_closes_the_runtimes_executors_before_it_exits() {
         Err(Errno::ESRCH),
         "the program's child outlived the Runtime's SIGTERM"
     );
+}
+
+/// SIGKILL of the Runtime (it can handle nothing) leaves no process of a Run behind: the
+/// program's supervisor notices the end of its watch and kills the program's group and
+/// every descendant, here a `sleep` that moved to a session of its own.
+#[tokio::test(flavor = "multi_thread")]
+async fn sigkill_of_the_runtime_leaves_no_process_of_a_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_core, base) = start_core(dir.path());
+    let mut runtime = start_runtime(dir.path(), &base);
+    let key = std::fs::read_to_string(dir.path().join("data").join("api-key")).unwrap();
+    let api = Api::with_key(&base, key.trim());
+    register_environment(&api).await;
+    let agent_id = agent(&api).await;
+    let (_, _, pid) = sleeping_turn_with(&api, &agent_id, "/setsid").await;
+    kill(
+        Pid::from_raw(runtime.child.id().try_into().unwrap()),
+        Signal::SIGKILL,
+    )
+    .unwrap();
+    let _ = runtime.child.wait();
+    // Bounded wait (the supervisor's sweep is bounded by SWEEP_BOUND, 3 s).
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while kill(Pid::from_raw(pid), None) != Err(Errno::ESRCH) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the setsid child of the program outlived the Runtime's SIGKILL by 20 s"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }

@@ -52,6 +52,14 @@ const POLL: Duration = Duration::from_millis(10);
 
 /// Runs the supervisor; returns its exit status.
 pub fn run(program: &[OsString]) -> i32 {
+    run_with(program, false)
+}
+
+/// [`run`]; with `reraise_signal`, a worker ended by a signal ends the supervisor by the
+/// same signal (after the sweep) instead of exiting 128 + signal, so that whoever waits
+/// for the supervisor sees the worker's own status (the command adapter reports "program
+/// was terminated by signal N" exactly as without a supervisor).
+pub fn run_with(program: &[OsString], reraise_signal: bool) -> i32 {
     let Some((name, args)) = program.split_first() else {
         eprintln!("contract-impl worker supervise: no program to run");
         return EXIT_CANNOT_START;
@@ -118,6 +126,11 @@ pub fn run(program: &[OsString]) -> i32 {
             }
             Ok(WaitStatus::Signaled(_, signal, _)) => {
                 sweep(worker);
+                if reraise_signal {
+                    // Default dispositions survive exec (the supervisor installs no
+                    // handler); an ignored signal falls through to the exit status.
+                    let _ = kill(getpid(), signal);
+                }
                 return 128 + signal as i32;
             }
             Ok(_) | Err(Errno::EINTR) => {}

@@ -53,6 +53,12 @@ pub struct CommandConfig {
     /// Time the adapter waits for output EOF after the program exited (see
     /// [`DEFAULT_OUTPUT_DRAIN_GRACE`]).
     pub output_drain_grace: Duration,
+    /// The `contract-impl` executable that supervises each program
+    /// (`contract-impl worker supervise`, see "Process reaping" in the module docs):
+    /// with it no process of a Run outlives the Runtime, not even one that called
+    /// `setsid`, and not after the Runtime was SIGKILLed. `None` spawns the program
+    /// directly (the documented limits then apply); the CLI always sets it.
+    pub supervisor: Option<PathBuf>,
 }
 
 impl CommandConfig {
@@ -68,6 +74,7 @@ impl CommandConfig {
             max_processes: 8,
             kill_grace: DEFAULT_KILL_GRACE,
             output_drain_grace: DEFAULT_OUTPUT_DRAIN_GRACE,
+            supervisor: None,
         }
     }
 }

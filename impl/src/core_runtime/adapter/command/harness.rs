@@ -68,110 +68,176 @@ impl HarnessAdapter for CommandAdapter {
             ProgramProtocol::Plain => input_text(&request.input)?,
             ProgramProtocol::Jsonl => jsonl_input_line(INITIAL_INPUT_ID, &request.input)?,
         };
-        let mut state = self.shared.lock();
-        let executor = state.executors.get(&request.executor_id).ok_or_else(|| {
-            AdapterError::Refused(format!(
-                "executor `{}` is not prepared",
-                request.executor_id
-            ))
-        })?;
-        if state.runs.contains_key(&request.run_id) {
-            return Err(AdapterError::Refused(format!(
-                "run `{}` already started",
-                request.run_id
-            )));
-        }
-        if state
-            .runs
-            .values()
-            .any(|r| r.executor_id == request.executor_id)
-        {
-            return Err(AdapterError::Refused(format!(
-                "executor `{}` already runs a program",
-                request.executor_id
-            )));
-        }
-        let permit = self
-            .shared
-            .permits
-            .clone()
-            .try_acquire_owned()
-            .map_err(|_| {
+        // Everything under the state lock, which must not live across an await.
+        let (
+            mut child,
+            pid,
+            stdout,
+            stderr,
+            stdin_task,
+            stop_rx,
+            ended_tx,
+            jsonl,
+            permit,
+            supervisor_watch,
+        ) = {
+            let mut state = self.shared.lock();
+            let executor = state.executors.get(&request.executor_id).ok_or_else(|| {
                 AdapterError::Refused(format!(
-                    "{} programs are already running (or awaiting cleanup)",
-                    config.max_processes
+                    "executor `{}` is not prepared",
+                    request.executor_id
                 ))
             })?;
-        let mut command = Command::new(&config.program);
-        command
-            .args(&config.args)
-            .current_dir(executor.scratch.as_deref().unwrap_or(&config.cwd))
-            .env_clear()
-            .envs(self.shared.env.iter().map(|(k, v)| (k, v)))
-            .env(RUN_ID_ENV, request.run_id.as_str())
-            .env(SESSION_ID_ENV, executor.session_id.as_str())
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .process_group(0)
-            .kill_on_drop(true);
-        let mut child = command.spawn().map_err(|e| {
-            AdapterError::Refused(format!("cannot start `{}`: {e}", config.program.display()))
-        })?;
-        let (Some(pid), Some(stdin), Some(stdout), Some(stderr)) = (
-            child.id(),
-            child.stdin.take(),
-            child.stdout.take(),
-            child.stderr.take(),
-        ) else {
-            // Unreachable with piped stdio on a child not yet waited for; the child is
-            // killed on drop.
-            return Err(AdapterError::Unknown(
-                "the spawned program has no pid or pipes".into(),
-            ));
-        };
-        let pgid = Pid::from_raw(pid.cast_signed());
-        let stdin: SharedStdin = Arc::new(tokio::sync::Mutex::new(StdinPipe {
-            pipe: Some(stdin),
-            interrupted: false,
-        }));
-        // Taken before any active input can be, so the Turn's input is written first.
-        let Ok(mut initial) = stdin.clone().try_lock_owned() else {
-            return Err(AdapterError::Unknown(
-                "stdin lock contended at start".into(),
-            ));
-        };
-        let close_after = config.stdin == StdinMode::Close;
-        let stdin_task = tokio::spawn(async move {
-            if !text.is_empty()
-                && let Err(e) = write_stdin(&mut initial, text.as_bytes()).await
+            if state.runs.contains_key(&request.run_id) {
+                return Err(AdapterError::Refused(format!(
+                    "run `{}` already started",
+                    request.run_id
+                )));
+            }
+            if state
+                .runs
+                .values()
+                .any(|r| r.executor_id == request.executor_id)
             {
-                tracing::debug!(error = %e, "command adapter: the Turn input was not fully written");
+                return Err(AdapterError::Refused(format!(
+                    "executor `{}` already runs a program",
+                    request.executor_id
+                )));
             }
-            if close_after {
-                initial.pipe = None;
+            let permit = self
+                .shared
+                .permits
+                .clone()
+                .try_acquire_owned()
+                .map_err(|_| {
+                    AdapterError::Refused(format!(
+                        "{} programs are already running (or awaiting cleanup)",
+                        config.max_processes
+                    ))
+                })?;
+            let supervisor_watch = match &config.supervisor {
+                Some(_) => Some(SupervisorWatch::bind().map_err(|e| {
+                    AdapterError::Refused(format!("cannot prepare the program's supervisor: {e}"))
+                })?),
+                None => None,
+            };
+            let mut command = match (&config.supervisor, &supervisor_watch) {
+                (Some(supervisor), Some(_)) => {
+                    let mut command = Command::new(supervisor);
+                    command
+                        .args(["worker", "supervise", "--reraise-signal", "--"])
+                        .arg(&config.program);
+                    command
+                }
+                _ => Command::new(&config.program),
+            };
+            command
+                .args(&config.args)
+                .current_dir(executor.scratch.as_deref().unwrap_or(&config.cwd))
+                .env_clear()
+                .envs(self.shared.env.iter().map(|(k, v)| (k, v)))
+                .env(RUN_ID_ENV, request.run_id.as_str())
+                .env(SESSION_ID_ENV, executor.session_id.as_str())
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .process_group(0)
+                .kill_on_drop(true);
+            if let Some(w) = &supervisor_watch {
+                command.env(WATCH_ENV, w.path());
             }
-        });
-        let (stop, stop_rx) = watch::channel(None);
-        let (ended_tx, ended) = watch::channel(None);
-        let jsonl = (config.protocol == ProgramProtocol::Jsonl).then(|| Arc::new(JsonlRun::new()));
-        state.runs.insert(
-            request.run_id.clone(),
-            RunEntry {
-                executor_id: request.executor_id.clone(),
-                stop,
-                ended,
-                stdin: (!close_after).then_some(stdin),
-                jsonl: jsonl.clone(),
+            let mut child = command.spawn().map_err(|e| {
+                AdapterError::Refused(format!("cannot start `{}`: {e}", config.program.display()))
+            })?;
+            let (Some(pid), Some(stdin), Some(stdout), Some(stderr)) = (
+                child.id(),
+                child.stdin.take(),
+                child.stdout.take(),
+                child.stderr.take(),
+            ) else {
+                // Unreachable with piped stdio on a child not yet waited for; the child is
+                // killed on drop.
+                return Err(AdapterError::Unknown(
+                    "the spawned program has no pid or pipes".into(),
+                ));
+            };
+            let stdin: SharedStdin = Arc::new(tokio::sync::Mutex::new(StdinPipe {
+                pipe: Some(stdin),
+                interrupted: false,
+            }));
+            // Taken before any active input can be, so the Turn's input is written first.
+            let Ok(mut initial) = stdin.clone().try_lock_owned() else {
+                return Err(AdapterError::Unknown(
+                    "stdin lock contended at start".into(),
+                ));
+            };
+            let close_after = config.stdin == StdinMode::Close;
+            let stdin_task = tokio::spawn(async move {
+                if !text.is_empty()
+                    && let Err(e) = write_stdin(&mut initial, text.as_bytes()).await
+                {
+                    tracing::debug!(error = %e, "command adapter: the Turn input was not fully written");
+                }
+                if close_after {
+                    initial.pipe = None;
+                }
+            });
+            let (stop, stop_rx) = watch::channel(None);
+            let (ended_tx, ended) = watch::channel(None);
+            let jsonl =
+                (config.protocol == ProgramProtocol::Jsonl).then(|| Arc::new(JsonlRun::new()));
+            state.runs.insert(
+                request.run_id.clone(),
+                RunEntry {
+                    executor_id: request.executor_id.clone(),
+                    stop,
+                    ended,
+                    stdin: (!close_after).then_some(stdin),
+                    jsonl: jsonl.clone(),
+                },
+            );
+            (
+                child,
+                pid,
+                stdout,
+                stderr,
+                stdin_task,
+                stop_rx,
+                ended_tx,
+                jsonl,
+                permit,
+                supervisor_watch,
+            )
+        };
+        let mut pgid = Pid::from_raw(pid.cast_signed());
+        // Supervised, the Run's group is the program's own (the supervisor reports its
+        // pid); the watch connection is held until the Run settles.
+        let watch = match supervisor_watch {
+            Some(w) => match w.accept(&mut child).await {
+                Ok((stream, program_pid)) => {
+                    pgid = Pid::from_raw(program_pid.cast_signed());
+                    Some((w, stream))
+                }
+                Err(e) => {
+                    self.shared.lock().runs.remove(&request.run_id);
+                    stdin_task.abort();
+                    // `kill_on_drop`: the supervisor (and so the program) goes with it.
+                    drop(child);
+                    return Err(AdapterError::Refused(format!(
+                        "cannot start `{}`: {e}",
+                        config.program.display()
+                    )));
+                }
             },
-        );
-        drop(state);
-        tracing::info!(run_id = %request.run_id, pid, program = %config.program.display(), "command adapter: program started");
+            None => None,
+        };
+        tracing::info!(run_id = %request.run_id, pid = pgid.as_raw(), program = %config.program.display(), "command adapter: program started");
         tokio::spawn(supervise(
             self.shared.clone(),
             RunProcess {
                 run_id: request.run_id,
                 child,
+                watch,
                 pgid,
                 stdout: Box::new(stdout),
                 stderr: Box::new(stderr),

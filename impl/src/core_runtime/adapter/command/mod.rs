@@ -69,13 +69,27 @@
 //! `PR_SET_CHILD_SUBREAPER`) and the adapter reaps the exited members of a Run's group
 //! itself (`waitpid(-pgid, WNOHANG)`, only after the program itself was reaped).
 //!
+//!
+//! With [`CommandConfig::supervisor`] set (the CLI always sets it) each program runs
+//! under `contract-impl worker supervise`, a child subreaper of its own per Run, which
+//! holds a watch connection to the Runtime: the program's group is the
+//! Run's group as above, and when the program ends, the Run settles, or the Runtime goes
+//! away by any means (SIGKILL included), the supervisor SIGKILLs the group and every
+//! descendant re-parented to it, a `setsid` one included, and reaps them. Chosen over
+//! `PR_SET_PDEATHSIG` (it reaches the direct child only, and fires on the death of the
+//! spawning *thread*) and over a cgroup (it needs a delegated cgroup tree this
+//! unprivileged Runtime cannot count on); the worker and plugin hosts use the same
+//! supervisor.
 //! # Limits (what the adapter cannot do)
-//! * A process that leaves the Run's process group (`setsid`, `setpgid`) escapes the
-//!   group signals; the adapter stops waiting for output it holds after
-//!   [`CommandConfig::output_drain_grace`] but cannot terminate it.
-//! * If the Runtime itself is SIGKILLed, running programs are not killed (they see
+//! * Without a supervisor (a library user leaving [`CommandConfig::supervisor`] unset),
+//!   a process that leaves the Run's process group (`setsid`, `setpgid`) escapes the
+//!   group signals, and a SIGKILLed Runtime leaves its running programs alive (they see
 //!   EOF / `EPIPE` on their pipes). A graceful Runtime shutdown closes every Executor,
-//!   which terminates their groups.
+//!   which terminates their groups either way.
+//! * A process that double-forks out of the supervisor's tree before the sweep (its
+//!   parent chain already gone) is still re-parented to the supervisor, so it is
+//!   swept too; only a process that escapes by other means (a new PID namespace) is out
+//!   of reach.
 //! * The program is not sandboxed: "the daemon is not an isolation boundary".
 //! * The Agent's `model`, `system_prompt` and `harness_config` options and the
 //!   resolved text verbosity are not passed to the program (it receives only its
@@ -131,6 +145,7 @@ mod jsonl;
 mod output;
 mod stdin;
 mod supervision;
+mod supervisor;
 #[cfg(test)]
 mod tests;
 
@@ -157,6 +172,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use crate::process::{OutputTail, ProcessGroup};
+use crate::worker::supervise::WATCH_ENV;
 
 use super::{
     AdapterError, CancelSettlement, HarnessAdapter, NativeEvent, NativePrepare, NativeStart,
@@ -174,6 +190,7 @@ pub use jsonl::*;
 use output::*;
 use stdin::*;
 use supervision::*;
+use supervisor::SupervisorWatch;
 
 /// The one agent kind this adapter declares.
 pub const AGENT_KIND: &str = "command";

@@ -6,6 +6,10 @@ use super::*;
 pub(super) struct RunProcess {
     pub(super) run_id: RunId,
     pub(super) child: Child,
+    /// The supervisor's watch (private directory and held connection), when supervised:
+    /// dropped when the Run settles, or with the Runtime, whatever ends it.
+    pub(super) watch: Option<(SupervisorWatch, tokio::net::UnixStream)>,
+    /// The group of the program (its pid): the supervisor's child when supervised.
     pub(super) pgid: Pid,
     pub(super) stdout: Box<dyn AsyncRead + Send + Unpin>,
     pub(super) stderr: Box<dyn AsyncRead + Send + Unpin>,
@@ -131,6 +135,8 @@ pub(super) async fn supervise(shared: Arc<Shared>, mut p: RunProcess) {
             _ => drop(p.permit),
         }
     }
+    // Settled: ending the watch makes a supervisor still running sweep what is left.
+    drop(p.watch);
     let _ = p.ended.send(Some(end));
 
     let (error, outcome) = match native {
