@@ -22,21 +22,47 @@ use crate::scenario::Side;
 /// A baseline: side → scenario ID → reason.
 pub type Baseline = BTreeMap<String, BTreeMap<String, String>>;
 
-/// Reads a baseline file.
+/// Reads a baseline file, strictly: a mapping of `sides` (the family's side names) to
+/// mappings of scenario ID to a non-empty reason string.
 ///
 /// # Errors
-/// The file cannot be read, is not the format above, or names an empty reason.
-pub fn load(path: &Path) -> Result<Baseline, String> {
+/// The file cannot be read, is not that shape (a side the family does not have, a reason
+/// that is not a string, a duplicate key), or names an empty reason.
+pub fn load(path: &Path, sides: &[Side]) -> Result<Baseline, String> {
     let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    let baseline: Baseline =
-        serde_saphyr::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?;
-    for (side, entries) in &baseline {
-        if let Some((id, _)) = entries.iter().find(|(_, reason)| reason.trim().is_empty()) {
+    let raw: BTreeMap<String, BTreeMap<String, serde_json::Value>> =
+        crate::scenario::loader::parse_yaml(path, &text).map_err(|e| e.to_string())?;
+    let mut baseline = Baseline::new();
+    for (side, entries) in raw {
+        if !sides.iter().any(|s| s.as_str() == side) {
+            let known: Vec<&str> = sides.iter().map(|s| s.as_str()).collect();
             return Err(format!(
-                "{}: {side}: {id} has no reason (say why it is expected to fail)",
-                path.display()
+                "{}: `{side}` is not a side of this family ({})",
+                path.display(),
+                known.join(", ")
             ));
         }
+        let mut reasons = BTreeMap::new();
+        for (id, reason) in entries {
+            match reason {
+                serde_json::Value::String(r) if !r.trim().is_empty() => {
+                    reasons.insert(id, r);
+                }
+                serde_json::Value::String(_) => {
+                    return Err(format!(
+                        "{}: {side}: {id} has no reason (say why it is expected to fail)",
+                        path.display()
+                    ));
+                }
+                other => {
+                    return Err(format!(
+                        "{}: {side}: {id}: the reason must be a string, not {other}",
+                        path.display()
+                    ));
+                }
+            }
+        }
+        baseline.insert(side, reasons);
     }
     Ok(baseline)
 }
@@ -174,12 +200,19 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("expected.yaml");
         std::fs::write(&path, render(Side::Runtime, &results())).unwrap();
-        let baseline = load(&path).unwrap();
+        let sides = [Side::Runtime, Side::Core];
+        let baseline = load(&path, &sides).unwrap();
         assert_eq!(baseline["runtime"]["f/new"], "timeout at step 9");
         assert!(judge(&baseline, Side::Runtime, &results()).ok());
-        std::fs::write(&path, "runtime:\n  f/known: \"\"\n").unwrap();
-        assert!(load(&path).unwrap_err().contains("has no reason"));
-        std::fs::write(&path, "runtime: [1, 2]\n").unwrap();
-        assert!(load(&path).is_err());
+        let refused = |text: &str| {
+            std::fs::write(&path, text).unwrap();
+            load(&path, &sides).unwrap_err()
+        };
+        assert!(refused("runtime:\n  f/known: \"\"\n").contains("has no reason"));
+        assert!(refused("runtime: [1, 2]\n").contains("expected.yaml"));
+        assert!(refused("runtme:\n  f/known: x\n").contains("`runtme` is not a side"));
+        assert!(refused("runtime:\n  f/known: 5\n").contains("must be a string"));
+        assert!(refused("runtime:\n  f/known: true\n").contains("must be a string"));
+        assert!(refused("runtime:\n  f/a: x\n  f/a: y\n").contains("expected.yaml"));
     }
 }

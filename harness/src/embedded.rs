@@ -39,7 +39,15 @@ pub fn materialize() -> Result<PathBuf, String> {
     let dir = copy_dir();
     let done = dir.join(".complete");
     if done.exists() {
-        return Ok(dir);
+        // Trusted only while every file still holds the embedded bytes: a copy changed
+        // on disk (by hand, or by another tool) is written again.
+        if FILES
+            .iter()
+            .all(|(path, bytes)| std::fs::read(dir.join(path)).is_ok_and(|b| b == *bytes))
+        {
+            return Ok(dir);
+        }
+        let _ = std::fs::remove_file(&done);
     }
     // Written whole under a private name, then renamed: a concurrent harness never reads
     // half a copy.
@@ -53,6 +61,10 @@ pub fn materialize() -> Result<PathBuf, String> {
         std::fs::write(&target, bytes).map_err(|e| format!("{}: {e}", target.display()))?;
     }
     std::fs::write(partial.join(".complete"), b"").map_err(|e| e.to_string())?;
+    if dir.exists() && !done.exists() {
+        // A stale or altered copy: replaced whole.
+        let _ = std::fs::remove_dir_all(&dir);
+    }
     match std::fs::rename(&partial, &dir) {
         Ok(()) => Ok(dir),
         // Another harness won the race: its copy is the same.
@@ -62,6 +74,12 @@ pub fn materialize() -> Result<PathBuf, String> {
         }
         Err(e) => Err(format!("{}: {e}", dir.display())),
     }
+}
+
+/// Whether `path` lies inside the embedded copy (which no command may write into: it is
+/// the reference of this harness version).
+pub fn is_embedded_copy(path: &Path) -> bool {
+    path.starts_with(copy_dir())
 }
 
 /// `path` as given when it exists (or is not the default `default`), else the embedded

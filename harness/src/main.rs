@@ -138,7 +138,8 @@ struct RunArgs {
     /// binary), whose differences are advisory (`DIFF`) in vendor mode.
     #[arg(long)]
     golden_dir: Option<PathBuf>,
-    /// Only scenarios whose ID (`family/name`) contains this text.
+    /// Only scenarios whose ID (`family/name`) contains this text; a whole scenario ID
+    /// selects that scenario alone.
     #[arg(long)]
     filter: Option<String>,
     /// Write the emitted goldens in place (missing and different ones).
@@ -187,8 +188,9 @@ struct RunArgs {
     wire_log: Option<PathBuf>,
     /// Write the conformance report here: every requirement of the family's catalog
     /// with its status for this target on this side (`pass`, `fail`, `differs`,
-    /// `not applicable`, `not run`, `uncovered`); JSON when the file name ends in
-    /// `.json`, else Markdown.
+    /// `not applicable`, `not run`, `uncovered`), in both formats: Markdown and JSON,
+    /// the named file in its own (JSON when its name ends in `.json`) and the other next
+    /// to it (`report.md` and `report.json`).
     #[arg(long)]
     conformance: Option<PathBuf>,
     /// What the target supports (`contract-harness features --family F` prints a
@@ -213,12 +215,18 @@ struct DiffArgs {
     /// The target it is compared against (ours, or the last release).
     #[arg(long)]
     against_cmd: String,
-    /// Only scenarios whose ID contains this text.
+    /// Only scenarios whose ID contains this text (a whole ID: that scenario alone).
     #[arg(long)]
     filter: Option<String>,
     /// Runs at once (default: available parallelism).
     #[arg(long, value_parser = parse_jobs)]
     jobs: Option<usize>,
+    /// Deadline of every step (`200ms`, `5s`).
+    #[arg(long, default_value = "5s", value_parser = parse_cli_duration)]
+    step_timeout: Duration,
+    /// Deadline for each target to become ready.
+    #[arg(long, default_value = "10s", value_parser = parse_cli_duration)]
+    startup_timeout: Duration,
 }
 
 #[derive(Debug, Args)]
@@ -316,6 +324,13 @@ fn main() -> ExitCode {
         Command::List(args) => list(&args),
         Command::Features { family } => {
             match contract_harness::scenario::families::table(&family) {
+                Some(table) if table.features.is_empty() => {
+                    eprintln!(
+                        "family `{family}` has no optional feature: every scenario applies to \
+                         every target (run takes no --features for it)"
+                    );
+                    ExitCode::from(EXIT_USAGE)
+                }
                 Some(table) => {
                     print!("{}", contract_harness::features::template(table));
                     ExitCode::SUCCESS
@@ -496,6 +511,68 @@ fn run(args: RunArgs) -> ExitCode {
         },
         _ => Default::default(),
     };
+    // Every input file and output path is checked before anything runs: a usage error
+    // found after a long run would hide its verdict.
+    let sides = scenario::families::table(&args.family.family).map_or(&[][..], |t| t.sides);
+    let expected = match args
+        .expected_failures
+        .as_deref()
+        .map(|p| baseline::load(p, sides))
+    {
+        None => None,
+        Some(Ok(b)) => Some(b),
+        Some(Err(e)) => {
+            eprintln!("--expected-failures: {e}");
+            return ExitCode::from(EXIT_USAGE);
+        }
+    };
+    if let (Some(read), Some(write)) = (&args.expected_failures, &args.write_expected_failures)
+        && same_file(read, write)
+    {
+        eprintln!(
+            "--write-expected-failures {}: that is the --expected-failures file; writing it \
+             would replace its reasons (write elsewhere and compare)",
+            write.display()
+        );
+        return ExitCode::from(EXIT_USAGE);
+    }
+    let (conformance_json, conformance_md) = match &args.conformance {
+        Some(path) => {
+            let (j, m) = conformance_paths(path);
+            (Some(j), Some(m))
+        }
+        None => (None, None),
+    };
+    for (flag, path) in [
+        ("--junit", &args.junit),
+        ("--json", &args.json),
+        ("--markdown", &args.markdown),
+        ("--conformance", &conformance_json),
+        ("--conformance", &conformance_md),
+        ("--write-expected-failures", &args.write_expected_failures),
+    ] {
+        if let Some(path) = path
+            && let Err(e) = writable_file(path)
+        {
+            eprintln!("{flag} {}: {e}", path.display());
+            return ExitCode::from(EXIT_USAGE);
+        }
+    }
+    if let Some(dir) = &args.wire_log
+        && let Err(e) = std::fs::create_dir_all(dir)
+    {
+        eprintln!("--wire-log {}: {e}", dir.display());
+        return ExitCode::from(EXIT_USAGE);
+    }
+    let golden_dir = golden_root(args.golden_dir.as_deref().unwrap_or(Path::new("golden")));
+    if (args.accept || args.pending) && contract_harness::embedded::is_embedded_copy(&golden_dir) {
+        eprintln!(
+            "--accept and --pending write goldens, and {} is this harness's embedded reference \
+             copy: name a golden directory of your own with --golden-dir",
+            golden_dir.display()
+        );
+        return ExitCode::from(EXIT_USAGE);
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -541,18 +618,36 @@ fn run(args: RunArgs) -> ExitCode {
                 found
             }
             Some(Err(e)) => {
+                // Nothing is known of the target's features: no scenario may be called
+                // applicable or not on a guess.
                 say!(
-                    "features (no --features): the probe failed, every feature counts as supported: {e}"
+                    "ABORTED: the feature probe failed (the first heartbeat tells which \
+                     optional features the target declares): {e}; or name them with \
+                     --features FILE"
                 );
-                declared
+                return ExitCode::from(1);
             }
         }
     };
     let all_scenarios = scenarios.clone();
+    // A filter that is a whole scenario ID selects that scenario alone (another ID may
+    // contain it); any other text selects every ID containing it.
+    let exact = args
+        .filter
+        .as_deref()
+        .is_some_and(|f| scenarios.iter().any(|s| s.id() == f));
     let (pending, runs): (Vec<Scenario>, Vec<Scenario>) = scenarios
         .into_iter()
         .filter(|s| s.runs_on(side))
-        .filter(|s| args.filter.as_deref().is_none_or(|f| s.id().contains(f)))
+        .filter(|s| {
+            args.filter.as_deref().is_none_or(|f| {
+                if exact {
+                    s.id() == f
+                } else {
+                    s.id().contains(f)
+                }
+            })
+        })
         .partition(|s| s.pending_reason(side).is_some());
     let (runs, not_applicable): (Vec<Scenario>, Vec<Scenario>) = runs
         .into_iter()
@@ -600,14 +695,6 @@ fn run(args: RunArgs) -> ExitCode {
         );
         return ExitCode::from(EXIT_USAGE);
     }
-    let expected = match args.expected_failures.as_deref().map(baseline::load) {
-        None => None,
-        Some(Ok(b)) => Some(b),
-        Some(Err(e)) => {
-            eprintln!("--expected-failures: {e}");
-            return ExitCode::from(EXIT_USAGE);
-        }
-    };
     let golden_mode = if args.accept {
         GoldenMode::Accept
     } else if args.pending {
@@ -617,7 +704,7 @@ fn run(args: RunArgs) -> ExitCode {
     };
     let opts = RunOptions {
         target_cmd: args.target_cmd.clone(),
-        golden_dir: golden_root(args.golden_dir.as_deref().unwrap_or(Path::new("golden"))),
+        golden_dir,
         own_goldens: args.golden_dir.is_some(),
         golden_mode,
         step_timeout: args.step_timeout,
@@ -659,14 +746,21 @@ fn run(args: RunArgs) -> ExitCode {
         let catalog = requirements::load_catalog(&catalog_path(&args.family)).unwrap_or_default();
         let lines = report::conformance::lines(&catalog, &all_scenarios, side, &results);
         let family = &args.family.family;
-        let text = if path.extension().is_some_and(|e| e == "json") {
-            report::conformance::json(family, side, &args.target_cmd, &lines)
-        } else {
-            report::conformance::markdown(family, side, &args.target_cmd, &lines)
-        };
-        if let Err(e) = report::write_file(path, &text) {
-            eprintln!("--conformance {}: {e}", path.display());
-            return ExitCode::from(EXIT_USAGE);
+        let (json, markdown) = conformance_paths(path);
+        for (file, text) in [
+            (
+                json,
+                report::conformance::json(family, side, &args.target_cmd, &lines),
+            ),
+            (
+                markdown,
+                report::conformance::markdown(family, side, &args.target_cmd, &lines),
+            ),
+        ] {
+            if let Err(e) = report::write_file(&file, &text) {
+                eprintln!("--conformance {}: {e}", file.display());
+                return ExitCode::from(EXIT_USAGE);
+            }
         }
     }
     if let Some(path) = &args.write_expected_failures
@@ -734,22 +828,46 @@ fn diff(args: &DiffArgs) -> ExitCode {
             return ExitCode::from(EXIT_USAGE);
         }
     }
-    let scenarios: Vec<Scenario> = match load(&args.family) {
-        Ok(s) => s
-            .into_iter()
-            .filter(|s| s.runs_on(side) && s.pending_reason(side).is_none())
-            .filter(|s| s.unmet_requirement(side, &Default::default()).is_none())
-            .filter(|s| args.filter.as_deref().is_none_or(|f| s.id().contains(f)))
-            .collect(),
+    let all = match load(&args.family) {
+        Ok(s) => s,
         Err(code) => return code,
     };
+    let exact = args
+        .filter
+        .as_deref()
+        .is_some_and(|f| all.iter().any(|s| s.id() == f));
+    let scenarios: Vec<Scenario> = all
+        .into_iter()
+        .filter(|s| s.runs_on(side) && s.pending_reason(side).is_none())
+        .filter(|s| s.unmet_requirement(side, &Default::default()).is_none())
+        .filter(|s| {
+            args.filter.as_deref().is_none_or(|f| {
+                if exact {
+                    s.id() == f
+                } else {
+                    s.id().contains(f)
+                }
+            })
+        })
+        .collect();
+    if scenarios.is_empty() {
+        eprintln!(
+            "no {} scenario for side {side} to compare{}",
+            args.family.family,
+            args.filter
+                .as_deref()
+                .map(|f| format!(" matches `{f}`"))
+                .unwrap_or_default()
+        );
+        return ExitCode::from(EXIT_USAGE);
+    }
     let opts = |cmd: &str| RunOptions {
         target_cmd: cmd.to_string(),
         golden_dir: PathBuf::new(),
         own_goldens: false,
         golden_mode: GoldenMode::Accept,
-        step_timeout: runner::DEFAULT_STEP_TIMEOUT,
-        startup_timeout: runner::DEFAULT_STARTUP_TIMEOUT,
+        step_timeout: args.step_timeout,
+        startup_timeout: args.startup_timeout,
         // A reference value the target chose otherwise is a difference to compare.
         mode: Mode::Vendor,
         peer_exe: None,
@@ -801,6 +919,22 @@ fn rerun_command(args: &RunArgs, side: Side, scenario: &str) -> String {
     if args.mode == Mode::Vendor {
         cmd.push_str(" --mode vendor");
     }
+    for (flag, value, default) in [
+        (
+            "--step-timeout",
+            args.step_timeout,
+            runner::DEFAULT_STEP_TIMEOUT,
+        ),
+        (
+            "--startup-timeout",
+            args.startup_timeout,
+            runner::DEFAULT_STARTUP_TIMEOUT,
+        ),
+    ] {
+        if value != default {
+            cmd.push_str(&format!(" {flag} {}ms", value.as_millis()));
+        }
+    }
     if args.family.scenarios != Path::new("scenarios") {
         cmd.push_str(&format!(
             " --scenarios {}",
@@ -816,6 +950,49 @@ fn rerun_command(args: &RunArgs, side: Side, scenario: &str) -> String {
         }
     }
     cmd
+}
+
+/// The JSON and the Markdown conformance report of `--conformance PATH`: PATH in its
+/// own format (JSON when it ends in `.json`), the other next to it.
+fn conformance_paths(path: &Path) -> (PathBuf, PathBuf) {
+    if path.extension().is_some_and(|e| e == "json") {
+        (path.to_path_buf(), path.with_extension("md"))
+    } else {
+        (path.with_extension("json"), path.to_path_buf())
+    }
+}
+
+/// Whether two paths name the same file (the same path, or the same existing file).
+fn same_file(a: &Path, b: &Path) -> bool {
+    a == b
+        || matches!(
+            (std::fs::canonicalize(a), std::fs::canonicalize(b)),
+            (Ok(x), Ok(y)) if x == y
+        )
+}
+
+/// Checks that `path` can be written as a file (its directory created if missing),
+/// leaving no file behind that was not there.
+fn writable_file(path: &Path) -> Result<(), String> {
+    if path.is_dir() {
+        return Err("is a directory".into());
+    }
+    if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+        if parent.exists() && !parent.is_dir() {
+            return Err(format!("{} is not a directory", parent.display()));
+        }
+        std::fs::create_dir_all(parent).map_err(|e| format!("cannot create its directory: {e}"))?;
+    }
+    let existed = path.exists();
+    std::fs::OpenOptions::new()
+        .append(true)
+        .create(true)
+        .open(path)
+        .map_err(|e| e.to_string())?;
+    if !existed {
+        let _ = std::fs::remove_file(path);
+    }
+    Ok(())
 }
 
 fn write_reports(args: &RunArgs, results: &[ScenarioResult]) -> Result<(), String> {

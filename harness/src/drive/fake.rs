@@ -1235,7 +1235,7 @@ async fn a_normal_close_answered_with_an_error_code_fails_the_run() {
         })]
     };
     let failure = drive_silent_closer(reply(1011)).await.failure.unwrap();
-    assert_eq!(failure.code, FailureCode::TrailingOutput);
+    assert_eq!(failure.code, FailureCode::UnexpectedEvent);
     assert!(
         failure.message.contains("with Close 1011"),
         "{}",

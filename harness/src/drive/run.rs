@@ -384,11 +384,21 @@ impl Run {
     }
 
     /// Whether `value` is a frame a pending `optional:` step allows (it is then taken:
-    /// the pattern is dropped and its placeholders bound).
+    /// the pattern is dropped and its placeholders bound). A taken frame just recorded
+    /// is labelled with the step that declared it, not the step during which it
+    /// happened to arrive: the golden is the same whether the target sends it at once or
+    /// later, and in strict and vendor mode alike.
     fn take_optional(&mut self, value: &Value) -> bool {
         for i in 0..self.optional.len() {
             if match_frame(&self.optional[i].pattern, value, &mut self.bindings).is_ok() {
-                self.optional.remove(i);
+                let declared = self.optional.remove(i).step;
+                let normalized = (self.normalize)(value);
+                if let Some(last) = self.recording.entries.last_mut()
+                    && matches!(last.kind, EntryKind::Frame)
+                    && last.body == normalized
+                {
+                    last.step = declared;
+                }
                 return true;
             }
         }
@@ -1229,7 +1239,7 @@ impl Run {
                         code: Some(code), ..
                     }) if code != DEFAULT_CLOSE_CODE => {
                         return Err(StepError::new(
-                            FailureCode::TrailingOutput,
+                            FailureCode::UnexpectedEvent,
                             format!(
                                 "{} answered the harness's normal Close ({DEFAULT_CLOSE_CODE}) \
                                  with Close {code}: the reply to a normal closure echoes its \

@@ -239,9 +239,26 @@ pub async fn probe_features(
             "payload": {"supported_agent_kinds": kinds}
         }))
     });
-    Some(declared.ok_or_else(|| match &outcome.failure {
-        Some(f) => format!("the probe run recorded no heartbeat: {f}"),
-        None => "the probe run recorded no heartbeat".to_string(),
+    Some(declared.ok_or_else(|| {
+        let first_line = |text: String| {
+            text.lines()
+                .next()
+                .unwrap_or("")
+                .trim_end_matches("; stderr tail:")
+                .to_string()
+        };
+        match (&outcome.failure, outcome.bindings.get(PROBED_KINDS)) {
+            (_, Some(_)) => "the first heartbeat declares no agent kind `controlled` (the kind \
+                             every scenario runs)"
+                .to_string(),
+            (Some(f), None) => {
+                format!(
+                    "the probe run recorded no heartbeat: {}",
+                    first_line(f.to_string())
+                )
+            }
+            (None, None) => "the probe run recorded no heartbeat".to_string(),
+        }
     }))
 }
 

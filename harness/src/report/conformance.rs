@@ -1,7 +1,10 @@
 //! The conformance report a vendor publishes (`run --conformance FILE`): for each
 //! requirement of the family's catalog, what this target's run showed on this side —
-//! `pass` (every scenario covering it passed), `fail` (one failed), `differs` (one only
-//! differs from our reference's choices, vendor mode), `not applicable` (every scenario
+//! `pass` (every scenario covering it passed; a difference from the reference goldens
+//! alone is advisory and still a pass), `fail` (one failed), `differs` (a `level:
+//! reference` requirement whose scenario differs from our reference's choices, vendor
+//! mode; a `required` one whose scenario ended at such a difference is `not run`, since
+//! a required rule only passes or fails), `not applicable` (every scenario
 //! of it that ran requires a feature the target does not declare), `not run` (its
 //! scenarios were filtered out or pending), `uncovered` (no scenario covers it on this side, with the
 //! catalog's reason) — with its level and spec section, as Markdown or JSON.
@@ -37,6 +40,12 @@ fn status_of(r: Option<&ScenarioResult>) -> &'static str {
         None => "not run",
         // A difference from our reference's choices ends that run in vendor mode: what
         // came after it was not checked.
+        // Every step passed; only the recorded wire differs from the reference goldens.
+        Some(r)
+            if r.differs && r.reference.as_deref() == Some(crate::runner::GOLDEN_DIFFERENCE) =>
+        {
+            "pass"
+        }
         Some(r) if r.differs => "differs",
         Some(r) if r.not_applicable => "not applicable",
         Some(r) if r.passed => "pass",
@@ -63,13 +72,17 @@ pub fn lines(
                     (id, status)
                 })
                 .collect();
+            let required = req.level == crate::requirements::Level::Required;
             let status = if covering.is_empty() {
                 "uncovered"
             } else if covering.iter().any(|(_, s)| *s == "fail") {
                 "fail"
-            } else if covering.iter().any(|(_, s)| *s == "differs") {
+            } else if covering.iter().any(|(_, s)| *s == "differs") && !required {
                 "differs"
-            } else if covering.iter().all(|(_, s)| *s == "not run") {
+            } else if covering
+                .iter()
+                .all(|(_, s)| *s == "not run" || (required && *s == "differs"))
+            {
                 "not run"
             } else if !covering.iter().any(|(_, s)| *s == "pass") {
                 "not applicable"
