@@ -382,3 +382,61 @@ async fn sigkill_of_the_runtime_leaves_no_process_of_a_run() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+/// A program that writes 10,000 lines at once (a build log, `cat`) loses nothing: Core
+/// stops reading the connection while the Turn's queue is full instead of failing the
+/// Turn, stores the queued events in batches, and every delta and the `done` are
+/// readable from the events API, in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_of_ten_thousand_lines_is_stored_whole() {
+    const LINES: usize = 10_000;
+    let dir = tempfile::tempdir().unwrap();
+    let (_core, base) = start_core(dir.path());
+    let _runtime = start_runtime(dir.path(), &base);
+    let key = std::fs::read_to_string(dir.path().join("data").join("api-key")).unwrap();
+    let api = Api::with_key(&base, key.trim());
+    register_environment(&api).await;
+    let agent_id = agent(&api).await;
+    let session_id = session(&api, &agent_id).await;
+    let burst = turn(&api, &session_id, &format!("/burst {LINES}")).await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
+    let state = loop {
+        let t = api.get(&format!("/turns/{burst}")).await;
+        let state = t["state"].as_str().unwrap().to_string();
+        if !["queued", "starting", "running"].contains(&state.as_str()) {
+            break t;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the burst Turn did not end: {t}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(state["state"], "completed", "{state}");
+    let mut after = 0u64;
+    let mut deltas = 0usize;
+    let mut last = None;
+    loop {
+        let page = api
+            .get(&format!(
+                "/turns/{burst}/events?after_sequence={after}&limit=1000"
+            ))
+            .await;
+        let events = page["events"].as_array().unwrap();
+        if events.is_empty() {
+            break;
+        }
+        for e in events {
+            let sequence = e["sequence"].as_u64().unwrap();
+            assert_eq!(sequence, after + 1, "sequences are dense and ordered");
+            after = sequence;
+            if e["type"] == "delta" {
+                assert_eq!(e["payload"]["text"], format!("line {deltas}\n"));
+                deltas += 1;
+            }
+            last = Some(e["type"].as_str().unwrap().to_string());
+        }
+    }
+    assert_eq!(deltas, LINES);
+    assert_eq!(last.as_deref(), Some("done"));
+}

@@ -683,6 +683,7 @@ impl Run {
                 }
             }
             Step::Disconnect => {
+                self.log_wire("to target", "disconnect", &Value::Null);
                 if peer.connection().abort() {
                     Ok(())
                 } else {
@@ -698,6 +699,17 @@ impl Run {
                 .await
             }
             Step::SendBytes(raw) => {
+                let logged = match raw {
+                    RawMessage::Text(text) => json!({
+                        "text": crate::golden::summarize_long_string(text).unwrap_or_else(|| text.clone())
+                    }),
+                    RawMessage::Binary(bytes) => json!({"binary_bytes": bytes.len()}),
+                    RawMessage::TextBytes(bytes) => {
+                        json!({"text_bytes": bytes.len(), "utf8": std::str::from_utf8(bytes).is_ok()})
+                    }
+                    RawMessage::Frame(template) => json!({"frame": template}),
+                };
+                self.log_wire("to target", "raw bytes", &logged);
                 let message = match raw {
                     RawMessage::Text(text) => Outgoing::Text(text.clone()),
                     RawMessage::Binary(bytes) => Outgoing::Binary(bytes.clone()),
@@ -927,6 +939,11 @@ impl Run {
 
     /// `half_close`: sends Close; the next event must be the target's Close reply.
     async fn half_close<P: Peer>(&mut self, peer: &mut P, code: u16, reason: &str) -> StepResult {
+        self.log_wire(
+            "to target",
+            "close",
+            &json!({"code": code, "reason": reason}),
+        );
         peer.connection()
             .send_close(code, reason, self.step_timeout)
             .await
@@ -1216,6 +1233,11 @@ impl Run {
             let timeout = self.step_timeout;
             let deadline = Instant::now() + timeout;
             // A target that already dropped the connection shows up as its end below.
+            self.log_wire(
+                "to target",
+                "end-of-run close",
+                &json!({"code": DEFAULT_CLOSE_CODE, "reason": END_CLOSE_REASON}),
+            );
             let _ = peer
                 .connection()
                 .send_close(DEFAULT_CLOSE_CODE, END_CLOSE_REASON, timeout)
@@ -1236,8 +1258,14 @@ impl Run {
                     // The reply to a normal closure is a normal closure (or none): a
                     // target that answers it with an error code (1011) has failed.
                     Some(Event::Close {
-                        code: Some(code), ..
+                        code: Some(code),
+                        reason,
                     }) if code != DEFAULT_CLOSE_CODE => {
+                        self.log_wire(
+                            "from target",
+                            "end-of-run close reply",
+                            &json!({"code": code, "reason": reason}),
+                        );
                         return Err(StepError::new(
                             FailureCode::UnexpectedEvent,
                             format!(
@@ -1248,7 +1276,16 @@ impl Run {
                             ),
                         ));
                     }
-                    Some(Event::Close { .. } | Event::Eof) => {
+                    Some(Event::Close { code, reason }) => {
+                        self.log_wire(
+                            "from target",
+                            "end-of-run close reply",
+                            &json!({"code": code, "reason": reason}),
+                        );
+                        peer.connection().abort();
+                    }
+                    Some(Event::Eof) => {
+                        self.log_wire("from target", "end of the connection", &Value::Null);
                         peer.connection().abort();
                     }
                     Some(other) => {

@@ -173,6 +173,16 @@ impl ScriptedRuntimePeer {
             None => None,
         };
         let what = format!("api {} {}", api.call.method, api.call.path);
+        run.log_wire(
+            "to target",
+            "api request",
+            &json!({
+                "method": api.call.method,
+                "path": api.call.path,
+                "query": api.call.query,
+                "body": body.as_deref().map(|b| serde_json::from_slice::<Value>(b).unwrap_or(Value::Null)),
+            }),
+        );
         if !api.wait {
             return self.start_api(api, url, body);
         }

@@ -342,6 +342,11 @@ impl CoreRuntimePeer for ScriptedCorePeer {
                     .or_insert_with(|| Value::String(self.core.ws_url(WS_PATH)));
             }
         }
+        run.log_wire(
+            "to target",
+            "bootstrap response",
+            &json!({"status": status, "body": body}),
+        );
         req.respond(status, body.as_ref())
             .map_err(|e| fail::transport(format!("cannot answer the bootstrap request: {e}")))
     }

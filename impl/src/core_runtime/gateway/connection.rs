@@ -37,7 +37,7 @@ use serde::Deserialize;
 use serde_json::json;
 use tokio::sync::mpsc;
 
-use super::{Core, DEVICES_MAX, TurnMsg};
+use super::{Core, DELIVERY_STALL_MAX, DEVICES_MAX, TurnMsg};
 use crate::core_runtime::daemon::connection::{WS_MAX_WRITE_BUFFER_BYTES, WS_WRITE_BUFFER_BYTES};
 use crate::core_runtime::wire::frame::decode_envelope;
 use crate::core_runtime::wire::limits::{TRANSPORT_FRAME_MAX_BYTES, WIRE_VERSION};
@@ -455,7 +455,7 @@ async fn run_connection(
                     break;
                 }
             },
-            Ok(WsMessage::Text(text)) => dispatch(&core, &conn, text.as_bytes()),
+            Ok(WsMessage::Text(text)) => dispatch(&core, &conn, text.as_bytes()).await,
             Ok(WsMessage::Binary(_)) => Some((CLOSE_INVALID_PAYLOAD, "binary_message".to_string())),
             Ok(WsMessage::Close(_)) => break,
             Ok(_) => None,
@@ -503,7 +503,11 @@ fn read_violation(err: axum::Error) -> Result<(u16, String), String> {
 }
 
 /// Decodes and routes one Runtime frame; `Some((code, reason))` closes the transport.
-fn dispatch(core: &Arc<Core>, conn: &Arc<DeviceConnection>, bytes: &[u8]) -> Option<(u16, String)> {
+async fn dispatch(
+    core: &Arc<Core>,
+    conn: &Arc<DeviceConnection>,
+    bytes: &[u8],
+) -> Option<(u16, String)> {
     let frame = match Frame::decode(bytes, Direction::RuntimeToCore) {
         Ok(frame) => frame,
         Err(err) => {
@@ -567,7 +571,7 @@ fn dispatch(core: &Arc<Core>, conn: &Arc<DeviceConnection>, bytes: &[u8]) -> Opt
                 .ok()
                 .and_then(|t| t.get(&turn_id).cloned());
             if let Some(tx) = sender {
-                deliver(conn, &turn_id, tx, frame);
+                deliver(conn, &turn_id, tx, frame).await;
             }
         }
         None => {
@@ -577,20 +581,35 @@ fn dispatch(core: &Arc<Core>, conn: &Arc<DeviceConnection>, bytes: &[u8]) -> Opt
     None
 }
 
-/// Queues `frame` for the Turn task behind `tx`; `false` when its queue was full.
-/// On overflow the frame is dropped, every route of the Turn is removed (later frames
-/// find no route) and [`TurnMsg::Overflow`] is delivered once space frees, so the
-/// Turn closes its subscription explicitly.
-fn deliver(
+/// Queues `frame` for the Turn task behind `tx`, waiting while its queue is full (the
+/// connection is not read meanwhile: backpressure to the Runtime) for at most
+/// [`DELIVERY_STALL_MAX`]; `false` when the Turn task took nothing for that long. Then
+/// the frame is dropped, every route of the Turn is removed (later frames find no
+/// route) and [`TurnMsg::Overflow`] is delivered once space frees, so the Turn closes
+/// its subscription explicitly.
+async fn deliver(
     conn: &DeviceConnection,
     turn_id: &str,
     tx: mpsc::Sender<TurnMsg>,
     frame: Frame,
 ) -> bool {
-    let Err(mpsc::error::TrySendError::Full(_)) = tx.try_send(TurnMsg::Frame(Box::new(frame)))
-    else {
+    deliver_within(conn, turn_id, tx, frame, DELIVERY_STALL_MAX).await
+}
+
+async fn deliver_within(
+    conn: &DeviceConnection,
+    turn_id: &str,
+    tx: mpsc::Sender<TurnMsg>,
+    frame: Frame,
+    stall_max: std::time::Duration,
+) -> bool {
+    // Sent, or the Turn task is gone (nothing to deliver to).
+    if tokio::time::timeout(stall_max, tx.send(TurnMsg::Frame(Box::new(frame))))
+        .await
+        .is_ok()
+    {
         return true;
-    };
+    }
     // Subscriber overflow: close this Turn's subscription explicitly.
     conn.unroute_turn(turn_id);
     tokio::spawn(async move {
@@ -609,12 +628,13 @@ mod tests {
         Frame::decode(text.as_bytes(), Direction::RuntimeToCore).expect("valid delta")
     }
 
-    /// A Turn task that never reads (its receiver is held, not polled) fills its
-    /// bounded queue; the next frame is not queued, the Turn's routes are dropped (so
-    /// further frames are not routed) and `Overflow` follows the queued frames: the
-    /// explicit observation error, not an invented frame.
+    /// A Turn task that takes nothing (its receiver is held, not polled) fills its
+    /// bounded queue; the next frame waits out the stall bound (shortened here) and is
+    /// not queued, the Turn's routes are dropped (so further frames are not routed) and
+    /// `Overflow` follows the queued frames: the explicit observation error, not an
+    /// invented frame.
     #[tokio::test]
-    async fn a_full_turn_queue_unroutes_the_turn_and_delivers_overflow() {
+    async fn a_stuck_turn_task_unroutes_the_turn_and_delivers_overflow() {
         let (out, _out_rx) = mpsc::channel(1);
         let conn = DeviceConnection {
             device_id: "device-1".into(),
@@ -626,15 +646,16 @@ mod tests {
         };
         assert!(conn.route(RouteKind::Run, "run-1", "turn-1"));
         let (tx, mut rx) = mpsc::channel(TURN_QUEUE_MAX);
+        let stall = std::time::Duration::from_millis(20);
         for _ in 0..TURN_QUEUE_MAX {
-            assert!(deliver(&conn, "turn-1", tx.clone(), frame("run-1")));
+            assert!(deliver_within(&conn, "turn-1", tx.clone(), frame("run-1"), stall).await);
         }
         assert_eq!(
             conn.lookup(RouteKind::Run, "run-1").as_deref(),
             Some("turn-1")
         );
-        // The consumer is stalled: the queue is full.
-        assert!(!deliver(&conn, "turn-1", tx.clone(), frame("run-1")));
+        // The consumer is stuck: the queue is full and stays full.
+        assert!(!deliver_within(&conn, "turn-1", tx.clone(), frame("run-1"), stall).await);
         assert_eq!(conn.lookup(RouteKind::Run, "run-1"), None, "still routed");
         drop(tx);
         for i in 0..TURN_QUEUE_MAX {
@@ -648,5 +669,41 @@ mod tests {
         assert!(matches!(msg, Some(TurnMsg::Overflow)), "{msg:?}");
         // Nothing else: the overflowed frame was not queued, no frame was invented.
         assert!(rx.recv().await.is_none());
+    }
+
+    /// A slow Turn task is waited for, never overflowed: the reader stops (backpressure)
+    /// until the task takes a frame, and every frame arrives, in order.
+    #[tokio::test]
+    async fn a_slow_turn_task_gets_every_frame_through_backpressure() {
+        let (out, _out_rx) = mpsc::channel(1);
+        let conn = DeviceConnection {
+            device_id: "device-1".into(),
+            conn_id: 1,
+            epoch: 1,
+            credential_id: "cred-1".into(),
+            out,
+            state: Mutex::default(),
+        };
+        assert!(conn.route(RouteKind::Run, "run-1", "turn-1"));
+        let (tx, mut rx) = mpsc::channel(4);
+        let total = 64;
+        let consumer = tokio::spawn(async move {
+            let mut seen = 0;
+            while let Some(msg) = rx.recv().await {
+                assert!(matches!(msg, TurnMsg::Frame(_)), "{msg:?}");
+                seen += 1;
+                tokio::task::yield_now().await;
+            }
+            seen
+        });
+        for _ in 0..total {
+            assert!(deliver(&conn, "turn-1", tx.clone(), frame("run-1")).await);
+        }
+        drop(tx);
+        assert_eq!(consumer.await.unwrap(), total);
+        assert_eq!(
+            conn.lookup(RouteKind::Run, "run-1").as_deref(),
+            Some("turn-1")
+        );
     }
 }

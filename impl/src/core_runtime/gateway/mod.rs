@@ -119,8 +119,20 @@ pub enum TurnMsg {
     Wake,
 }
 
-/// Bound on frames queued for one Turn task before the subscription overflows.
+/// Bound on frames queued for one Turn task. A full queue stops the connection's reader
+/// (backpressure: the Runtime's bounded outbound queue, then the program's output pipe,
+/// slow down) for at most [`DELIVERY_STALL_MAX`]; only a Turn task that takes nothing for
+/// that long overflows its subscription.
 pub const TURN_QUEUE_MAX: usize = 1024;
+
+/// Longest the connection's reader waits for a Turn task to take a frame from its full
+/// queue before the subscription is closed as overflowed ("Faults, retries and cleanup":
+/// an overflowing subscriber is closed explicitly): a bound on a stuck Turn task, never
+/// reached by a merely slow one.
+pub const DELIVERY_STALL_MAX: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Most output events a Turn task stores in one transaction (group commit).
+pub const EVENT_BATCH_MAX: usize = 512;
 
 /// Shared Core state.
 pub struct Core {

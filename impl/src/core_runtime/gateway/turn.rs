@@ -29,7 +29,8 @@ use super::admission::{
 };
 use super::connection::{DeviceConnection, RouteKind};
 use super::{
-    ACTIVE_TURNS_MAX, Core, SCHEDULER_BATCH, SCHEDULER_IDLE, TURN_QUEUE_MAX, TurnMsg, now_ms,
+    ACTIVE_TURNS_MAX, Core, EVENT_BATCH_MAX, SCHEDULER_BATCH, SCHEDULER_IDLE, TURN_QUEUE_MAX,
+    TurnMsg, now_ms,
 };
 use crate::core_runtime::store::outcome::state_from_done;
 use crate::core_runtime::store::{
@@ -576,14 +577,21 @@ impl Driver {
         }
         let mut started = false;
         let mut tracked = (handle_id.to_string(), ready_revision);
+        // A message taken from the queue while gathering a batch, handled next.
+        let mut carried: Option<Unboxed> = None;
         // Steps 3 and 5: consume events, deliver input, cancel.
         loop {
-            let deadline = self.next_deadline();
-            let msg = tokio::select! {
-                m = rx.recv() => m.map(Unboxed::from),
-                _ = async { match deadline { Some(at) => tokio::time::sleep_until(at).await, None => std::future::pending().await } } => {
-                    if let Some(end) = self.on_deadline().await { return end; }
-                    continue;
+            let msg = match carried.take() {
+                Some(msg) => Some(msg),
+                None => {
+                    let deadline = self.next_deadline();
+                    tokio::select! {
+                        m = rx.recv() => m.map(Unboxed::from),
+                        _ = async { match deadline { Some(at) => tokio::time::sleep_until(at).await, None => std::future::pending().await } } => {
+                            if let Some(end) = self.on_deadline().await { return end; }
+                            continue;
+                        }
+                    }
                 }
             };
             let Some(msg) = msg else {
@@ -592,6 +600,28 @@ impl Driver {
             match msg {
                 Unboxed::ConnectionLost | Unboxed::Overflow => return self.lost(started),
                 Unboxed::Wake => {}
+                // Group commit: the output events already queued behind this one are
+                // stored with it in one transaction ("Load is part of correctness").
+                Unboxed::Frame(frame) if self.is_output(&frame) => {
+                    if !started {
+                        // Output can race the status: a Run event proves the
+                        // admission was transferred to this Run.
+                        started = true;
+                        self.mark_running().await;
+                    }
+                    let mut batch = vec![frame];
+                    while batch.len() < EVENT_BATCH_MAX {
+                        match rx.try_recv().map(Unboxed::from) {
+                            Ok(Unboxed::Frame(next)) if self.is_output(&next) => batch.push(next),
+                            Ok(other) => {
+                                carried = Some(other);
+                                break;
+                            }
+                            Err(_) => break,
+                        }
+                    }
+                    self.append_batch(&batch).await;
+                }
                 Unboxed::Frame(frame) => {
                     if let Message::PreparationStatus(status) = &frame.message {
                         if !is_fresh(Some(&tracked), status) {
@@ -697,6 +727,47 @@ impl Driver {
             .await
         {
             tracing::warn!(code = err.code(), "input receipt not recorded: {err}");
+        }
+    }
+
+    /// Whether `frame` is an output event of this Run that is only stored (no state
+    /// change rides on it): what [`Driver::append_batch`] may group.
+    fn is_output(&self, frame: &Frame) -> bool {
+        frame.id == self.run_id
+            && matches!(
+                frame.message,
+                Message::Delta(_)
+                    | Message::Thinking(_)
+                    | Message::OutputMessage(_)
+                    | Message::ToolCall(_)
+            )
+    }
+
+    /// Stores output events of the Run in one transaction (group commit), counting what
+    /// the Turn's event bound drops exactly as [`Driver::append`] does.
+    async fn append_batch(&mut self, frames: &[Frame]) {
+        let events: Vec<(String, Value)> = frames
+            .iter()
+            .filter_map(|f| f.to_envelope().ok())
+            .map(|e| (e.kind, e.payload))
+            .collect();
+        let id = self.turn_id.clone();
+        match self
+            .core
+            .store
+            .call(move |s| s.append_events(&id, &events, now_ms()))
+            .await
+        {
+            Ok((_, 0)) => {}
+            Ok((_, dropped)) => {
+                let before = self.outcome.events_dropped.unwrap_or(0);
+                self.outcome.events_dropped = Some(before + dropped);
+                if before == 0 {
+                    tracing::warn!(turn_id = %self.turn_id, "the Turn's event bound is reached: later events are counted, not stored");
+                    self.save_outcome().await;
+                }
+            }
+            Err(err) => tracing::warn!(code = err.code(), "events not recorded: {err}"),
         }
     }
 

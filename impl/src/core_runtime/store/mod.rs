@@ -662,6 +662,21 @@ pub trait CoreStore: Send {
         payload: &Value,
         now_ms: i64,
     ) -> Result<u64, StoreError>;
+    /// Appends `events` (`(kind, payload)`, in order) to the Turn's durable log in **one**
+    /// transaction (group commit: one fsync for the batch, each event as durable as
+    /// [`CoreStore::append_event`]'s once this returns). Events past the Turn's bound
+    /// (the last place is the terminal event's) are not stored. Returns how many were
+    /// stored and how many dropped, in that order.
+    ///
+    /// # Errors
+    /// [`StoreError::NotFound`] for an unknown Turn; database failures (nothing of the
+    /// batch is then stored).
+    fn append_events(
+        &mut self,
+        turn_id: &str,
+        events: &[(String, Value)],
+        now_ms: i64,
+    ) -> Result<(u64, u64), StoreError>;
     /// Events with `sequence > after_sequence`, in order, at most `limit` (≤ [`EVENTS_PAGE_MAX`]).
     ///
     /// # Errors

@@ -931,6 +931,45 @@ impl CoreStore for SqliteStore {
         Ok(sequence as u64)
     }
 
+    fn append_events(
+        &mut self,
+        turn_id: &str,
+        events: &[(String, Value)],
+        now_ms: i64,
+    ) -> Result<(u64, u64), StoreError> {
+        let events_max = self.events_max;
+        let tx = self.tx()?;
+        require_row(&tx, ("turns", "turn_id"), ("turn", turn_id))?;
+        let mut last: i64 = tx.query_row(
+            "SELECT COALESCE(MAX(sequence), 0) FROM turn_events WHERE turn_id = ?1",
+            params![turn_id],
+            |r| r.get(0),
+        )?;
+        let (mut stored, mut dropped) = (0u64, 0u64);
+        {
+            let mut insert = tx.prepare_cached(
+                "INSERT INTO turn_events (turn_id, sequence, kind, payload, recorded_at_ms) VALUES (?1, ?2, ?3, ?4, ?5)",
+            )?;
+            for (kind, payload) in events {
+                // The last place is the terminal event's.
+                let bound = if kind == TERMINAL_EVENT_KIND {
+                    events_max
+                } else {
+                    events_max.saturating_sub(1)
+                };
+                if last as u64 >= bound {
+                    dropped += 1;
+                    continue;
+                }
+                last += 1;
+                insert.execute(params![turn_id, last, kind, to_json(payload)?, now_ms])?;
+                stored += 1;
+            }
+        }
+        tx.commit()?;
+        Ok((stored, dropped))
+    }
+
     fn events(
         &mut self,
         turn_id: &str,

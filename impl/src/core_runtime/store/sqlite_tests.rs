@@ -467,3 +467,40 @@ fn the_event_bound_keeps_the_last_place_for_the_terminal_event() {
         .collect();
     assert_eq!(kinds, ["delta", "delta", "done"]);
 }
+
+#[test]
+fn a_batch_of_events_is_one_transaction_with_the_same_bound() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = seeded(dir.path()).with_events_max(4);
+    s.create_turn("t1", "s1", &json!([]), 10).unwrap();
+    s.append_event("t1", "delta", &json!({"text": "a"}), 11)
+        .unwrap();
+    let batch: Vec<(String, serde_json::Value)> = ["b", "c", "d"]
+        .iter()
+        .map(|t| ("delta".to_string(), json!({"text": t})))
+        .chain([("done".to_string(), json!({"outcome": "completed"}))])
+        .collect();
+    // Bound 4: "a", then "b" and "c" (the fourth place is the terminal event's), "d"
+    // dropped, and the terminal event kept.
+    assert_eq!(s.append_events("t1", &batch, 12).unwrap(), (3, 1));
+    let events = s.events("t1", 0, 10).unwrap();
+    let seen: Vec<(u64, String)> = events
+        .iter()
+        .map(|e| (e.sequence, e.kind.clone()))
+        .collect();
+    assert_eq!(
+        seen,
+        [
+            (1, "delta".to_string()),
+            (2, "delta".to_string()),
+            (3, "delta".to_string()),
+            (4, "done".to_string())
+        ]
+    );
+    assert_eq!(events[2].payload, json!({"text": "c"}));
+    assert!(matches!(
+        s.append_events("nope", &batch, 12),
+        Err(StoreError::NotFound { .. })
+    ));
+    assert_eq!(s.append_events("t1", &[], 12).unwrap(), (0, 0));
+}
