@@ -165,6 +165,7 @@ schema: build
 ## and SDK against a bare tonic unary call.
 bench:
 	$(CARGO) build --release --workspace --bins
+	$(or $(CARGO_TARGET_DIR),$(CURDIR)/target)/release/contract-impl core bench
 	$(or $(CARGO_TARGET_DIR),$(CURDIR)/target)/release/contract-impl worker bench
 	$(or $(CARGO_TARGET_DIR),$(CURDIR)/target)/release/contract-impl engine bench
 	$(or $(CARGO_TARGET_DIR),$(CURDIR)/target)/release/contract-impl plugin bench

@@ -100,6 +100,13 @@ enum CoreCommand {
     /// Settle durable write reservations.
     #[command(subcommand)]
     Write(WriteCommand),
+    /// A burst Turn through Core, the Runtime and the command adapter against its floors
+    /// (`make bench`; a benchmark, not a test).
+    Bench {
+        /// Lines of 100 bytes the program writes at once.
+        #[arg(long, default_value_t = crate::core_runtime::bench::DEFAULT_LINES)]
+        lines: usize,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -185,6 +192,24 @@ pub fn run(args: CoreArgs) -> ExitCode {
         CoreCommand::Serve(args) => serve(args),
         CoreCommand::Credential(cmd) => credential(cmd),
         CoreCommand::Write(cmd) => write(cmd),
+        CoreCommand::Bench { lines } => bench(lines),
+    }
+}
+
+fn bench(lines: usize) -> ExitCode {
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::from(EXIT_FAILURE);
+        }
+    };
+    match runtime.block_on(crate::core_runtime::bench::run(lines)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::from(EXIT_FAILURE)
+        }
     }
 }
 

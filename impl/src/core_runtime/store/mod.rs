@@ -33,7 +33,7 @@ pub const INPUTS_PER_TURN_MAX: u64 = 256;
 /// Bound on durable events of one Turn. The last place is reserved for the terminal
 /// `done`, so a Turn whose stream exceeds the bound still stores how it ended; the
 /// events past it are not stored and are counted in the outcome's `events_dropped`.
-pub const EVENTS_PER_TURN_MAX: u64 = 100_000;
+pub const EVENTS_PER_TURN_MAX: u64 = 1_000_000;
 
 /// A storage failure. [`StoreError::code`] is stable.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
