@@ -335,7 +335,7 @@ async fn burst(exe: &Path, python: &Path, dir: &Path, lines: usize) -> Result<Bu
         let t = api.get(&format!("/turns/{turn}")).await?;
         match t["state"].as_str() {
             Some("completed") => break start.elapsed(),
-            Some("queued" | "starting" | "running") => {}
+            Some("queued" | "claimed" | "starting" | "running") => {}
             _ => return Err(format!("the burst Turn ended otherwise: {t}")),
         }
         if start.elapsed() > TURN_DEADLINE {
