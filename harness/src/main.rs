@@ -573,15 +573,9 @@ fn run(args: RunArgs) -> ExitCode {
         );
         return ExitCode::from(EXIT_USAGE);
     }
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    let runtime = match async_runtime() {
         Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("cannot start the async runtime: {e}");
-            return ExitCode::from(EXIT_USAGE);
-        }
+        Err(code) => return code,
     };
     // Without a file, a family that declares its features on the wire is asked once.
     let declared = if args.features.is_some() {
@@ -639,15 +633,7 @@ fn run(args: RunArgs) -> ExitCode {
     let (pending, runs): (Vec<Scenario>, Vec<Scenario>) = scenarios
         .into_iter()
         .filter(|s| s.runs_on(side))
-        .filter(|s| {
-            args.filter.as_deref().is_none_or(|f| {
-                if exact {
-                    s.id() == f
-                } else {
-                    s.id().contains(f)
-                }
-            })
-        })
+        .filter(|s| selected(args.filter.as_deref(), exact, &s.id()))
         .partition(|s| s.pending_reason(side).is_some());
     let (runs, not_applicable): (Vec<Scenario>, Vec<Scenario>) = runs
         .into_iter()
@@ -840,15 +826,7 @@ fn diff(args: &DiffArgs) -> ExitCode {
         .into_iter()
         .filter(|s| s.runs_on(side) && s.pending_reason(side).is_none())
         .filter(|s| s.unmet_requirement(side, &Default::default()).is_none())
-        .filter(|s| {
-            args.filter.as_deref().is_none_or(|f| {
-                if exact {
-                    s.id() == f
-                } else {
-                    s.id().contains(f)
-                }
-            })
-        })
+        .filter(|s| selected(args.filter.as_deref(), exact, &s.id()))
         .collect();
     if scenarios.is_empty() {
         eprintln!(
@@ -874,15 +852,9 @@ fn diff(args: &DiffArgs) -> ExitCode {
         features: Default::default(),
         wire_dir: None,
     };
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    let runtime = match async_runtime() {
         Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("cannot start the async runtime: {e}");
-            return ExitCode::from(EXIT_USAGE);
-        }
+        Err(code) => return code,
     };
     let jobs = args.jobs.unwrap_or_else(runner::default_jobs);
     match runtime.block_on(differential::compare(
@@ -950,6 +922,23 @@ fn rerun_command(args: &RunArgs, side: Side, scenario: &str) -> String {
         }
     }
     cmd
+}
+
+/// The multi-threaded async runtime of a command, or its usage exit.
+fn async_runtime() -> Result<tokio::runtime::Runtime, ExitCode> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| {
+            eprintln!("cannot start the async runtime: {e}");
+            ExitCode::from(EXIT_USAGE)
+        })
+}
+
+/// Whether `--filter` selects the scenario `id`: every ID containing it, or only the
+/// one equal to it when it is a whole ID (`exact`).
+fn selected(filter: Option<&str>, exact: bool, id: &str) -> bool {
+    filter.is_none_or(|f| if exact { id == f } else { id.contains(f) })
 }
 
 /// The JSON and the Markdown conformance report of `--conformance PATH`: PATH in its

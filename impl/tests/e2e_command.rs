@@ -144,6 +144,31 @@ fn start_runtime(dir: &Path, base: &str) -> Proc {
     )
 }
 
+/// Core and the Runtime running, the Runtime's Environment registered, an Agent of
+/// kind `command` created.
+struct Started {
+    _core: Proc,
+    runtime: Proc,
+    api: Api,
+    agent_id: String,
+}
+
+async fn started(dir: &Path) -> Started {
+    let (core, base) = start_core(dir);
+    let runtime = start_runtime(dir, &base);
+    // As the README says: Core minted the Project API key into its data directory.
+    let key = std::fs::read_to_string(dir.join("data").join("api-key")).unwrap();
+    let api = Api::with_key(&base, key.trim());
+    register_environment(&api).await;
+    let agent_id = agent(&api).await;
+    Started {
+        _core: core,
+        runtime,
+        api,
+        agent_id,
+    }
+}
+
 /// Creates an Agent of kind `command` and returns its ID.
 async fn agent(api: &Api) -> String {
     let (status, agent) = api
@@ -323,13 +348,12 @@ async fn core_runtime_and_a_command_harness_end_to_end() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_closes_the_runtimes_executors_before_it_exits() {
     let dir = tempfile::tempdir().unwrap();
-    let (_core, base) = start_core(dir.path());
-    let mut runtime = start_runtime(dir.path(), &base);
-    // As the README says: Core minted the Project API key into its data directory.
-    let key = std::fs::read_to_string(dir.path().join("data").join("api-key")).unwrap();
-    let api = Api::with_key(&base, key.trim());
-    register_environment(&api).await;
-    let agent_id = agent(&api).await;
+    let Started {
+        _core,
+        mut runtime,
+        api,
+        agent_id,
+    } = started(dir.path()).await;
     let (_, _, pid) = sleeping_turn(&api, &agent_id).await;
     kill(runtime.pgid(), Signal::SIGTERM).unwrap();
     // Bounded wait for the exit (SIGNAL_SHUTDOWN_BOUND is 10 s; the close is the
@@ -359,12 +383,12 @@ async fn sigterm_closes_the_runtimes_executors_before_it_exits() {
 #[tokio::test(flavor = "multi_thread")]
 async fn sigkill_of_the_runtime_leaves_no_process_of_a_run() {
     let dir = tempfile::tempdir().unwrap();
-    let (_core, base) = start_core(dir.path());
-    let mut runtime = start_runtime(dir.path(), &base);
-    let key = std::fs::read_to_string(dir.path().join("data").join("api-key")).unwrap();
-    let api = Api::with_key(&base, key.trim());
-    register_environment(&api).await;
-    let agent_id = agent(&api).await;
+    let Started {
+        _core,
+        mut runtime,
+        api,
+        agent_id,
+    } = started(dir.path()).await;
     let (_, _, pid) = sleeping_turn_with(&api, &agent_id, "/setsid").await;
     kill(
         Pid::from_raw(runtime.child.id().try_into().unwrap()),
@@ -391,12 +415,12 @@ async fn sigkill_of_the_runtime_leaves_no_process_of_a_run() {
 async fn a_burst_of_ten_thousand_lines_is_stored_whole() {
     const LINES: usize = 10_000;
     let dir = tempfile::tempdir().unwrap();
-    let (_core, base) = start_core(dir.path());
-    let _runtime = start_runtime(dir.path(), &base);
-    let key = std::fs::read_to_string(dir.path().join("data").join("api-key")).unwrap();
-    let api = Api::with_key(&base, key.trim());
-    register_environment(&api).await;
-    let agent_id = agent(&api).await;
+    let Started {
+        _core,
+        runtime: _runtime,
+        api,
+        agent_id,
+    } = started(dir.path()).await;
     let session_id = session(&api, &agent_id).await;
     let burst = turn(&api, &session_id, &format!("/burst {LINES}")).await;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(120);

@@ -7,7 +7,7 @@
 //! This module is data plus one frame check per family; it never runs anything. The
 //! engine's generic steps ([`GENERIC_STEPS`]) are valid in every family.
 
-use contract_impl::core_runtime::wire::{Direction, MessageType};
+use contract_impl::core_runtime::wire::{AgentKindCapabilities, Direction, MessageType};
 use serde_json::Value;
 
 use super::model::{Party, Side};
@@ -156,29 +156,20 @@ pub const CORE_RUNTIME: FamilyTable = FamilyTable {
 /// ("Capability declarations") requires "always, for every execution on that Harness"
 /// (`streaming`, `steering`, `durable_turns`, `durable_input_receipts`, `preparation`,
 /// `execution_controls`, `tool_observations`): a kind without one of those runs nothing.
-pub const CORE_RUNTIME_FEATURES: &[&str] = &[
-    "environment_none",
-    "local_environment",
-    "workspace_read_preparation",
-    "workspace_output_export",
-    "native_session_recovery",
-    "web_search_control",
-    "text_verbosity",
-    "structured_output",
-    "message_items",
-    "subagent_observations",
-    "subagent_control",
-    "tool_search",
-    "programmatic_tool_calling_disable",
-    "function_tools",
-    "message_images",
-    "function_result_images",
-    "mcp_http_tools",
-    "mcp_http_required",
-    "mcp_http_bearer_auth",
-    "permissions",
-    "usage",
-    "resume",
+pub const CORE_RUNTIME_FEATURES: &[&str] = AgentKindCapabilities::FIELDS
+    .split_at(CORE_RUNTIME_ALWAYS.len())
+    .1;
+
+/// The seven capabilities the spec's table requires "always" (the first seven of the
+/// single wire definition's field order, [`AgentKindCapabilities::FIELDS`]).
+pub const CORE_RUNTIME_ALWAYS: [&str; 7] = [
+    "streaming",
+    "steering",
+    "durable_turns",
+    "durable_input_receipts",
+    "preparation",
+    "execution_controls",
+    "tool_observations",
 ];
 
 /// The worker frame check: a known message kind, sent in its direction.
@@ -343,4 +334,22 @@ pub fn family_names() -> String {
         .map(|t| t.family)
         .collect::<Vec<_>>()
         .join(", ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The optional features are the wire's capability fields after the seven the spec
+    /// requires always, and those seven lead the wire's field order.
+    #[test]
+    fn core_runtime_features_are_the_wire_s_optional_capabilities() {
+        assert_eq!(
+            AgentKindCapabilities::FIELDS[..CORE_RUNTIME_ALWAYS.len()],
+            CORE_RUNTIME_ALWAYS
+        );
+        assert_eq!(CORE_RUNTIME_FEATURES.len(), 22);
+        assert!(CORE_RUNTIME_FEATURES.contains(&"resume"));
+        assert!(!CORE_RUNTIME_FEATURES.contains(&"steering"));
+    }
 }

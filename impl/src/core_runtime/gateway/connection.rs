@@ -623,6 +623,20 @@ mod tests {
     use super::*;
     use crate::core_runtime::gateway::TURN_QUEUE_MAX;
 
+    /// A connection of `device-1` whose writer queue is never read.
+    fn test_connection() -> (DeviceConnection, mpsc::Receiver<Outgoing>) {
+        let (out, out_rx) = mpsc::channel(1);
+        let conn = DeviceConnection {
+            device_id: "device-1".into(),
+            conn_id: 1,
+            epoch: 1,
+            credential_id: "cred-1".into(),
+            out,
+            state: Mutex::default(),
+        };
+        (conn, out_rx)
+    }
+
     fn frame(run: &str) -> Frame {
         let text = json!({"type": "delta", "id": run, "payload": {"text": "x"}}).to_string();
         Frame::decode(text.as_bytes(), Direction::RuntimeToCore).expect("valid delta")
@@ -635,15 +649,7 @@ mod tests {
     /// invented frame.
     #[tokio::test]
     async fn a_stuck_turn_task_unroutes_the_turn_and_delivers_overflow() {
-        let (out, _out_rx) = mpsc::channel(1);
-        let conn = DeviceConnection {
-            device_id: "device-1".into(),
-            conn_id: 1,
-            epoch: 1,
-            credential_id: "cred-1".into(),
-            out,
-            state: Mutex::default(),
-        };
+        let (conn, _out_rx) = test_connection();
         assert!(conn.route(RouteKind::Run, "run-1", "turn-1"));
         let (tx, mut rx) = mpsc::channel(TURN_QUEUE_MAX);
         let stall = std::time::Duration::from_millis(20);
@@ -675,15 +681,7 @@ mod tests {
     /// until the task takes a frame, and every frame arrives, in order.
     #[tokio::test]
     async fn a_slow_turn_task_gets_every_frame_through_backpressure() {
-        let (out, _out_rx) = mpsc::channel(1);
-        let conn = DeviceConnection {
-            device_id: "device-1".into(),
-            conn_id: 1,
-            epoch: 1,
-            credential_id: "cred-1".into(),
-            out,
-            state: Mutex::default(),
-        };
+        let (conn, _out_rx) = test_connection();
         assert!(conn.route(RouteKind::Run, "run-1", "turn-1"));
         let (tx, mut rx) = mpsc::channel(4);
         let total = 64;
