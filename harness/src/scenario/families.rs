@@ -7,6 +7,7 @@
 //! This module is data plus one frame check per family; it never runs anything. The
 //! engine's generic steps ([`GENERIC_STEPS`]) are valid in every family.
 
+use contract_impl::core_runtime::gateway::admission::CAPABILITY_TABLE;
 use contract_impl::core_runtime::wire::{AgentKindCapabilities, Direction, MessageType};
 use serde_json::Value;
 
@@ -160,17 +161,10 @@ pub const CORE_RUNTIME_FEATURES: &[&str] = AgentKindCapabilities::FIELDS
     .split_at(CORE_RUNTIME_ALWAYS.len())
     .1;
 
-/// The seven capabilities the spec's table requires "always" (the first seven of the
-/// single wire definition's field order, [`AgentKindCapabilities::FIELDS`]).
-pub const CORE_RUNTIME_ALWAYS: [&str; 7] = [
-    "streaming",
-    "steering",
-    "durable_turns",
-    "durable_input_receipts",
-    "preparation",
-    "execution_controls",
-    "tool_observations",
-];
+/// The capabilities the spec's table requires "always" (its first row, as Core's
+/// admission applies it); they lead the single wire definition's field order
+/// ([`AgentKindCapabilities::FIELDS`]).
+pub const CORE_RUNTIME_ALWAYS: &[&str] = CAPABILITY_TABLE[0].capabilities;
 
 /// The worker frame check: a known message kind, sent in its direction.
 fn worker_frame(party: Party, frame: &Value) -> Result<(), String> {
@@ -345,8 +339,12 @@ mod tests {
     #[test]
     fn core_runtime_features_are_the_wire_s_optional_capabilities() {
         assert_eq!(
+            CAPABILITY_TABLE[0].when,
+            "always, for every execution on that Harness"
+        );
+        assert_eq!(
             AgentKindCapabilities::FIELDS[..CORE_RUNTIME_ALWAYS.len()],
-            CORE_RUNTIME_ALWAYS
+            *CORE_RUNTIME_ALWAYS
         );
         assert_eq!(CORE_RUNTIME_FEATURES.len(), 22);
         assert!(CORE_RUNTIME_FEATURES.contains(&"resume"));
