@@ -126,6 +126,25 @@ pub fn unknown(baseline: &Baseline, side: Side, known: &[String]) -> Vec<String>
 
 /// Today's failures of `side` as a baseline file, each with its first failure line as
 /// the reason to replace.
+/// [`render`], keeping the sections of every other side of `existing` (the file being
+/// replaced), so writing one side's baseline never drops another's.
+pub fn render_keeping(side: Side, results: &[ScenarioResult], existing: &Baseline) -> String {
+    let mut out = render(side, results);
+    for (other, entries) in existing.iter().filter(|(s, _)| s.as_str() != side.as_str()) {
+        if entries.is_empty() {
+            out.push_str(&format!("{other}: {{}}\n"));
+            continue;
+        }
+        out.push_str(&format!("{other}:\n"));
+        for (id, reason) in entries {
+            let reason = serde_json::to_string(reason).unwrap_or_else(|_| "\"\"".into());
+            out.push_str(&format!("  {id}: {reason}\n"));
+        }
+    }
+    out
+}
+
+/// Today's failures of `side` as a starting baseline (each reason the failure line).
 pub fn render(side: Side, results: &[ScenarioResult]) -> String {
     let mut out = format!(
         "# Expected failures (contract-harness --expected-failures). Replace each reason with\n\
@@ -214,5 +233,20 @@ mod tests {
         assert!(refused("runtime:\n  f/known: 5\n").contains("must be a string"));
         assert!(refused("runtime:\n  f/known: true\n").contains("must be a string"));
         assert!(refused("runtime:\n  f/a: x\n  f/a: y\n").contains("expected.yaml"));
+        // Rewriting one side keeps the other side's entries and reasons.
+        let mut existing = Baseline::new();
+        existing.insert(
+            "core".into(),
+            BTreeMap::from([("f/core".to_string(), "ticket 12".to_string())]),
+        );
+        existing.insert(
+            "runtime".into(),
+            BTreeMap::from([("f/old".to_string(), "gone".to_string())]),
+        );
+        std::fs::write(&path, render_keeping(Side::Runtime, &results(), &existing)).unwrap();
+        let merged = load(&path, &sides).unwrap();
+        assert_eq!(merged["core"]["f/core"], "ticket 12");
+        assert!(!merged["runtime"].contains_key("f/old"));
+        assert_eq!(merged["runtime"]["f/new"], "timeout at step 9");
     }
 }

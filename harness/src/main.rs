@@ -227,6 +227,10 @@ struct DiffArgs {
     /// Deadline for each target to become ready.
     #[arg(long, default_value = "10s", value_parser = parse_cli_duration)]
     startup_timeout: Duration,
+    /// What both targets support (as `run --features`): scenarios requiring a feature
+    /// declared `false` are left out, and the refusal scenarios of those are compared.
+    #[arg(long)]
+    features: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]
@@ -485,31 +489,9 @@ fn run(args: RunArgs) -> ExitCode {
             return ExitCode::from(EXIT_USAGE);
         }
     }
-    let declared = match (
-        &args.features,
-        scenario::families::table(&args.family.family),
-    ) {
-        (Some(_), Some(table)) if table.feature_side != Some(side) => {
-            eprintln!(
-                "--features: {}",
-                match table.feature_side {
-                    Some(s) => format!(
-                        "family `{}` declares its optional features on side {s}, not {side}",
-                        table.family
-                    ),
-                    None => format!("family `{}` has no optional feature", table.family),
-                }
-            );
-            return ExitCode::from(EXIT_USAGE);
-        }
-        (Some(path), Some(table)) => match contract_harness::features::load(path, table) {
-            Ok(declared) => declared,
-            Err(e) => {
-                eprintln!("--features: {e}");
-                return ExitCode::from(EXIT_USAGE);
-            }
-        },
-        _ => Default::default(),
+    let declared = match features_of(args.features.as_deref(), &args.family.family, side) {
+        Ok(declared) => declared,
+        Err(code) => return code,
     };
     // Every input file and output path is checked before anything runs: a usage error
     // found after a long run would hide its verdict.
@@ -749,8 +731,15 @@ fn run(args: RunArgs) -> ExitCode {
             }
         }
     }
+    // Another side's section of an existing file is kept.
+    let kept = args
+        .write_expected_failures
+        .as_deref()
+        .filter(|p| p.exists())
+        .and_then(|p| baseline::load(p, sides).ok())
+        .unwrap_or_default();
     if let Some(path) = &args.write_expected_failures
-        && let Err(e) = report::write_file(path, &baseline::render(side, &results))
+        && let Err(e) = report::write_file(path, &baseline::render_keeping(side, &results, &kept))
     {
         eprintln!("--write-expected-failures {}: {e}", path.display());
         return ExitCode::from(EXIT_USAGE);
@@ -822,10 +811,14 @@ fn diff(args: &DiffArgs) -> ExitCode {
         .filter
         .as_deref()
         .is_some_and(|f| all.iter().any(|s| s.id() == f));
+    let declared = match features_of(args.features.as_deref(), &args.family.family, side) {
+        Ok(declared) => declared,
+        Err(code) => return code,
+    };
     let scenarios: Vec<Scenario> = all
         .into_iter()
         .filter(|s| s.runs_on(side) && s.pending_reason(side).is_none())
-        .filter(|s| s.unmet_requirement(side, &Default::default()).is_none())
+        .filter(|s| s.unmet_requirement(side, &declared).is_none())
         .filter(|s| selected(args.filter.as_deref(), exact, &s.id()))
         .collect();
     if scenarios.is_empty() {
@@ -849,7 +842,7 @@ fn diff(args: &DiffArgs) -> ExitCode {
         // A reference value the target chose otherwise is a difference to compare.
         mode: Mode::Vendor,
         peer_exe: None,
-        features: Default::default(),
+        features: declared.clone(),
         wire_dir: None,
     };
     let runtime = match async_runtime() {
@@ -922,6 +915,35 @@ fn rerun_command(args: &RunArgs, side: Side, scenario: &str) -> String {
         }
     }
     cmd
+}
+
+/// The features `--features FILE` declares (empty without one), or the usage exit: the
+/// family must declare its optional features on `side`.
+fn features_of(
+    path: Option<&Path>,
+    family: &str,
+    side: Side,
+) -> Result<std::collections::BTreeMap<String, bool>, ExitCode> {
+    match (path, scenario::families::table(family)) {
+        (Some(_), Some(table)) if table.feature_side != Some(side) => {
+            eprintln!(
+                "--features: {}",
+                match table.feature_side {
+                    Some(s) => format!(
+                        "family `{}` declares its optional features on side {s}, not {side}",
+                        table.family
+                    ),
+                    None => format!("family `{}` has no optional feature", table.family),
+                }
+            );
+            Err(ExitCode::from(EXIT_USAGE))
+        }
+        (Some(path), Some(table)) => contract_harness::features::load(path, table).map_err(|e| {
+            eprintln!("--features: {e}");
+            ExitCode::from(EXIT_USAGE)
+        }),
+        _ => Ok(Default::default()),
+    }
 }
 
 /// The multi-threaded async runtime of a command, or its usage exit.
