@@ -42,10 +42,20 @@ pub async fn native_step(
             "the target has no control channel (it exited before it was ready)",
         )
     })?;
+    run.log_wire(
+        "to target",
+        "control request",
+        &serde_json::json!({"op": op, "args": args}),
+    );
     let result = control
         .request(op, &args, wait)
         .await
         .map_err(|e| StepError::new(FailureCode::ControlFailed, format!("{e} ({})", e.code())))?;
+    run.log_wire(
+        "from target",
+        "control result",
+        &serde_json::json!({"op": op, "result": result}),
+    );
     // The control channel is one of the target's outputs: the secret may not appear there.
     if !run.secret.is_empty() && crate::target::contains_secret(&result.to_string(), &run.secret) {
         return Err(fail::leak(format!(
