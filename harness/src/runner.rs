@@ -40,6 +40,10 @@ enum Abort {
     /// [`FailureCode::TransportFailed`], e.g. a Core that prints its ready line and
     /// then never answers an HTTP request).
     Silent(FailureCode),
+    /// The target answered something, then failed the first step with this code and
+    /// this message (the scenario's name taken out), e.g. a Core that answers bootstrap
+    /// but never upgrades the WebSocket: the same hopeless start in every scenario.
+    StuckAtStart(FailureCode, String),
 }
 
 impl Abort {
@@ -57,6 +61,15 @@ impl Abort {
             {
                 Some(Self::Silent(failure.code))
             }
+            (FailureCode::Timeout | FailureCode::TransportFailed, Phase::Step(1)) => {
+                let first = failure.message.lines().next().unwrap_or("");
+                // `scenario <id> step 1 (<keyword>): <what>`: compared without the ID.
+                let what = first
+                    .strip_prefix("scenario ")
+                    .and_then(|rest| rest.split_once(' '))
+                    .map_or(first, |(_, rest)| rest);
+                Some(Self::StuckAtStart(failure.code, what.to_string()))
+            }
             _ => None,
         }
     }
@@ -67,6 +80,11 @@ impl Abort {
             Self::Launch(first_line) => format!(
                 "target never became ready: {first_line}; the first {LAUNCH_FAILURES_TO_ABORT} \
                  scenarios failed to launch the same way, {skipped} remaining scenario(s) not run"
+            ),
+            Self::StuckAtStart(code, what) => format!(
+                "target never got past the first step: the first {LAUNCH_FAILURES_TO_ABORT} \
+                 scenarios failed with `{code}` the same way ({what}), {skipped} remaining \
+                 scenario(s) not run"
             ),
             Self::Silent(code) => format!(
                 "target never answered: the first {LAUNCH_FAILURES_TO_ABORT} scenarios received \
@@ -402,4 +420,57 @@ pub async fn run_many(
 /// The default worker count: the machine's available parallelism (1 if unknown).
 pub fn default_jobs() -> usize {
     std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::drive::Failure;
+
+    fn failure(code: FailureCode, phase: Phase, message: &str) -> Failure {
+        Failure {
+            scenario: "f/s".into(),
+            phase,
+            what: "handshake".into(),
+            code,
+            message: message.into(),
+            reference: None,
+        }
+    }
+
+    /// Which failures count towards aborting a run, and how they compare.
+    #[test]
+    fn hopeless_failures_have_a_signature_and_others_none() {
+        let launch = failure(
+            FailureCode::LaunchFailed,
+            Phase::Launch,
+            "exited (status 3); stderr tail:\nboom",
+        );
+        assert_eq!(
+            Abort::of(&launch, true),
+            Some(Abort::Launch("exited (status 3)".into()))
+        );
+        let dial = failure(
+            FailureCode::TransportFailed,
+            Phase::Step(1),
+            "the WebSocket dial failed: timed out after 1000ms",
+        );
+        assert_eq!(
+            Abort::of(&dial, true),
+            Some(Abort::Silent(FailureCode::TransportFailed))
+        );
+        assert_eq!(
+            Abort::of(&dial, false),
+            Some(Abort::StuckAtStart(
+                FailureCode::TransportFailed,
+                "the WebSocket dial failed: timed out after 1000ms".into()
+            ))
+        );
+        // A target that got past the first step, or failed otherwise, is judged per
+        // scenario.
+        let later = failure(FailureCode::Timeout, Phase::Step(4), "no frame");
+        assert_eq!(Abort::of(&later, false), None);
+        let mismatch = failure(FailureCode::Mismatch, Phase::Step(1), "bad body");
+        assert_eq!(Abort::of(&mismatch, false), None);
+    }
 }

@@ -224,6 +224,8 @@ impl Api {
 struct Burst {
     to_done: Duration,
     deltas: usize,
+    /// Events past the Turn's bound, counted (`events_dropped`), not stored.
+    dropped: u64,
     done: bool,
     core_rss_kib: Option<u64>,
     runtime_rss_kib: Option<u64>,
@@ -367,11 +369,15 @@ async fn burst(exe: &Path, python: &Path, dir: &Path, lines: usize) -> Result<Bu
             }
         }
     }
+    let dropped = api.get(&format!("/turns/{turn}")).await?["outcome"]["events_dropped"]
+        .as_u64()
+        .unwrap_or(0);
     runtime.terminate();
     core.terminate();
     Ok(Burst {
         to_done,
         deltas,
+        dropped,
         done,
         core_rss_kib,
         runtime_rss_kib,
@@ -414,9 +420,17 @@ pub async fn run(lines: usize) -> Result<(), String> {
         kib(b.runtime_rss_kib)
     );
     println!(
-        "  readable after    {} of {lines} deltas, done {}",
+        "  readable after    {} of {lines} deltas, done {}{}",
         b.deltas,
-        if b.done { "present" } else { "MISSING" }
+        if b.done { "present" } else { "MISSING" },
+        if b.dropped > 0 {
+            format!(
+                ", {} past the Turn's event bound counted as dropped",
+                b.dropped
+            )
+        } else {
+            String::new()
+        }
     );
     for (name, floor) in [
         ("floor: program to /dev/null", program),
@@ -430,7 +444,7 @@ pub async fn run(lines: usize) -> Result<(), String> {
             b.to_done.as_secs_f64() / floor.as_secs_f64().max(1e-9)
         );
     }
-    if b.deltas != lines || !b.done {
+    if b.deltas as u64 + b.dropped != lines as u64 || !b.done {
         return Err("events were lost".into());
     }
     Ok(())

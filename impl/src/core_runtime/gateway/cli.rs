@@ -344,7 +344,7 @@ fn serve(args: ServeArgs) -> ExitCode {
         && let Err(e) = store.add_credential(&generate_credential_id(), &device, &secret, now_ms())
     {
         eprintln!(
-            "error: cannot provision the daemon credential from {CREDENTIAL_ENV}: {}",
+            "error: cannot provision the daemon credential from {CREDENTIAL_ENV}: {e} ({})",
             e.code()
         );
         return ExitCode::from(EXIT_USAGE);

@@ -446,6 +446,20 @@ async fn run_connection(
         }
     });
     tracing::info!(device_id = %conn.device_id, epoch, "daemon connected");
+    // A revocation that landed between the credential check and the install found no
+    // connection to end: checked once more now that this one is visible to it.
+    let id = conn.credential_id.clone();
+    let revoked = core
+        .store
+        .call(|s| s.list_credentials())
+        .await
+        .is_ok_and(|all| {
+            all.iter()
+                .any(|c| c.credential_id == id && c.revoked_at_ms.is_some())
+        });
+    if revoked {
+        end_revoked(&core, &HashSet::from([id]));
+    }
     while let Some(message) = stream.next().await {
         let violation = match message {
             Err(err) => match read_violation(err) {

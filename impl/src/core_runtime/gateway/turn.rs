@@ -621,6 +621,14 @@ impl Driver {
                         }
                     }
                     self.append_batch(&batch).await;
+                    // The batch's last usage snapshot is the outcome's (cumulative).
+                    if let Some(usage) = batch.iter().rev().find_map(|f| match &f.message {
+                        Message::Usage(usage) => Some(usage.clone()),
+                        _ => None,
+                    }) {
+                        self.outcome.usage = Some(usage);
+                        self.save_outcome().await;
+                    }
                 }
                 Unboxed::Frame(frame) => {
                     if let Message::PreparationStatus(status) = &frame.message {
@@ -730,8 +738,8 @@ impl Driver {
         }
     }
 
-    /// Whether `frame` is an output event of this Run that is only stored (no state
-    /// change rides on it): what [`Driver::append_batch`] may group.
+    /// Whether `frame` is an output event of this Run that is stored with no other state
+    /// change than the last usage snapshot: what [`Driver::append_batch`] may group.
     fn is_output(&self, frame: &Frame) -> bool {
         frame.id == self.run_id
             && matches!(
@@ -740,6 +748,7 @@ impl Driver {
                     | Message::Thinking(_)
                     | Message::OutputMessage(_)
                     | Message::ToolCall(_)
+                    | Message::Usage(_)
             )
     }
 

@@ -23,6 +23,11 @@ pub const SECRET_RANDOM_BYTES: usize = 32;
 /// Bound on a presented credential's length (bytes); longer ones are refused unhashed.
 pub const CREDENTIAL_MAX_BYTES: usize = 512;
 
+/// Shortest secret Core accepts as a daemon credential (bytes): a listing shows
+/// [`LISTED_PREFIX_CHARS`] of it, so a secret must be far longer than that, and a short
+/// one is guessable. Issued secrets have 47.
+pub const CREDENTIAL_MIN_BYTES: usize = 24;
+
 /// Characters of the secret kept in listings (prefix plus four).
 pub const LISTED_PREFIX_CHARS: usize = 8;
 
@@ -51,7 +56,7 @@ pub fn hash_secret(secret: &str) -> [u8; 32] {
 /// Whether `secret` may be used as a daemon credential at all: non-empty, bounded,
 /// visible ASCII (it travels in a header), and not a Project/Core key.
 pub fn acceptable_shape(secret: &str) -> bool {
-    !secret.is_empty()
+    secret.len() >= CREDENTIAL_MIN_BYTES
         && secret.len() <= CREDENTIAL_MAX_BYTES
         && secret.bytes().all(|b| b.is_ascii_graphic())
         && !REFUSED_PREFIXES.iter().any(|p| secret.starts_with(p))

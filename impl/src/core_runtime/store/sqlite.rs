@@ -452,11 +452,25 @@ impl CoreStore for SqliteStore {
     ) -> Result<String, StoreError> {
         if !acceptable_shape(secret) {
             return Err(StoreError::InvalidState(
-                "not acceptable as a daemon credential (Project/Core key, empty, or not visible ASCII)".into(),
+                "not acceptable as a daemon credential (Project/Core key, shorter than 24 or longer than 512 bytes, or not visible ASCII)".into(),
             ));
         }
         let hash = hash_secret(secret);
         let tx = self.tx()?;
+        // A revoked secret stays revoked: provisioning it again (a restart with the same
+        // environment) must not bring it back.
+        let revoked: Option<String> = tx
+            .query_row(
+                "SELECT credential_id FROM credentials WHERE secret_sha256 = ?1 AND revoked_at_ms IS NOT NULL",
+                params![hash.as_slice()],
+                |r| r.get(0),
+            )
+            .optional()?;
+        if let Some(id) = revoked {
+            return Err(StoreError::InvalidState(format!(
+                "this secret is credential {id}, which was revoked"
+            )));
+        }
         tx.execute(
             "INSERT OR IGNORE INTO devices (device_id, created_at_ms) VALUES (?1, ?2)",
             params![device_id, now_ms],

@@ -84,6 +84,16 @@ fn credentials_are_hashed_verified_and_revoked() {
     assert!(s.revoke_credential(&id, 5).unwrap());
     assert!(!s.revoke_credential(&id, 6).unwrap());
     assert_eq!(s.verify_credential("dev", &secret).unwrap(), None);
+    // A revoked secret cannot be provisioned again (a restart with the same environment).
+    assert!(matches!(
+        s.add_credential("cred_3", "dev", &secret, 7),
+        Err(StoreError::InvalidState(m)) if m.contains("revoked")
+    ));
+    assert_eq!(s.verify_credential("dev", &secret).unwrap(), None);
+    // Too short to be a secret (a listing shows eight characters of it).
+    assert!(s.add_credential("c", "dev", "abc", 1).is_err());
+    assert!(s.add_credential("c", "dev", &"x".repeat(23), 1).is_err());
+    assert!(s.add_credential("c24", "dev", &"x".repeat(24), 1).is_ok());
     assert_eq!(s.bump_owner_epoch("dev").unwrap(), 1);
     assert_eq!(s.bump_owner_epoch("dev").unwrap(), 2);
     assert!(s.bump_owner_epoch("nope").is_err());
