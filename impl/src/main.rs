@@ -57,7 +57,8 @@
 //! | 2 | usage error (missing or invalid arguments, missing credential, `--control-socket` missing with `--adapter controlled`, `--command-program` missing with `--adapter command`, `--command-stdin close` with `--command-protocol jsonl`) |
 //! | 3 | invalid launch configuration, including `invalid_capability_declaration` (the message names the key or field) |
 //!
-//! A permanent connection rejection (`incompatible_version`, 401, 403) does not exit:
+//! A permanent connection rejection (`incompatible_version`, 401, 403) closes every
+//! Executor and does not exit:
 //! the daemon logs it once and idles until killed, as the launch contract expects.
 
 use std::io::Write;

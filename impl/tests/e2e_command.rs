@@ -464,3 +464,39 @@ async fn a_burst_of_ten_thousand_lines_is_stored_whole() {
     assert_eq!(deltas, LINES);
     assert_eq!(last.as_deref(), Some("done"));
 }
+
+/// A Runtime whose credential is revoked is closed out by Core (1008), is refused on
+/// reconnect (401: permanent) and then stops its programs: nothing a Run produces could
+/// reach Core any more.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_revoked_runtime_stops_its_programs() {
+    let dir = tempfile::tempdir().unwrap();
+    let Started {
+        _core,
+        runtime: _runtime,
+        api,
+        agent_id,
+    } = started(dir.path()).await;
+    let (_, _, pid) = sleeping_turn(&api, &agent_id).await;
+    let listed = api.get(&format!("/devices/{DEVICE}/credentials")).await;
+    let id = listed["credentials"][0]["credential_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let (status, body) = api
+        .post(
+            &format!("/devices/{DEVICE}/credentials/{id}/revoke"),
+            json!({}),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    // Bounded wait: the reconnect delay, the refusal, then the Executor's close.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while kill(Pid::from_raw(pid), None) != Err(Errno::ESRCH) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the program's child outlived the revocation by 30 s"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}

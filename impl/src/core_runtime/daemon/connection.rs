@@ -10,7 +10,8 @@
 //!    from 1 per connection).
 //!
 //! Faults: HTTP 426 (`incompatible_version`), 401 and 403 on bootstrap or upgrade are
-//! permanent — the daemon stops reconnecting for good and idles until killed. Every
+//! permanent — the daemon stops reconnecting for good, closes every Executor and idles
+//! until killed. Every
 //! other failure (refused connection, drop, close from Core, 5xx, other statuses, a
 //! malformed bootstrap answer) is transient: reconnect after `reconnect_initial`,
 //! doubling up to `reconnect_max` (reset once a connection stayed up for
@@ -339,7 +340,8 @@ pub enum SessionEnd {
 }
 
 /// Runs connections until shutdown completes; returns only then (exit 0). A permanent
-/// rejection idles forever (the process keeps running until killed, logging once).
+/// rejection closes every Executor (their programs stopped) and then idles forever (the
+/// process keeps running until killed, logging once).
 pub async fn run(rt: Arc<Runtime>, options: ConnectOptions) {
     let client = match http_client() {
         Ok(client) => client,
@@ -365,8 +367,11 @@ pub async fn run(rt: Arc<Runtime>, options: ConnectOptions) {
             } => {
                 tracing::error!(
                     code = error.code(),
-                    "{error}; not reconnecting (operator correction needed)"
+                    "{error}; not reconnecting (operator correction needed): closing every Executor"
                 );
+                // Nothing a Run produces can reach Core any more: its programs are
+                // stopped rather than left running with their output going nowhere.
+                rt.begin_shutdown().await;
                 return std::future::pending().await;
             }
             SessionEnd::Failed { error, healthy } => {
