@@ -500,3 +500,26 @@ async fn a_revoked_runtime_stops_its_programs() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+/// A program that dies by a signal the supervisor cannot re-raise itself (SIGSEGV: Rust's
+/// runtime handles it in the supervisor) is still reported as terminated by that signal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_program_killed_by_sigsegv_is_reported_as_such() {
+    let dir = tempfile::tempdir().unwrap();
+    let Started {
+        _core,
+        runtime: _runtime,
+        api,
+        agent_id,
+    } = started(dir.path()).await;
+    let session_id = session(&api, &agent_id).await;
+    let died = turn(&api, &session_id, "/die SEGV").await;
+    let failed = api.wait_state(&died, "failed").await;
+    let evs = events(&api, &died).await;
+    let error = evs
+        .iter()
+        .find(|e| e["type"] == "error")
+        .unwrap_or_else(|| panic!("no error event: {evs:?} ({failed})"));
+    let message = error["payload"]["message"].as_str().unwrap();
+    assert!(message.contains("terminated by signal 11"), "{message}");
+}

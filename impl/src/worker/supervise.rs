@@ -16,7 +16,8 @@
 //! 4. when the watch ends it SIGKILLs the worker's group, then every descendant left
 //!    (each re-parented one and its group), reaps them all and exits 137; when the worker
 //!    exits first it does the same for what the worker left behind and exits with the
-//!    worker's status (128 + signal when a signal ended it).
+//!    worker's status (128 + signal when a signal ended it, after writing
+//!    `signal <N>\n` on the watch connection).
 //!
 //! It never reads or writes the worker's protocol socket and never outlives its worker's
 //! descendants by more than [`SWEEP_BOUND`].
@@ -101,6 +102,8 @@ pub fn run_with(program: &[OsString], reraise_signal: bool) -> i32 {
     // The host learns the worker's process group, so that it can still stop the worker
     // should this supervisor be killed.
     let _ = std::io::Write::write_all(&mut watch, format!("pid {}\n", child.id()).as_bytes());
+    // Written to at the end: the signal that ended the worker, when one did.
+    let mut report = watch.try_clone().ok();
     // The watch: a thread blocked on the socket, reporting its end.
     let (ended_tx, ended) = mpsc::channel::<()>();
     std::thread::spawn(move || {
@@ -126,6 +129,13 @@ pub fn run_with(program: &[OsString], reraise_signal: bool) -> i32 {
             }
             Ok(WaitStatus::Signaled(_, signal, _)) => {
                 sweep(worker);
+                // Said on the watch before anything else: a signal the supervisor cannot
+                // re-raise (one Rust's runtime handles or ignores: SIGSEGV, SIGBUS,
+                // SIGPIPE) is still reported as the worker's.
+                if let Some(report) = report.as_mut() {
+                    let line = format!("signal {}\n", signal as i32);
+                    let _ = std::io::Write::write_all(report, line.as_bytes());
+                }
                 if reraise_signal {
                     // Default dispositions survive exec (the supervisor installs no
                     // handler); an ignored signal falls through to the exit status.

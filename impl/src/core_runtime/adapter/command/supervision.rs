@@ -45,6 +45,28 @@ pub(super) fn exit_message(status: ExitStatus, stderr: Option<&str>) -> String {
     message
 }
 
+/// The program's own status when a supervisor stands between: a supervisor whose
+/// program a signal ended says `signal <N>` on the watch connection (it may not be able
+/// to die by that signal itself), so its `128 + N` exit becomes "terminated by signal N".
+fn reported_status(
+    status: ExitStatus,
+    watch: Option<&(SupervisorWatch, tokio::net::UnixStream)>,
+) -> ExitStatus {
+    let (Some((_, stream)), Some(code)) = (watch, status.code()) else {
+        return status;
+    };
+    let mut buf = [0u8; 64];
+    let Ok(n) = stream.try_read(&mut buf) else {
+        return status;
+    };
+    std::str::from_utf8(&buf[..n])
+        .ok()
+        .and_then(|text| text.lines().find_map(|l| l.strip_prefix("signal ")))
+        .and_then(|n| n.trim().parse::<i32>().ok())
+        .filter(|signal| 128 + signal == code)
+        .map_or(status, ExitStatus::from_raw)
+}
+
 pub(super) async fn supervise(shared: Arc<Shared>, mut p: RunProcess) {
     let config = &shared.config;
     let (give_up, give_up_rx) = watch::channel(false);
@@ -79,7 +101,7 @@ pub(super) async fn supervise(shared: Arc<Shared>, mut p: RunProcess) {
         }
     };
     let exited = tokio::select! {
-        status = p.child.wait() => Some(status),
+        status = p.child.wait() => Some(status.map(|s| reported_status(s, p.watch.as_ref()))),
         // A dropped sender (adapter gone) also stops the program.
         _ = stop.wait_for(Option::is_some) => None,
         // A protocol violation stops it too.
