@@ -252,6 +252,16 @@ async fn sleeping_turn_with(api: &Api, agent_id: &str, command: &str) -> (String
     (sleeper, evs, pid)
 }
 
+/// Waits until `pid` no longer exists; fails with `what` after `within` (a bound against
+/// a hang, not a timing assertion).
+async fn await_gone(pid: i32, within: Duration, what: &str) {
+    let deadline = std::time::Instant::now() + within;
+    while kill(Pid::from_raw(pid), None) != Err(Errno::ESRCH) {
+        assert!(std::time::Instant::now() < deadline, "{what} by {within:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// The concatenated text of a Turn's `delta` events.
 fn delta_text(events: &[Value]) -> String {
     events
@@ -397,14 +407,12 @@ async fn sigkill_of_the_runtime_leaves_no_process_of_a_run() {
     .unwrap();
     let _ = runtime.child.wait();
     // Bounded wait (the supervisor's sweep is bounded by SWEEP_BOUND, 3 s).
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    while kill(Pid::from_raw(pid), None) != Err(Errno::ESRCH) {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the setsid child of the program outlived the Runtime's SIGKILL by 20 s"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    await_gone(
+        pid,
+        Duration::from_secs(20),
+        "the setsid child of the program outlived the Runtime's SIGKILL",
+    )
+    .await;
 }
 
 /// A program that writes 10,000 lines at once (a build log, `cat`) loses nothing: Core
@@ -491,14 +499,12 @@ async fn a_revoked_runtime_stops_its_programs() {
         .await;
     assert_eq!(status, 200, "{body}");
     // Bounded wait: the reconnect delay, the refusal, then the Executor's close.
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    while kill(Pid::from_raw(pid), None) != Err(Errno::ESRCH) {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the program's child outlived the revocation by 30 s"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    await_gone(
+        pid,
+        Duration::from_secs(30),
+        "the program's child outlived the revocation",
+    )
+    .await;
 }
 
 /// A program that dies by a signal the supervisor cannot re-raise itself (SIGSEGV: Rust's
