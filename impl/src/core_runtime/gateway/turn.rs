@@ -620,15 +620,7 @@ impl Driver {
                             Err(_) => break,
                         }
                     }
-                    self.append_batch(&batch).await;
-                    // The batch's last usage snapshot is the outcome's (cumulative).
-                    if let Some(usage) = batch.iter().rev().find_map(|f| match &f.message {
-                        Message::Usage(usage) => Some(usage.clone()),
-                        _ => None,
-                    }) {
-                        self.outcome.usage = Some(usage);
-                        self.save_outcome().await;
-                    }
+                    self.store_output(&batch).await;
                 }
                 Unboxed::Frame(frame) => {
                     if let Message::PreparationStatus(status) = &frame.message {
@@ -752,8 +744,9 @@ impl Driver {
             )
     }
 
-    /// Stores output events of the Run in one transaction (group commit), counting what
-    /// the Turn's event bound drops exactly as [`Driver::append`] does.
+    /// Stores Run events in one transaction (group commit). Past the Turn's event bound
+    /// they are not stored but counted in the outcome's `events_dropped` (saved with the
+    /// batch, so the events API shows the truncation while the Turn runs).
     async fn append_batch(&mut self, frames: &[Frame]) {
         let events: Vec<(String, Value)> = frames
             .iter()
@@ -767,45 +760,38 @@ impl Driver {
             .call(move |s| s.append_events(&id, &events, now_ms()))
             .await
         {
-            Ok((_, 0)) => {}
-            Ok((_, dropped)) => {
+            Ok(appended) if appended.dropped == 0 => {}
+            Ok(appended) => {
+                let dropped = appended.dropped;
                 let before = self.outcome.events_dropped.unwrap_or(0);
                 self.outcome.events_dropped = Some(before + dropped);
                 if before == 0 {
                     tracing::warn!(turn_id = %self.turn_id, "the Turn's event bound is reached: later events are counted, not stored");
-                    self.save_outcome().await;
                 }
+                // Saved with every batch that dropped something (at most once per
+                // EVENT_BATCH_MAX events), so the count the events API shows keeps up.
+                self.save_outcome().await;
             }
             Err(err) => tracing::warn!(code = err.code(), "events not recorded: {err}"),
         }
     }
 
-    /// Stores one Run event. Past the Turn's event bound the event is not stored but
-    /// counted in the outcome's `events_dropped` (saved at once on the first drop, so
-    /// the events API shows the truncation while the Turn runs, and with the outcome).
-    async fn append(&mut self, frame: &Frame) {
-        let Ok(envelope) = frame.to_envelope() else {
-            return;
-        };
-        let id = self.turn_id.clone();
-        let kind = envelope.kind.clone();
-        match self
-            .core
-            .store
-            .call(move |s| s.append_event(&id, &kind, &envelope.payload, now_ms()))
-            .await
-        {
-            Ok(_) => {}
-            Err(crate::core_runtime::store::StoreError::LimitReached(_)) => {
-                let dropped = self.outcome.events_dropped.unwrap_or(0) + 1;
-                self.outcome.events_dropped = Some(dropped);
-                if dropped == 1 {
-                    tracing::warn!(turn_id = %self.turn_id, "the Turn's event bound is reached: later events are counted, not stored");
-                    self.save_outcome().await;
-                }
-            }
-            Err(err) => tracing::warn!(code = err.code(), "event not recorded: {err}"),
+    /// Stores output events ([`Driver::is_output`]) in one transaction; the last usage
+    /// snapshot among them (cumulative) becomes the outcome's.
+    async fn store_output(&mut self, frames: &[Frame]) {
+        self.append_batch(frames).await;
+        if let Some(usage) = frames.iter().rev().find_map(|f| match &f.message {
+            Message::Usage(usage) => Some(usage.clone()),
+            _ => None,
+        }) {
+            self.outcome.usage = Some(usage);
+            self.save_outcome().await;
         }
+    }
+
+    /// Stores one Run event ([`Driver::append_batch`] of one).
+    async fn append(&mut self, frame: &Frame) {
+        self.append_batch(std::slice::from_ref(frame)).await;
     }
 
     async fn save_outcome(&self) {
@@ -862,16 +848,14 @@ impl Driver {
             .map(|e| e.payload)
             .unwrap_or(Value::Null);
         match &frame.message {
+            // Output events normally arrive through the run loop's batches; one that
+            // reaches here (no batch was open) is stored the same way.
             Message::Delta(_)
             | Message::Thinking(_)
             | Message::OutputMessage(_)
-            | Message::ToolCall(_) => {
-                self.append(&frame).await;
-            }
-            Message::Usage(usage) => {
-                self.append(&frame).await;
-                self.outcome.usage = Some(usage.clone());
-                self.save_outcome().await;
+            | Message::ToolCall(_)
+            | Message::Usage(_) => {
+                self.store_output(std::slice::from_ref(&frame)).await;
             }
             Message::Error(err) => {
                 self.append(&frame).await;

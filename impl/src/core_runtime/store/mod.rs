@@ -480,6 +480,17 @@ pub struct RecoveryReport {
     pub interactions_unknown: u64,
 }
 
+/// What [`CoreStore::append_events`] did with a batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Appended {
+    /// Events stored.
+    pub stored: u64,
+    /// Events past the Turn's bound, not stored.
+    pub dropped: u64,
+    /// The Turn's last event sequence afterwards (0: none).
+    pub last_sequence: u64,
+}
+
 /// Core's durable records. Every method is one transaction.
 pub trait CoreStore: Send {
     // --- devices and credentials -------------------------------------------------
@@ -651,22 +662,31 @@ pub trait CoreStore: Send {
         outcome: &TurnOutcome,
         now_ms: i64,
     ) -> Result<(), StoreError>;
-    /// Appends one event to the Turn's durable log and returns its sequence.
+    /// Appends one event to the Turn's durable log and returns its sequence
+    /// ([`CoreStore::append_events`] with one event).
     ///
     /// # Errors
-    /// [`StoreError::LimitReached`] past [`EVENTS_PER_TURN_MAX`]; [`StoreError::NotFound`].
+    /// [`StoreError::LimitReached`] past the Turn's bound; [`StoreError::NotFound`].
     fn append_event(
         &mut self,
         turn_id: &str,
         kind: &str,
         payload: &Value,
         now_ms: i64,
-    ) -> Result<u64, StoreError>;
+    ) -> Result<u64, StoreError> {
+        let appended =
+            self.append_events(turn_id, &[(kind.to_string(), payload.clone())], now_ms)?;
+        if appended.stored == 1 {
+            Ok(appended.last_sequence)
+        } else {
+            Err(StoreError::LimitReached("events per turn"))
+        }
+    }
     /// Appends `events` (`(kind, payload)`, in order) to the Turn's durable log in **one**
     /// transaction (group commit: one fsync for the batch, each event as durable as
     /// [`CoreStore::append_event`]'s once this returns). Events past the Turn's bound
     /// (the last place is the terminal event's) are not stored. Returns how many were
-    /// stored and how many dropped, in that order.
+    /// stored, how many dropped, and the Turn's last sequence.
     ///
     /// # Errors
     /// [`StoreError::NotFound`] for an unknown Turn; database failures (nothing of the
@@ -676,7 +696,7 @@ pub trait CoreStore: Send {
         turn_id: &str,
         events: &[(String, Value)],
         now_ms: i64,
-    ) -> Result<(u64, u64), StoreError>;
+    ) -> Result<Appended, StoreError>;
     /// Events with `sequence > after_sequence`, in order, at most `limit` (≤ [`EVENTS_PAGE_MAX`]).
     ///
     /// # Errors

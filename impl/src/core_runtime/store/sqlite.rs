@@ -912,45 +912,12 @@ impl CoreStore for SqliteStore {
         Ok(())
     }
 
-    fn append_event(
-        &mut self,
-        turn_id: &str,
-        kind: &str,
-        payload: &Value,
-        now_ms: i64,
-    ) -> Result<u64, StoreError> {
-        let events_max = self.events_max;
-        let tx = self.tx()?;
-        require_row(&tx, ("turns", "turn_id"), ("turn", turn_id))?;
-        let last: i64 = tx.query_row(
-            "SELECT COALESCE(MAX(sequence), 0) FROM turn_events WHERE turn_id = ?1",
-            params![turn_id],
-            |r| r.get(0),
-        )?;
-        // The last place is the terminal event's.
-        let bound = if kind == TERMINAL_EVENT_KIND {
-            events_max
-        } else {
-            events_max.saturating_sub(1)
-        };
-        if last as u64 >= bound {
-            return Err(StoreError::LimitReached("events per turn"));
-        }
-        let sequence = last + 1;
-        tx.execute(
-            "INSERT INTO turn_events (turn_id, sequence, kind, payload, recorded_at_ms) VALUES (?1, ?2, ?3, ?4, ?5)",
-            params![turn_id, sequence, kind, to_json(payload)?, now_ms],
-        )?;
-        tx.commit()?;
-        Ok(sequence as u64)
-    }
-
     fn append_events(
         &mut self,
         turn_id: &str,
         events: &[(String, Value)],
         now_ms: i64,
-    ) -> Result<(u64, u64), StoreError> {
+    ) -> Result<Appended, StoreError> {
         let events_max = self.events_max;
         let tx = self.tx()?;
         require_row(&tx, ("turns", "turn_id"), ("turn", turn_id))?;
@@ -981,7 +948,11 @@ impl CoreStore for SqliteStore {
             }
         }
         tx.commit()?;
-        Ok((stored, dropped))
+        Ok(Appended {
+            stored,
+            dropped,
+            last_sequence: last as u64,
+        })
     }
 
     fn events(
