@@ -13,18 +13,25 @@ SIDE    ?= runtime
 JOBS    ?=
 HARNESS_ARGS ?=
 
-.PHONY: check-runtime-contract check setup build test lint fmt fmt-check clippy doc proto-check proto-baseline \
+.PHONY: check-runtime-contract check setup api-check build test lint fmt fmt-check clippy doc proto-check proto-baseline \
         contract contract-refusals contract-core contract-worker contract-worker-host contract-engine contract-engine-client contract-plugin contract-plugin-python contract-plugin-host coverage golden-review golden-accept golden-stable schema bench package clean
 
 ## The main job: build everything, replay every scenario against our binaries, print coverage.
 check-runtime-contract: setup build contract contract-refusals contract-core contract-worker contract-worker-host contract-engine contract-engine-client contract-plugin contract-plugin-python contract-plugin-host coverage
 
-## What CI runs (.ci/run): formatting, lints, docs, schema checks, unit tests and the
-## contract suite.
-check: setup fmt-check clippy doc proto-check test
+## What CI runs (.ci/run): formatting, lints, docs, schema checks, unit tests, the
+## contract suite and the property-based check of Core's public API.
+check: setup fmt-check clippy doc proto-check test api-check
 
 setup:
 	@ci/setup.sh
+
+## Core's public API against its OpenAPI document (docs/core-api.openapi.yaml): a live
+## Core with our Runtime connected, schemathesis with a fixed seed and API_EXAMPLES cases
+## per operation; no 5xx but documented 503s, no hang, no answer the document forbids.
+API_EXAMPLES ?= 100
+api-check: build
+	ci/api-check.sh $(IMPL) $(API_EXAMPLES)
 
 build:
 	$(CARGO) build --workspace --bins

@@ -37,3 +37,14 @@ if [ "$("$PY" -c 'import grpc, grpc_tools; print(grpc.__version__)' 2>/dev/null 
   "$PY" -m pip install --quiet --disable-pip-version-check "grpcio==$GRPCIO_VERSION" "grpcio-tools==$GRPCIO_VERSION" >/dev/null
   [ "$("$PY" -c 'import grpc, grpc_tools; print(grpc.__version__)' 2>/dev/null || true)" = "$GRPCIO_VERSION" ] || { echo "setup: grpcio $GRPCIO_VERSION did not install" >&2; exit 1; }
 fi
+
+# schemathesis (the property-based check of Core's public API against
+# docs/core-api.openapi.yaml, ci/api-check.sh), pinned, from the Python package registry
+# into its own virtual environment in .tools/st.
+SCHEMATHESIS_VERSION=4.32.5
+ST=".tools/st/bin/schemathesis"
+if [ "$("$ST" --version 2>/dev/null || true)" != "schemathesis, version $SCHEMATHESIS_VERSION" ]; then
+  python3 -m venv .tools/st
+  .tools/st/bin/python -m pip install --quiet --disable-pip-version-check "schemathesis==$SCHEMATHESIS_VERSION" >/dev/null
+  [ "$("$ST" --version 2>/dev/null || true)" = "schemathesis, version $SCHEMATHESIS_VERSION" ] || { echo "setup: schemathesis $SCHEMATHESIS_VERSION did not install" >&2; exit 1; }
+fi

@@ -11,7 +11,7 @@ use axum::Json;
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
-use axum::extract::{DefaultBodyLimit, Path, Query, State};
+use axum::extract::{DefaultBodyLimit, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -21,6 +21,7 @@ use serde_json::{Value, json};
 
 use super::admission::AgentDefinition;
 use super::env_files::{self, TransferError};
+use super::extract::{ApiBody, ApiPath, ApiQuery};
 use super::files::{self, FilesError};
 use super::files_export::{self, ExportError};
 use super::files_write::{self, WriteError};
@@ -225,9 +226,12 @@ pub fn routes() -> Router<Arc<Core>> {
             "/v1/turns/{id}/function_results/{call_id}",
             post(answer_function),
         )
+        // Every other body is bounded by one transport frame (the file routes above set
+        // their own, larger bound); past it the body is refused unread.
+        .layer(DefaultBodyLimit::max(BODY_MAX_BYTES))
 }
 
-async fn create_agent(State(core): State<Arc<Core>>, body: Bytes) -> ApiResult {
+async fn create_agent(State(core): State<Arc<Core>>, ApiBody(body): ApiBody) -> ApiResult {
     let definition: AgentDefinition = parse(&body)?;
     let definition = definition.frozen();
     let record = AgentRecord {
@@ -243,7 +247,7 @@ async fn create_agent(State(core): State<Arc<Core>>, body: Bytes) -> ApiResult {
 
 /// `GET /v1/devices/{id}`: the device's connection status. `declaration_known` is
 /// true only once a valid heartbeat was applied on the current connection.
-async fn get_device(State(core): State<Arc<Core>>, Path(id): Path<String>) -> ApiResult {
+async fn get_device(State(core): State<Arc<Core>>, ApiPath(id): ApiPath<String>) -> ApiResult {
     let device = id.clone();
     let stored_epoch = core.store.call(move |s| s.owner_epoch(&device)).await?;
     let conn = core
@@ -273,7 +277,7 @@ async fn get_device(State(core): State<Arc<Core>>, Path(id): Path<String>) -> Ap
     .into_response())
 }
 
-async fn get_agent(State(core): State<Arc<Core>>, Path(id): Path<String>) -> ApiResult {
+async fn get_agent(State(core): State<Arc<Core>>, ApiPath(id): ApiPath<String>) -> ApiResult {
     let a = core.store.call(move |s| s.agent(&id)).await?;
     Ok(Json(json!({ "agent_id": a.agent_id, "definition": a.definition, "created_at_ms": a.created_at_ms })).into_response())
 }
@@ -291,7 +295,7 @@ fn environment_json(e: &EnvironmentRecord) -> Value {
     json!({ "environment_id": e.environment_id, "type": e.kind.as_str(), "created_at_ms": e.created_at_ms })
 }
 
-async fn create_environment(State(core): State<Arc<Core>>, body: Bytes) -> ApiResult {
+async fn create_environment(State(core): State<Arc<Core>>, ApiBody(body): ApiBody) -> ApiResult {
     let req: CreateEnvironment = parse(&body)?;
     let kind = EnvironmentKind::parse(&req.kind).ok_or_else(|| {
         ApiError::bad(
@@ -315,7 +319,7 @@ async fn create_environment(State(core): State<Arc<Core>>, body: Bytes) -> ApiRe
     created(value)
 }
 
-async fn get_environment(State(core): State<Arc<Core>>, Path(id): Path<String>) -> ApiResult {
+async fn get_environment(State(core): State<Arc<Core>>, ApiPath(id): ApiPath<String>) -> ApiResult {
     let e = core.store.call(move |s| s.environment(&id)).await?;
     Ok(Json(environment_json(&e)).into_response())
 }
@@ -325,12 +329,20 @@ impl From<SuspensionError> for ApiError {
         let status = match &err {
             SuspensionError::Store(e) => return ApiError::from(e.clone()),
             SuspensionError::InvalidSuspensionId => StatusCode::BAD_REQUEST,
-            SuspensionError::NoWorkspace => StatusCode::CONFLICT,
+            SuspensionError::NoWorkspace | SuspensionError::PreparationRefused(_) => {
+                StatusCode::CONFLICT
+            }
             SuspensionError::NoDevice | SuspensionError::Unavailable(_) => {
                 StatusCode::SERVICE_UNAVAILABLE
             }
         };
-        Self::new(status, err.code(), err.to_string())
+        let api = Self::new(status, err.code(), err.to_string());
+        match &err {
+            SuspensionError::PreparationRefused(code) => {
+                api.with("runtime_error_code", code.as_str())
+            }
+            _ => api,
+        }
     }
 }
 
@@ -346,7 +358,10 @@ fn fence_json(outcome: suspension::FenceOutcome) -> ApiResult {
     Ok(Json(value).into_response())
 }
 
-async fn quiesce_environment(State(core): State<Arc<Core>>, Path(id): Path<String>) -> ApiResult {
+async fn quiesce_environment(
+    State(core): State<Arc<Core>>,
+    ApiPath(id): ApiPath<String>,
+) -> ApiResult {
     fence_json(suspension::fence(&core, &id, Fence::Quiesce, None).await?)
 }
 
@@ -358,8 +373,8 @@ struct ResumeRequest {
 
 async fn resume_environment(
     State(core): State<Arc<Core>>,
-    Path(id): Path<String>,
-    body: Bytes,
+    ApiPath(id): ApiPath<String>,
+    ApiBody(body): ApiBody,
 ) -> ApiResult {
     let req: ResumeRequest = parse(&body)?;
     fence_json(suspension::fence(&core, &id, Fence::Resume, Some(&req.suspension_id)).await?)
@@ -380,7 +395,7 @@ fn session_json(s: &SessionRecord) -> Value {
     })
 }
 
-async fn create_session(State(core): State<Arc<Core>>, body: Bytes) -> ApiResult {
+async fn create_session(State(core): State<Arc<Core>>, ApiBody(body): ApiBody) -> ApiResult {
     let req: CreateSession = parse(&body)?;
     let (agent_id, env_id) = (req.agent_id.clone(), req.environment_id.clone());
     let agent = core.store.call(move |s| s.agent(&agent_id)).await?;
@@ -411,7 +426,7 @@ async fn create_session(State(core): State<Arc<Core>>, body: Bytes) -> ApiResult
     created(value)
 }
 
-async fn get_session(State(core): State<Arc<Core>>, Path(id): Path<String>) -> ApiResult {
+async fn get_session(State(core): State<Arc<Core>>, ApiPath(id): ApiPath<String>) -> ApiResult {
     let s = core.store.call(move |s| s.session(&id)).await?;
     Ok(Json(session_json(&s)).into_response())
 }
@@ -444,8 +459,8 @@ fn turn_json(t: &TurnRecord) -> Value {
 
 async fn create_turn(
     State(core): State<Arc<Core>>,
-    Path(session_id): Path<String>,
-    body: Bytes,
+    ApiPath(session_id): ApiPath<String>,
+    ApiBody(body): ApiBody,
 ) -> ApiResult {
     let req: InputBody = parse(&body)?;
     let input = validate_input(&req.input)?;
@@ -458,7 +473,7 @@ async fn create_turn(
     created(turn_json(&turn))
 }
 
-async fn get_turn(State(core): State<Arc<Core>>, Path(id): Path<String>) -> ApiResult {
+async fn get_turn(State(core): State<Arc<Core>>, ApiPath(id): ApiPath<String>) -> ApiResult {
     let t = core.store.call(move |s| s.turn(&id)).await?;
     Ok(Json(turn_json(&t)).into_response())
 }
@@ -468,22 +483,24 @@ async fn get_turn(State(core): State<Arc<Core>>, Path(id): Path<String>) -> ApiR
 struct EventsQuery {
     #[serde(default)]
     after_sequence: Option<u64>,
+    /// Wide enough that any integer past the bound is `invalid_limit`, not a parse error.
     #[serde(default)]
-    limit: Option<u32>,
+    limit: Option<u64>,
 }
 
 async fn get_events(
     State(core): State<Arc<Core>>,
-    Path(id): Path<String>,
-    Query(q): Query<EventsQuery>,
+    ApiPath(id): ApiPath<String>,
+    ApiQuery(q): ApiQuery<EventsQuery>,
 ) -> ApiResult {
-    let limit = q.limit.unwrap_or(EVENTS_PAGE_DEFAULT);
-    if limit == 0 || limit > EVENTS_PAGE_MAX {
+    let limit = q.limit.unwrap_or(u64::from(EVENTS_PAGE_DEFAULT));
+    if limit == 0 || limit > u64::from(EVENTS_PAGE_MAX) {
         return Err(ApiError::bad(
             "invalid_limit",
             format!("limit is 1..={EVENTS_PAGE_MAX}"),
         ));
     }
+    let limit = u32::try_from(limit).unwrap_or(EVENTS_PAGE_MAX);
     let after = q.after_sequence.unwrap_or(0);
     let (events, dropped) = core
         .store
@@ -504,8 +521,8 @@ async fn get_events(
 
 async fn send_input(
     State(core): State<Arc<Core>>,
-    Path(turn_id): Path<String>,
-    body: Bytes,
+    ApiPath(turn_id): ApiPath<String>,
+    ApiBody(body): ApiBody,
 ) -> ApiResult {
     let req: InputBody = parse(&body)?;
     let input = validate_input(&req.input)?;
@@ -521,14 +538,20 @@ async fn send_input(
     )
 }
 
-async fn list_inputs(State(core): State<Arc<Core>>, Path(turn_id): Path<String>) -> ApiResult {
+async fn list_inputs(
+    State(core): State<Arc<Core>>,
+    ApiPath(turn_id): ApiPath<String>,
+) -> ApiResult {
     let id = turn_id.clone();
     let turn = core.store.call(move |s| s.turn(&id)).await?;
     let inputs = core.store.call(move |s| s.inputs(&turn_id)).await?;
     Ok(Json(json!({ "input_cursor": turn.input_cursor, "inputs": inputs })).into_response())
 }
 
-async fn cancel_turn(State(core): State<Arc<Core>>, Path(turn_id): Path<String>) -> ApiResult {
+async fn cancel_turn(
+    State(core): State<Arc<Core>>,
+    ApiPath(turn_id): ApiPath<String>,
+) -> ApiResult {
     let id = turn_id.clone();
     let turn = core
         .store
@@ -550,7 +573,7 @@ async fn cancel_turn(State(core): State<Arc<Core>>, Path(turn_id): Path<String>)
 
 async fn list_interactions(
     State(core): State<Arc<Core>>,
-    Path(turn_id): Path<String>,
+    ApiPath(turn_id): ApiPath<String>,
 ) -> ApiResult {
     let id = turn_id.clone();
     core.store.call(move |s| s.turn(&id)).await?;
@@ -609,8 +632,8 @@ struct PermissionBody {
 
 async fn answer_permission(
     State(core): State<Arc<Core>>,
-    Path((turn_id, request_id)): Path<(String, String)>,
-    body: Bytes,
+    ApiPath((turn_id, request_id)): ApiPath<(String, String)>,
+    ApiBody(body): ApiBody,
 ) -> ApiResult {
     let req: PermissionBody = parse(&body)?;
     answer(
@@ -625,8 +648,8 @@ async fn answer_permission(
 
 async fn answer_user_choice(
     State(core): State<Arc<Core>>,
-    Path((turn_id, ask_id)): Path<(String, String)>,
-    body: Bytes,
+    ApiPath((turn_id, ask_id)): ApiPath<(String, String)>,
+    ApiBody(body): ApiBody,
 ) -> ApiResult {
     let mut value: Value = parse(&body)?;
     // Shared validation before anything is stored: the decision shape and the asked IDs.
@@ -661,8 +684,8 @@ struct FunctionBody {
 
 async fn answer_function(
     State(core): State<Arc<Core>>,
-    Path((turn_id, call_id)): Path<(String, String)>,
-    body: Bytes,
+    ApiPath((turn_id, call_id)): ApiPath<(String, String)>,
+    ApiBody(body): ApiBody,
 ) -> ApiResult {
     let req: FunctionBody = parse(&body)?;
     answer(
@@ -684,10 +707,15 @@ impl From<FilesError> for ApiError {
             FilesError::NoWorkspace
             | FilesError::SessionBusy
             | FilesError::Unsupported(_)
-            | FilesError::Refused(_) => StatusCode::CONFLICT,
+            | FilesError::Refused(_)
+            | FilesError::PreparationRefused(_) => StatusCode::CONFLICT,
             FilesError::NoDevice | FilesError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
         };
-        Self::new(status, err.code(), err.to_string())
+        let api = Self::new(status, err.code(), err.to_string());
+        match &err {
+            FilesError::PreparationRefused(code) => api.with("runtime_error_code", code.as_str()),
+            _ => api,
+        }
     }
 }
 
@@ -700,8 +728,8 @@ struct FilesQuery {
 
 async fn list_files(
     State(core): State<Arc<Core>>,
-    Path(session_id): Path<String>,
-    Query(q): Query<FilesQuery>,
+    ApiPath(session_id): ApiPath<String>,
+    ApiQuery(q): ApiQuery<FilesQuery>,
 ) -> ApiResult {
     let path = q.path.unwrap_or_default();
     let r = files::read(&core, &session_id, ReadOperation::Directory, &path).await?;
@@ -715,8 +743,8 @@ async fn list_files(
 
 async fn read_file(
     State(core): State<Arc<Core>>,
-    Path(session_id): Path<String>,
-    Query(q): Query<FilesQuery>,
+    ApiPath(session_id): ApiPath<String>,
+    ApiQuery(q): ApiQuery<FilesQuery>,
 ) -> ApiResult {
     let path = q
         .path
@@ -744,8 +772,8 @@ impl From<ExportError> for ApiError {
 
 async fn export_files(
     State(core): State<Arc<Core>>,
-    Path(session_id): Path<String>,
-    Query(q): Query<FilesQuery>,
+    ApiPath(session_id): ApiPath<String>,
+    ApiQuery(q): ApiQuery<FilesQuery>,
 ) -> ApiResult {
     let path = q
         .path
@@ -793,8 +821,8 @@ struct WriteBody {
 
 async fn write_file(
     State(core): State<Arc<Core>>,
-    Path(session_id): Path<String>,
-    Query(q): Query<FilesQuery>,
+    ApiPath(session_id): ApiPath<String>,
+    ApiQuery(q): ApiQuery<FilesQuery>,
     body: Result<Bytes, BytesRejection>,
 ) -> ApiResult {
     let body = body.map_err(|e| {
@@ -838,7 +866,7 @@ async fn write_file(
 
 async fn get_write(
     State(core): State<Arc<Core>>,
-    Path((session_id, write_id)): Path<(String, String)>,
+    ApiPath((session_id, write_id)): ApiPath<(String, String)>,
 ) -> ApiResult {
     let w = core
         .store
@@ -884,7 +912,7 @@ struct InstallBody {
 
 async fn install_environment_file(
     State(core): State<Arc<Core>>,
-    Path(environment_id): Path<String>,
+    ApiPath(environment_id): ApiPath<String>,
     body: Result<Bytes, BytesRejection>,
 ) -> ApiResult {
     let body = body.map_err(|e| {

@@ -16,7 +16,7 @@
 use std::collections::HashSet;
 use std::sync::Arc;
 
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use axum::routing::{get, post};
@@ -25,6 +25,7 @@ use serde_json::json;
 
 use super::api::{ApiError, ApiResult};
 use super::connection::end_revoked;
+use super::extract::ApiPath;
 use super::{Core, now_ms};
 
 /// The credential routes (mounted behind the Project API key check).
@@ -45,7 +46,7 @@ fn unknown_credential(device_id: &str, credential_id: &str) -> ApiError {
     )
 }
 
-async fn list(State(core): State<Arc<Core>>, Path(device_id): Path<String>) -> ApiResult {
+async fn list(State(core): State<Arc<Core>>, ApiPath(device_id): ApiPath<String>) -> ApiResult {
     let device = device_id.clone();
     core.store.call(move |s| s.owner_epoch(&device)).await?;
     let all = core.store.call(|s| s.list_credentials()).await?;
@@ -66,7 +67,7 @@ async fn list(State(core): State<Arc<Core>>, Path(device_id): Path<String>) -> A
 
 async fn revoke(
     State(core): State<Arc<Core>>,
-    Path((device_id, credential_id)): Path<(String, String)>,
+    ApiPath((device_id, credential_id)): ApiPath<(String, String)>,
 ) -> ApiResult {
     let all = core.store.call(|s| s.list_credentials()).await?;
     let Some(found) = all

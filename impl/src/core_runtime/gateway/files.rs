@@ -71,6 +71,12 @@ pub enum FilesError {
     /// The Runtime refused the read for another bounded reason.
     #[error("the Runtime refused the read: {0}")]
     Refused(String),
+    /// The Runtime definitely refused to initialize the Environment or to prepare the
+    /// read-only execution (e.g. `environment_quiesced`, `environment_mismatch`): a
+    /// settled answer, not an unknown outcome; nothing was read or written. The wire
+    /// code is kept. (`preparation_capacity` is transient and stays [`Self::Unavailable`].)
+    #[error("the Runtime refused the preparation: {0}")]
+    PreparationRefused(String),
     /// Incomplete read, uncertain cleanup, lost connection or timeout: no data.
     #[error("the Files operation is unavailable: {0}")]
     Unavailable(String),
@@ -88,8 +94,20 @@ impl FilesError {
             FilesError::Unsupported(_) => "unsupported_capability",
             FilesError::NotFound => "not_found",
             FilesError::Refused(_) => "workspace_refused",
+            FilesError::PreparationRefused(_) => "preparation_refused",
             FilesError::Unavailable(_) => "unavailable",
         }
+    }
+}
+
+/// A definite refusal of initialization or preparation: `preparation_capacity` says
+/// "not now" (503 `unavailable`, retry later); any other code is settled (409
+/// `preparation_refused`).
+fn preparation_refused(code: String) -> FilesError {
+    if code == "preparation_capacity" {
+        FilesError::Unavailable(code)
+    } else {
+        FilesError::PreparationRefused(code)
     }
 }
 
@@ -531,7 +549,7 @@ impl Op<'_> {
                             break;
                         }
                         RuntimePrepareResult::Failed { code } => {
-                            return Err(FilesError::Unavailable(wire_code(code)));
+                            return Err(preparation_refused(wire_code(code)));
                         }
                         _ => {}
                     }
@@ -565,7 +583,7 @@ impl Op<'_> {
                     } => break admission_handle,
                     PreparationStatus::Rejected { error_code, .. }
                     | PreparationStatus::Failed { error_code, .. } => {
-                        return Err(FilesError::Unavailable(wire_code(error_code)));
+                        return Err(preparation_refused(wire_code(error_code)));
                     }
                     PreparationStatus::Expired { .. } => {
                         return Err(FilesError::Unavailable("admission_expired".into()));

@@ -26,6 +26,7 @@ pub mod config;
 pub mod connection;
 pub mod credentials;
 pub mod env_files;
+pub mod extract;
 pub mod files;
 pub mod files_export;
 pub mod files_write;

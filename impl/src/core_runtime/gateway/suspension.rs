@@ -55,7 +55,11 @@ pub enum SuspensionError {
     /// No device is connected.
     #[error("no connected device")]
     NoDevice,
-    /// Lost connection, failed initialization or timeout: the outcome is unknown.
+    /// The Runtime definitely refused to initialize the Environment on this connection
+    /// (e.g. `environment_mismatch`): settled, nothing was fenced; the wire code is kept.
+    #[error("the Runtime refused the preparation: {0}")]
+    PreparationRefused(String),
+    /// Lost connection or timeout: the outcome is unknown.
     #[error("the fence is unavailable: {0}")]
     Unavailable(String),
 }
@@ -68,6 +72,7 @@ impl SuspensionError {
             SuspensionError::NoWorkspace => "no_workspace",
             SuspensionError::InvalidSuspensionId => "invalid_request",
             SuspensionError::NoDevice => "no_device",
+            SuspensionError::PreparationRefused(_) => "preparation_refused",
             SuspensionError::Unavailable(_) => "unavailable",
         }
     }
@@ -77,6 +82,7 @@ impl From<FilesError> for SuspensionError {
     fn from(err: FilesError) -> Self {
         match err {
             FilesError::Store(e) => SuspensionError::Store(e),
+            FilesError::PreparationRefused(code) => SuspensionError::PreparationRefused(code),
             other => SuspensionError::Unavailable(match other {
                 FilesError::Unavailable(reason) => reason,
                 o => o.code().into(),
@@ -186,7 +192,7 @@ pub async fn fence(
                         break;
                     }
                     RuntimePrepareResult::Failed { code } => {
-                        return Err(SuspensionError::Unavailable(wire_code(code)));
+                        return Err(SuspensionError::PreparationRefused(wire_code(code)));
                     }
                     _ => {}
                 }
