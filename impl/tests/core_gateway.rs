@@ -209,3 +209,73 @@ async fn a_credential_revoked_by_the_cli_ends_its_live_connection() {
         (401, json!({"error": "invalid_credential"}))
     );
 }
+
+/// A revoked peer that never answers Core's Close does not keep its TCP connection:
+/// Core waits the close handshake out (`CLOSE_HANDSHAKE_TIMEOUT`) and drops it. The
+/// peer here speaks raw TCP after the upgrade, so nothing answers the Close for it.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_revoked_peer_that_never_answers_close_loses_its_tcp_connection() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    let core = start_core();
+    let data_dir = core._dir.path().join("data");
+    let client = reqwest::Client::new();
+    let boot = format!("{}/api/v1/agent-daemon/bootstrap", core.base);
+    let (status, _) = post(&client, boot, json!({"device_id": DEVICE}), Some(SECRET)).await;
+    assert_eq!(status, 200);
+    let addr = core.base.trim_start_matches("http://").to_string();
+    let mut tcp = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    let upgrade = format!(
+        "GET /api/v1/agent-daemon/ws?device_id={DEVICE}&version=1.0.0 HTTP/1.1\r\n\
+         Host: {addr}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
+         Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\
+         Authorization: Bearer {SECRET}\r\n\r\n"
+    );
+    tcp.write_all(upgrade.as_bytes()).await.unwrap();
+    let mut head = Vec::new();
+    while !head.ends_with(b"\r\n\r\n") {
+        let mut byte = [0u8; 1];
+        assert_eq!(tcp.read(&mut byte).await.unwrap(), 1, "Core ended the upgrade");
+        head.push(byte[0]);
+    }
+    assert!(
+        head.starts_with(b"HTTP/1.1 101"),
+        "{}",
+        String::from_utf8_lossy(&head)
+    );
+
+    let listed = Command::new(env!("CARGO_BIN_EXE_contract-impl"))
+        .args(["core", "credential", "list", "--data-dir"])
+        .arg(&data_dir)
+        .output()
+        .unwrap();
+    let listed: Value =
+        serde_json::from_str(String::from_utf8(listed.stdout).unwrap().trim()).unwrap();
+    let revoked = Command::new(env!("CARGO_BIN_EXE_contract-impl"))
+        .args(["core", "credential", "revoke", "--data-dir"])
+        .arg(&data_dir)
+        .args(["--credential-id", listed["credential_id"].as_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(revoked.status.success(), "{revoked:?}");
+
+    // Read raw bytes (Core's Close frame among them) and never answer: the read must
+    // reach end-of-stream. The timeout guards against a hang; it is not a measurement.
+    let mut received = Vec::new();
+    let eof = tokio::time::timeout(std::time::Duration::from_secs(30), async {
+        let mut buf = [0u8; 4096];
+        loop {
+            match tcp.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => received.extend_from_slice(&buf[..n]),
+            }
+        }
+    })
+    .await;
+    assert!(eof.is_ok(), "Core kept the silent peer's TCP connection open");
+    // The Close frame (opcode 0x8) with 1008 came before the end.
+    let close = received
+        .windows(4)
+        .any(|w| w[0] == 0x88 && w[2..4] == 1008u16.to_be_bytes());
+    assert!(close, "no Close 1008 before the end: {received:02x?}");
+}

@@ -48,6 +48,10 @@ use crate::wire::WireError;
 pub const BOOTSTRAP_PATH: &str = "/api/v1/agent-daemon/bootstrap";
 /// WebSocket route.
 pub const WS_PATH: &str = "/api/v1/agent-daemon/ws";
+/// How long Core waits for the peer's Close after sending its own before it drops the
+/// TCP connection (RFC 6455 §7.1.1: the server closes the TCP connection; a peer that
+/// never answers must not keep it open), e.g. after `credential_revoked` or `replaced`.
+pub const CLOSE_HANDSHAKE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
 /// Close code for a malformed frame or invalid heartbeat (RFC 6455 "invalid payload").
 pub const CLOSE_INVALID_PAYLOAD: u16 = 1007;
 /// Close code for an over-size frame (RFC 6455 "message too big").
@@ -425,7 +429,12 @@ async fn run_connection(
             .await;
         return;
     }
+    // Dropped when the writer stops (after Core's Close, or a dead socket): the reader
+    // then waits at most CLOSE_HANDSHAKE_TIMEOUT for the peer's Close and lets the TCP
+    // connection go, so a peer that never answers cannot keep it open.
+    let (writer_done, mut writer_stopped) = tokio::sync::oneshot::channel::<()>();
     let writer = tokio::spawn(async move {
+        let _writer_done = writer_done;
         while let Some(item) = rx.recv().await {
             match item {
                 Outgoing::Text(text) => {
@@ -460,7 +469,22 @@ async fn run_connection(
     if revoked {
         end_revoked(&core, &HashSet::from([id]));
     }
-    while let Some(message) = stream.next().await {
+    loop {
+        let message = tokio::select! {
+            message = stream.next() => message,
+            _ = &mut writer_stopped => {
+                let _ = tokio::time::timeout(CLOSE_HANDSHAKE_TIMEOUT, async {
+                    while let Some(Ok(message)) = stream.next().await {
+                        if matches!(message, WsMessage::Close(_)) {
+                            break;
+                        }
+                    }
+                })
+                .await;
+                break;
+            }
+        };
+        let Some(message) = message else { break };
         let violation = match message {
             Err(err) => match read_violation(err) {
                 Ok(violation) => Some(violation),
