@@ -235,7 +235,11 @@ async fn a_revoked_peer_that_never_answers_close_loses_its_tcp_connection() {
     let mut head = Vec::new();
     while !head.ends_with(b"\r\n\r\n") {
         let mut byte = [0u8; 1];
-        assert_eq!(tcp.read(&mut byte).await.unwrap(), 1, "Core ended the upgrade");
+        assert_eq!(
+            tcp.read(&mut byte).await.unwrap(),
+            1,
+            "Core ended the upgrade"
+        );
         head.push(byte[0]);
     }
     assert!(
@@ -272,7 +276,10 @@ async fn a_revoked_peer_that_never_answers_close_loses_its_tcp_connection() {
         }
     })
     .await;
-    assert!(eof.is_ok(), "Core kept the silent peer's TCP connection open");
+    assert!(
+        eof.is_ok(),
+        "Core kept the silent peer's TCP connection open"
+    );
     // The Close frame (opcode 0x8) with 1008 came before the end.
     let close = received
         .windows(4)

@@ -119,6 +119,9 @@ fn start_core(dir: &Path) -> (Proc, String) {
 fn start_runtime(dir: &Path, base: &str) -> Proc {
     let workspace = dir.join("workspace");
     std::fs::create_dir(&workspace).unwrap();
+    // The Runtime's own temporary directory, so its scratch roots can be watched.
+    let tmp = dir.join("tmp");
+    std::fs::create_dir_all(&tmp).unwrap();
     let program = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/echo_agent.py");
     Proc::spawn(
         "runtime",
@@ -138,6 +141,7 @@ fn start_runtime(dir: &Path, base: &str) -> Proc {
             .env("CONTRACT_DEVICE_ID", DEVICE)
             .env("CONTRACT_DAEMON_CREDENTIAL", SECRET)
             .env("CONTRACT_WORKSPACE", &workspace)
+            .env("TMPDIR", &tmp)
             .env("RUST_LOG", "info")
             .stdout(Stdio::null()),
         dir,
@@ -415,6 +419,70 @@ async fn sigkill_of_the_runtime_leaves_no_process_of_a_run() {
     .await;
 }
 
+/// The scratch roots (`contract-scratch-*`) in the Runtime's temporary directory.
+fn scratch_roots(dir: &Path) -> Vec<std::path::PathBuf> {
+    std::fs::read_dir(dir.join("tmp"))
+        .unwrap()
+        .flatten()
+        .filter(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .starts_with("contract-scratch-")
+        })
+        .map(|e| e.path())
+        .collect()
+}
+
+/// A Run without an execution environment works in a private scratch directory; a
+/// SIGKILLed Runtime cannot remove it, so the Run's supervisor, once it has killed the
+/// program, removes the scratch root whose owner is gone.
+#[tokio::test(flavor = "multi_thread")]
+async fn sigkill_of_the_runtime_leaves_no_scratch_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    let Started {
+        _core,
+        mut runtime,
+        api,
+        agent_id,
+    } = started(dir.path()).await;
+    let (status, env) = api.post("/environments", json!({"type": "none"})).await;
+    assert_eq!(status, 201, "{env}");
+    let (status, session) = api
+        .post(
+            "/sessions",
+            json!({"agent_id": agent_id, "environment_id": env["environment_id"]}),
+        )
+        .await;
+    assert_eq!(status, 201, "{session}");
+    let sleeper = turn(&api, session["session_id"].as_str().unwrap(), "/sleep").await;
+    api.wait(&format!("/turns/{sleeper}/events"), |v| {
+        delta_text(v["events"].as_array().unwrap()).contains("sleeping (pid ")
+    })
+    .await;
+    let roots = scratch_roots(dir.path());
+    assert_eq!(
+        roots.len(),
+        1,
+        "one scratch root while the Run works: {roots:?}"
+    );
+    kill(
+        Pid::from_raw(runtime.child.id().try_into().unwrap()),
+        Signal::SIGKILL,
+    )
+    .unwrap();
+    let _ = runtime.child.wait();
+    // Bounded wait (the supervisor's sweep is bounded by SWEEP_BOUND, 3 s).
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while roots[0].exists() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the SIGKILLed Runtime's scratch root survived: {:?}",
+            roots[0]
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// A program that writes 10,000 lines at once (a build log, `cat`) loses nothing: Core
 /// stops reading the connection while the Turn's queue is full instead of failing the
 /// Turn, stores the queued events in batches, and every delta and the `done` are
@@ -528,4 +596,60 @@ async fn a_program_killed_by_sigsegv_is_reported_as_such() {
         .unwrap_or_else(|| panic!("no error event: {evs:?} ({failed})"));
     let message = error["payload"]["message"].as_str().unwrap();
     assert!(message.contains("terminated by signal 11"), "{message}");
+}
+
+/// The PIDs whose parent is `parent`, with their `/proc` state letter.
+fn children_of(parent: i32) -> Vec<(i32, char)> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter_map(|pid| {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+            let mut rest = stat[stat.rfind(')')? + 1..].split_whitespace();
+            let state = rest.next()?.chars().next()?;
+            let ppid: i32 = rest.next()?.parse().ok()?;
+            (ppid == parent).then_some((pid, state))
+        })
+        .collect()
+}
+
+/// A program's supervisor killed outright (it cannot sweep) leaves nothing behind
+/// either: the program's group is killed by the Runtime, and the descendant that moved
+/// to a session of its own, re-parented to the Runtime, is killed and reaped (no
+/// process and no zombie stays under the Runtime).
+#[tokio::test(flavor = "multi_thread")]
+async fn sigkill_of_a_supervisor_leaves_no_process_and_no_zombie() {
+    let dir = tempfile::tempdir().unwrap();
+    let Started {
+        _core,
+        runtime,
+        api,
+        agent_id,
+    } = started(dir.path()).await;
+    let (turn_id, _, pid) = sleeping_turn_with(&api, &agent_id, "/setsid").await;
+    let runtime_pid: i32 = runtime.child.id().try_into().unwrap();
+    let supervisors = children_of(runtime_pid);
+    assert_eq!(supervisors.len(), 1, "one supervisor: {supervisors:?}");
+    kill(Pid::from_raw(supervisors[0].0), Signal::SIGKILL).unwrap();
+    api.wait_state(&turn_id, "failed").await;
+    await_gone(
+        pid,
+        Duration::from_secs(20),
+        "the setsid child outlived its supervisor's SIGKILL",
+    )
+    .await;
+    // Bounded wait for the reaping (a bound against a hang, not a measurement).
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let left = children_of(runtime_pid);
+        if left.is_empty() {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "processes left under the Runtime: {left:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }

@@ -6,14 +6,21 @@
 //!   SIGTERM, grace, SIGKILL of the whole group, and confirmation that no member is
 //!   left (zombies count); the child-subreaper flag that lets a host reap re-parented
 //!   descendants.
+//! * [`adopted`]: **re-parented descendants** nobody waits for (after a supervisor was
+//!   killed outright), found in `/proc`, killed and reaped.
+//! * [`scratch`]: **private scratch directories** under a per-process root locked for
+//!   the process's life, so that a root left by a killed process is recognised and
+//!   swept.
 //! * [`tail`]: a **bounded output tail** (last lines, bounded bytes, long lines cut), for
 //!   the stderr a host keeps for error messages and logs.
 //!
-//! This module owns signalling, reaping and tail bounds. It never spawns (callers build
+//! This module owns signalling, reaping, scratch roots and tail bounds. It never spawns (callers build
 //! their own commands with `process_group(0)`), never interprets output and never
 //! decides policy (grace periods and bounds are the caller's).
 
+pub mod adopted;
 pub mod group;
+pub mod scratch;
 pub mod tail;
 
 pub use group::ProcessGroup;

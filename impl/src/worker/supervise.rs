@@ -14,7 +14,8 @@
 //! 3. it starts the worker in a process group of its own (environment passed on, the
 //!    watch variable removed);
 //! 4. when the watch ends it SIGKILLs the worker's group, then every descendant left
-//!    (each re-parented one and its group), reaps them all and exits 137; when the worker
+//!    (each re-parented one and its group), reaps them all, removes the scratch roots
+//!    of dead processes (`crate::process::scratch`) and exits 137; when the worker
 //!    exits first it does the same for what the worker left behind and exits with the
 //!    worker's status (128 + signal when a signal ended it, after writing
 //!    `signal <N>\n` on the watch connection).
@@ -37,6 +38,12 @@ use nix::unistd::{Pid, getpgid, getpid};
 
 /// The environment variable naming the host's watch socket.
 pub const WATCH_ENV: &str = "CONTRACT_SUPERVISOR_WATCH";
+
+/// The environment variable naming the host's temporary directory, whose scratch roots
+/// of dead processes ([`crate::process::scratch`]) the supervisor removes when its watch
+/// ends (the host may pass the program a reduced environment without `TMPDIR`). Unset:
+/// nothing is swept. Not passed on to the worker.
+pub const SCRATCH_BASE_ENV: &str = "CONTRACT_SUPERVISOR_SCRATCH";
 
 /// Exit status after the watch ended (the host is gone or stopped the worker): 128 +
 /// SIGKILL, as if the worker had been killed.
@@ -83,9 +90,11 @@ pub fn run_with(program: &[OsString], reraise_signal: bool) -> i32 {
             return EXIT_CANNOT_START;
         }
     };
+    let scratch_base = std::env::var_os(SCRATCH_BASE_ENV);
     let child = Command::new(name)
         .args(args)
         .env_remove(WATCH_ENV)
+        .env_remove(SCRATCH_BASE_ENV)
         .process_group(0)
         .spawn();
     let child = match child {
@@ -120,6 +129,11 @@ pub fn run_with(program: &[OsString], reraise_signal: bool) -> i32 {
         if ended.try_recv().is_ok() {
             sweep(worker);
             remove_private_dir(std::path::Path::new(&watch_path));
+            // A host killed outright left its scratch root (the program's working
+            // directory, for a Run without an execution environment) behind.
+            if let Some(base) = &scratch_base {
+                crate::process::scratch::sweep_stale(std::path::Path::new(base));
+            }
             return EXIT_WATCH_ENDED;
         }
         match waitpid(worker, Some(WaitPidFlag::WNOHANG)) {

@@ -37,6 +37,9 @@ pub(super) type SharedStdin = Arc<tokio::sync::Mutex<StdinPipe>>;
 /// One live Run.
 pub(super) struct RunEntry {
     pub(super) executor_id: ExecutorId,
+    /// PID of the process the adapter spawned (the supervisor when supervised): Tokio
+    /// reaps it, so an adopted-process sweep must leave it alone.
+    pub(super) child_pid: i32,
     pub(super) stop: watch::Sender<Option<StopReason>>,
     pub(super) ended: watch::Receiver<Option<RunEnd>>,
     /// `Some` with [`StdinMode::Open`].
@@ -153,6 +156,8 @@ impl CommandAdapter {
             ));
         }
         become_subreaper();
+        // Scratch directories of a Runtime that was killed before it could remove them.
+        crate::process::scratch::sweep_stale(&std::env::temp_dir());
         let env = PASSED_ENV
             .iter()
             .filter_map(|name| std::env::var_os(name).map(|value| (OsString::from(name), value)))
@@ -295,10 +300,10 @@ pub(super) fn request_stop(stop: &watch::Sender<Option<StopReason>>, reason: Sto
 
 /// Creates a private empty directory (mode 0700) for an Executor without an
 /// execution environment.
+/// It lives under the Runtime's scratch root ([`crate::process::scratch`]), so a
+/// directory a SIGKILLed Runtime left is swept by a supervisor or the next start.
 pub(super) fn create_scratch() -> io::Result<PathBuf> {
-    let dir = std::env::temp_dir().join(format!("contract-command-{}", Uuid::random()));
-    std::fs::DirBuilder::new().mode(0o700).create(&dir)?;
-    Ok(dir)
+    crate::process::scratch::create_dir("command-")
 }
 
 pub(super) fn remove_scratch(dir: &Path) -> io::Result<()> {

@@ -144,7 +144,9 @@ impl HarnessAdapter for CommandAdapter {
                 .process_group(0)
                 .kill_on_drop(true);
             if let Some(w) = &supervisor_watch {
-                command.env(WATCH_ENV, w.path());
+                command
+                    .env(WATCH_ENV, w.path())
+                    .env(SCRATCH_BASE_ENV, std::env::temp_dir());
             }
             let mut child = command.spawn().map_err(|e| {
                 AdapterError::Refused(format!("cannot start `{}`: {e}", config.program.display()))
@@ -190,6 +192,7 @@ impl HarnessAdapter for CommandAdapter {
                 request.run_id.clone(),
                 RunEntry {
                     executor_id: request.executor_id.clone(),
+                    child_pid: pid.cast_signed(),
                     stop,
                     ended,
                     stdin: (!close_after).then_some(stdin),

@@ -80,6 +80,13 @@
 //! spawning *thread*) and over a cgroup (it needs a delegated cgroup tree this
 //! unprivileged Runtime cannot count on); the worker and plugin hosts use the same
 //! supervisor.
+//! Should the supervisor itself be killed outright (SIGKILL: it cannot sweep), the
+//! Runtime kills the program's group, and the descendants that left it, now re-parented
+//! to the Runtime, are found in `/proc`, killed and reaped
+//! ([`crate::process::adopted`]). A Run without an execution environment works in a
+//! scratch directory under the Runtime's locked scratch root
+//! ([`crate::process::scratch`]); a SIGKILLed Runtime's root is removed by the
+//! supervisors of its Runs or at the next start.
 //! # Limits (what the adapter cannot do)
 //! * Without a supervisor (a library user leaving [`CommandConfig::supervisor`] unset),
 //!   a process that leaves the Run's process group (`setsid`, `setpgid`) escapes the
@@ -152,7 +159,7 @@ mod tests;
 use std::collections::{HashMap, HashSet};
 use std::ffi::OsString;
 use std::io;
-use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::{ExitStatus, Stdio};
@@ -172,7 +179,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use crate::process::{OutputTail, ProcessGroup};
-use crate::worker::supervise::WATCH_ENV;
+use crate::worker::supervise::{SCRATCH_BASE_ENV, WATCH_ENV};
 
 use super::{
     AdapterError, CancelSettlement, HarnessAdapter, NativeEvent, NativePrepare, NativeStart,

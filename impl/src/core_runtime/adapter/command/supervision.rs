@@ -112,6 +112,19 @@ pub(super) async fn supervise(shared: Arc<Shared>, mut p: RunProcess) {
             // Let output reach EOF, then remove what the program left behind.
             let _ = tokio::time::timeout(config.output_drain_grace, output.join()).await;
             let cleanup = ProcessGroup::new(p.pgid).clean(config.kill_grace).await;
+            // A supervisor killed outright never swept: the program's descendants that
+            // left its group were re-parented to this Runtime (a child subreaper).
+            let supervisor_killed = p.watch.is_some()
+                && status
+                    .as_ref()
+                    .is_ok_and(|s| s.signal() == Some(nix::sys::signal::Signal::SIGKILL as i32));
+            if supervisor_killed {
+                let reaped = crate::process::adopted::sweep(|| {
+                    shared.lock().runs.values().map(|r| r.child_pid).collect()
+                })
+                .await;
+                tracing::warn!(run_id = %p.run_id, reaped, "command adapter: the program's supervisor was killed; its adopted descendants were killed and reaped");
+            }
             (Native::Exited(status), cleanup)
         }
         None => {

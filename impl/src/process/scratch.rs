@@ -1,0 +1,173 @@
+//! Private scratch directories that do not outlive their process, SIGKILL included.
+//!
+//! Every directory is created (mode 0700) under this process's **scratch root**,
+//! `<temp>/contract-scratch-<uuid>/`, which holds an `.owner` file locked with `flock`
+//! for the life of the process. The kernel drops the lock however the process ends, so
+//! a root whose `.owner` can be locked belongs to a dead process: [`sweep_stale`]
+//! removes such roots. It runs when this process creates its root, when a Runtime's
+//! command adapter starts, and in a program's supervisor once its host is gone, so a
+//! SIGKILLed Runtime's scratch directories are removed by the supervisor of a Run that
+//! was going (right after the Runtime's death) or at the next start at the latest.
+//!
+//! This module owns creating, locking and sweeping roots. It never removes a directory
+//! that is not a root of this naming whose lock it holds or could take, and never follows
+//! a symbolic link.
+
+use std::fs::File;
+use std::io;
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+use std::time::{Duration, SystemTime};
+
+use nix::fcntl::{Flock, FlockArg};
+
+/// Name prefix of a scratch root in the temporary directory.
+pub const ROOT_PREFIX: &str = "contract-scratch-";
+
+/// The lock file of a root.
+const OWNER_FILE: &str = ".owner";
+
+/// A root without an `.owner` file is a creation cut short (between `mkdir` and the
+/// lock) only once it is this old; a younger one may be a live process's.
+pub const UNLOCKED_ROOT_GRACE: Duration = Duration::from_secs(60);
+
+/// This process's root and the lock that marks it alive.
+struct Root {
+    path: PathBuf,
+    _owner: Flock<File>,
+}
+
+static ROOT: OnceLock<Result<Root, String>> = OnceLock::new();
+
+fn create_root(base: &Path) -> Result<Root, String> {
+    sweep_stale(base);
+    let path = base.join(format!("{ROOT_PREFIX}{}", uuid::Uuid::new_v4()));
+    std::fs::DirBuilder::new()
+        .mode(0o700)
+        .create(&path)
+        .map_err(|e| format!("cannot create {}: {e}", path.display()))?;
+    let owner = File::options()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path.join(OWNER_FILE))
+        .map_err(|e| format!("cannot create the scratch root's lock: {e}"))?;
+    let owner = Flock::lock(owner, FlockArg::LockExclusiveNonblock)
+        .map_err(|(_, e)| format!("cannot lock the scratch root: {e}"))?;
+    Ok(Root {
+        path,
+        _owner: owner,
+    })
+}
+
+/// Creates a new private empty directory (mode 0700) under this process's scratch root
+/// (created on first use, in [`std::env::temp_dir`]).
+pub fn create_dir(prefix: &str) -> io::Result<PathBuf> {
+    let root = ROOT
+        .get_or_init(|| create_root(&std::env::temp_dir()))
+        .as_ref()
+        .map_err(|e| io::Error::other(e.clone()))?;
+    let dir = root.path.join(format!("{prefix}{}", uuid::Uuid::new_v4()));
+    std::fs::DirBuilder::new().mode(0o700).create(&dir)?;
+    Ok(dir)
+}
+
+/// Removes every scratch root in `base` whose owner is gone (its `.owner` lock can be
+/// taken, or it has none and is older than [`UNLOCKED_ROOT_GRACE`]); only directories of
+/// this user, never through a symbolic link. Returns how many were removed.
+pub fn sweep_stale(base: &Path) -> usize {
+    let Ok(entries) = std::fs::read_dir(base) else {
+        return 0;
+    };
+    let uid = nix::unistd::geteuid().as_raw();
+    let mut removed = 0;
+    for entry in entries.flatten() {
+        if !entry.file_name().to_string_lossy().starts_with(ROOT_PREFIX) {
+            continue;
+        }
+        let path = entry.path();
+        // symlink_metadata: a link named like a root is left alone.
+        let Ok(meta) = std::fs::symlink_metadata(&path) else {
+            continue;
+        };
+        if !meta.is_dir() || meta.uid() != uid {
+            continue;
+        }
+        let stale = match File::open(path.join(OWNER_FILE)) {
+            // Taken: nobody holds it. Held only while the directory is removed.
+            Ok(file) => match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
+                Ok(lock) => {
+                    let gone = std::fs::remove_dir_all(&path).is_ok();
+                    drop(lock);
+                    removed += usize::from(gone);
+                    continue;
+                }
+                Err(_) => false,
+            },
+            Err(e) if e.kind() == io::ErrorKind::NotFound => meta
+                .modified()
+                .ok()
+                .and_then(|m| SystemTime::now().duration_since(m).ok())
+                .is_some_and(|age| age >= UNLOCKED_ROOT_GRACE),
+            Err(_) => false,
+        };
+        if stale && std::fs::remove_dir_all(&path).is_ok() {
+            removed += 1;
+        }
+    }
+    removed
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_root_whose_lock_is_free_is_swept_and_a_held_one_is_kept() {
+        let base = tempfile::tempdir().unwrap();
+        let live = create_root(base.path()).unwrap();
+        std::fs::write(live.path.join("file"), b"x").unwrap();
+        // A dead owner's root: the same layout, nobody holds the lock.
+        let dead = base.path().join(format!("{ROOT_PREFIX}dead"));
+        std::fs::create_dir(&dead).unwrap();
+        std::fs::write(dead.join(OWNER_FILE), b"").unwrap();
+        std::fs::create_dir(dead.join("run-1")).unwrap();
+        // Not a root: left alone whatever its state.
+        let other = base.path().join("contract-other");
+        std::fs::create_dir(&other).unwrap();
+
+        assert_eq!(sweep_stale(base.path()), 1);
+        assert!(!dead.exists());
+        assert!(live.path.join("file").exists(), "a live root was swept");
+        assert!(other.exists());
+
+        let path = live.path.clone();
+        drop(live);
+        assert_eq!(sweep_stale(base.path()), 1);
+        assert!(!path.exists(), "a released root was kept");
+    }
+
+    #[test]
+    fn a_young_root_without_a_lock_file_is_kept() {
+        let base = tempfile::tempdir().unwrap();
+        let young = base.path().join(format!("{ROOT_PREFIX}young"));
+        std::fs::create_dir(&young).unwrap();
+        assert_eq!(sweep_stale(base.path()), 0);
+        assert!(young.exists());
+    }
+
+    #[test]
+    fn a_symlink_named_like_a_root_is_not_followed() {
+        let base = tempfile::tempdir().unwrap();
+        let target = tempfile::tempdir().unwrap();
+        std::fs::write(target.path().join(OWNER_FILE), b"").unwrap();
+        std::os::unix::fs::symlink(
+            target.path(),
+            base.path().join(format!("{ROOT_PREFIX}link")),
+        )
+        .unwrap();
+        assert_eq!(sweep_stale(base.path()), 0);
+        assert!(target.path().join(OWNER_FILE).exists());
+    }
+}
