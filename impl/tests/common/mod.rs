@@ -93,6 +93,11 @@ impl Core {
         self.child = Some(child);
     }
 
+    /// Core's process ID.
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("Core runs").id()
+    }
+
     /// SIGKILLs Core (no chance to clean up) and reaps it.
     pub fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {

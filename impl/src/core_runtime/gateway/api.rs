@@ -64,6 +64,15 @@ pub const ENV_FILES_BODY_MAX_BYTES: usize = WRITE_BODY_MAX_BYTES
 /// Default page size of `GET /v1/turns/{id}/events`.
 pub const EVENTS_PAGE_DEFAULT: u32 = 100;
 
+/// Bound on the payload bytes of one events page (daemon policy): events are added while
+/// their payloads stay within it, so a page may hold fewer than `limit` events; the
+/// first event always goes in, whatever its size.
+pub const EVENTS_PAGE_BYTES_MAX: usize = 1024 * 1024;
+
+/// What an events page reserves of the answer budget before it is built: the page bound
+/// plus one event of the largest frame (the first event goes in whatever its size).
+pub const EVENTS_PAGE_RESERVE_BYTES: usize = EVENTS_PAGE_BYTES_MAX + TRANSPORT_FRAME_MAX_BYTES;
+
 /// A typed API error.
 #[derive(Debug)]
 pub struct ApiError {
@@ -502,21 +511,41 @@ async fn get_events(
     }
     let limit = u32::try_from(limit).unwrap_or(EVENTS_PAGE_MAX);
     let after = q.after_sequence.unwrap_or(0);
+    // Budget first: a burst of readers waits here rather than each loading a page.
+    let reservation = core
+        .response_budget
+        .reserve(EVENTS_PAGE_RESERVE_BYTES)
+        .await;
     let (events, dropped) = core
         .store
         .call(move |s| {
-            let events = s.events(&id, after, limit)?;
+            let events = s.event_page(&id, after, limit, EVENTS_PAGE_BYTES_MAX)?;
             let dropped = s.turn(&id)?.outcome.events_dropped;
             Ok::<_, crate::core_runtime::store::StoreError>((events, dropped))
         })
         .await?;
-    let next = events.last().map_or(after, |e| e.sequence);
-    let mut page = json!({ "events": events, "next_after_sequence": next });
+    // `{"events":[…],"next_after_sequence":N[,"events_dropped":n]}`, written from the
+    // stored payload texts; the store stopped at EVENTS_PAGE_BYTES_MAX of payloads.
+    let mut body = b"{\"events\":[".to_vec();
+    let mut next = after;
+    for (i, event) in events.iter().enumerate() {
+        if i > 0 {
+            body.push(b',');
+        }
+        body.extend_from_slice(event.to_json().as_bytes());
+        next = event.sequence;
+    }
+    body.extend_from_slice(format!("],\"next_after_sequence\":{next}").as_bytes());
     // Explicit truncation: events past the Turn's bound were counted, not stored.
     if let Some(dropped) = dropped {
-        page["events_dropped"] = json!(dropped);
+        body.extend_from_slice(format!(",\"events_dropped\":{dropped}").as_bytes());
     }
-    Ok(Json(page).into_response())
+    body.push(b'}');
+    Ok((
+        [(axum::http::header::CONTENT_TYPE, "application/json")],
+        reservation.body(body),
+    )
+        .into_response())
 }
 
 async fn send_input(

@@ -53,6 +53,9 @@ pub struct CoreTimers {
     /// Interval of the revocation re-check of live daemon connections
     /// ([`DEFAULT_CREDENTIAL_RECHECK`]).
     pub credential_recheck: Duration,
+    /// How long an HTTP answer may wait for its reader to accept any byte before the
+    /// connection is dropped ([`super::HTTP_WRITE_STALL_TIMEOUT`]).
+    pub http_write_stall: Duration,
 }
 
 impl Default for CoreTimers {
@@ -63,6 +66,7 @@ impl Default for CoreTimers {
             heartbeat_interval: DEFAULT_HEARTBEAT_INTERVAL,
             preparation_retry: DEFAULT_PREPARATION_RETRY,
             credential_recheck: DEFAULT_CREDENTIAL_RECHECK,
+            http_write_stall: super::HTTP_WRITE_STALL_TIMEOUT,
         }
     }
 }
@@ -134,6 +138,7 @@ struct RawTimers {
     heartbeat_interval_ms: Option<u64>,
     preparation_retry_ms: Option<u64>,
     credential_recheck_ms: Option<u64>,
+    http_write_stall_ms: Option<u64>,
 }
 
 fn timer(key: &str, value: Option<u64>, default: Duration) -> Result<Duration, CoreConfigError> {
@@ -188,6 +193,11 @@ impl CoreConfig {
                     "credential_recheck_ms",
                     t.credential_recheck_ms,
                     d.credential_recheck,
+                )?,
+                http_write_stall: timer(
+                    "http_write_stall_ms",
+                    t.http_write_stall_ms,
+                    d.http_write_stall,
                 )?,
             },
             engine_profiles: profiles,

@@ -15,6 +15,8 @@
 //! * [`api`]: the public HTTP JSON API under `/v1` (`docs/core-api.md`).
 //! * [`credentials`]: listing and revoking a device's daemon credentials over the
 //!   public API; a revocation ends the credential's live connections.
+//! * [`http`]: the HTTP listener: connection bound, header and write-stall timeouts,
+//!   the budget of answer bytes in flight.
 //! * [`cli`]: `contract-impl core serve` and `core credential issue|revoke|list`.
 //!
 //! [`Core`] is the shared state; [`serve`] binds the listener and runs everything.
@@ -30,6 +32,7 @@ pub mod extract;
 pub mod files;
 pub mod files_export;
 pub mod files_write;
+pub mod http;
 pub mod suspension;
 pub mod turn;
 
@@ -42,6 +45,7 @@ use tokio::sync::{Notify, mpsc};
 use crate::core_runtime::store::{CoreStore, StoreError};
 pub use config::{CoreConfig, CoreConfigError};
 pub use connection::DeviceConnection;
+pub use http::{HTTP_WRITE_STALL_TIMEOUT, serve_http};
 
 /// Bound on concurrently connected devices.
 pub const DEVICES_MAX: usize = 1024;
@@ -158,6 +162,8 @@ pub struct Core {
     /// SHA-256 of the Project API key every public `/v1` request presents as
     /// `Authorization: Bearer <key>` ([`api::require_api_key`]).
     pub api_key_digest: [u8; 32],
+    /// The budget of answer bytes held for readers ([`http::ResponseBudget`]).
+    pub response_budget: http::ResponseBudget,
 }
 
 impl Core {
@@ -227,6 +233,7 @@ pub async fn serve(
         wake: Notify::new(),
         base_url: format!("http://{addr}"),
         api_key_digest: api::key_digest(api_key),
+        response_budget: http::ResponseBudget::default(),
     });
     tokio::spawn(turn::scheduler(core.clone()));
     tokio::spawn(connection::recheck_revocations(core.clone()));
@@ -239,67 +246,9 @@ pub async fn serve(
         )
         .with_state(core.clone());
     ready(&core.base_url);
-    serve_http(listener, app, HTTP_HEADER_READ_TIMEOUT).await;
+    let write_stall = core.config.timers.http_write_stall;
+    serve_http(listener, app, HTTP_HEADER_READ_TIMEOUT, write_stall).await;
     Ok(())
-}
-
-/// Serves `app` on `listener` forever: HTTP/1.1 with upgrades (the daemon WebSocket),
-/// at most [`HTTP_CONNECTIONS_MAX`] connections at once, each closed when a request's
-/// headers do not arrive within `header_timeout` ([`HTTP_HEADER_READ_TIMEOUT`]).
-pub async fn serve_http(
-    listener: tokio::net::TcpListener,
-    app: axum::Router,
-    header_timeout: Duration,
-) {
-    let permits = Arc::new(tokio::sync::Semaphore::new(HTTP_CONNECTIONS_MAX));
-    let mut connections = tokio::task::JoinSet::new();
-    loop {
-        let Ok(permit) = permits.clone().acquire_owned().await else {
-            return;
-        };
-        tokio::select! {
-            accepted = listener.accept() => {
-                let stream = match accepted {
-                    Ok((stream, _)) => stream,
-                    Err(e) => {
-                        tracing::warn!("accept failed: {e}");
-                        continue;
-                    }
-                };
-                let app = app.clone();
-                connections.spawn(async move {
-                    let _permit = permit;
-                    let service = hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
-                        let mut app = app.clone();
-                        async move {
-                            type Req = hyper::Request<axum::body::Body>;
-                            std::future::poll_fn(|cx| {
-                                <axum::Router as tower_service::Service<Req>>::poll_ready(
-                                    &mut app, cx,
-                                )
-                            })
-                            .await?;
-                            <axum::Router as tower_service::Service<Req>>::call(
-                                &mut app,
-                                req.map(axum::body::Body::new),
-                            )
-                            .await
-                        }
-                    });
-                    let mut builder = hyper::server::conn::http1::Builder::new();
-                    builder
-                        .timer(hyper_util::rt::TokioTimer::new())
-                        .header_read_timeout(header_timeout);
-                    let _ = builder
-                        .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
-                        .with_upgrades()
-                        .await;
-                });
-            }
-            // Reap finished connections so the set stays bounded.
-            Some(_) = connections.join_next(), if !connections.is_empty() => {}
-        }
-    }
 }
 
 #[cfg(test)]
@@ -312,7 +261,12 @@ mod http_tests {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let app = axum::Router::new().route("/", axum::routing::get(|| async { "ok" }));
-        tokio::spawn(serve_http(listener, app, Duration::from_millis(100)));
+        tokio::spawn(serve_http(
+            listener,
+            app,
+            Duration::from_millis(100),
+            HTTP_WRITE_STALL_TIMEOUT,
+        ));
         addr
     }
 

@@ -219,6 +219,31 @@ pub struct TurnRecord {
     pub updated_at_ms: i64,
 }
 
+/// One durable Turn event as stored: its payload is the stored JSON text
+/// ([`CoreStore::event_page`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredEvent {
+    /// Per-Turn sequence, from 1, without gaps.
+    pub sequence: u64,
+    /// Event type.
+    pub kind: String,
+    /// The payload's JSON text (checked to be JSON).
+    pub payload_json: String,
+    /// Record time (ms).
+    pub recorded_at_ms: i64,
+}
+
+impl StoredEvent {
+    /// The event as the public JSON object `{"sequence","type","payload","recorded_at_ms"}`.
+    pub fn to_json(&self) -> String {
+        let kind = serde_json::to_string(&self.kind).unwrap_or_else(|_| "\"\"".into());
+        format!(
+            "{{\"sequence\":{},\"type\":{kind},\"payload\":{},\"recorded_at_ms\":{}}}",
+            self.sequence, self.payload_json, self.recorded_at_ms
+        )
+    }
+}
+
 /// One durable Turn event.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct TurnEvent {
@@ -697,6 +722,21 @@ pub trait CoreStore: Send {
         events: &[(String, Value)],
         now_ms: i64,
     ) -> Result<Appended, StoreError>;
+    /// A page of events as stored: `sequence > after_sequence`, in order, at most
+    /// `limit` (≤ [`EVENTS_PAGE_MAX`]), and no more once their payloads reach
+    /// `max_bytes` (the first event always goes in). Payloads are not parsed: the
+    /// public page is written from the stored JSON text.
+    ///
+    /// # Errors
+    /// [`StoreError::NotFound`] for an unknown Turn; [`StoreError::Corrupt`] for a
+    /// stored payload that is not JSON.
+    fn event_page(
+        &mut self,
+        turn_id: &str,
+        after_sequence: u64,
+        limit: u32,
+        max_bytes: usize,
+    ) -> Result<Vec<StoredEvent>, StoreError>;
     /// Events with `sequence > after_sequence`, in order, at most `limit` (≤ [`EVENTS_PAGE_MAX`]).
     ///
     /// # Errors

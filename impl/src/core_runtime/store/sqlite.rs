@@ -955,6 +955,45 @@ impl CoreStore for SqliteStore {
         })
     }
 
+    fn event_page(
+        &mut self,
+        turn_id: &str,
+        after_sequence: u64,
+        limit: u32,
+        max_bytes: usize,
+    ) -> Result<Vec<StoredEvent>, StoreError> {
+        load_turn(&self.conn, turn_id)?;
+        let limit = limit.min(EVENTS_PAGE_MAX);
+        let mut stmt = self.conn.prepare(
+            "SELECT sequence, kind, payload, recorded_at_ms FROM turn_events WHERE turn_id = ?1 AND sequence > ?2 ORDER BY sequence LIMIT ?3",
+        )?;
+        let mut rows = stmt.query(params![
+            turn_id,
+            after_sequence.min(i64::MAX as u64) as i64,
+            limit as i64
+        ])?;
+        let mut page = Vec::new();
+        let mut bytes = 0usize;
+        while let Some(row) = rows.next()? {
+            let payload_json: String = row.get(2)?;
+            if !page.is_empty() && bytes + payload_json.len() > max_bytes {
+                break;
+            }
+            // Checked, not built: a corrupt row must not make the page invalid JSON.
+            serde_json::from_str::<&serde_json::value::RawValue>(&payload_json).map_err(|e| {
+                StoreError::Corrupt(format!("event payload of turn {turn_id}: {e}"))
+            })?;
+            bytes += payload_json.len();
+            page.push(StoredEvent {
+                sequence: row.get::<_, i64>(0)? as u64,
+                kind: row.get(1)?,
+                payload_json,
+                recorded_at_ms: row.get(3)?,
+            });
+        }
+        Ok(page)
+    }
+
     fn events(
         &mut self,
         turn_id: &str,
