@@ -548,6 +548,7 @@ mod tests {
         Scenario {
             pending: Default::default(),
             requires: Default::default(),
+            edges: Default::default(),
             family: "core_runtime".into(),
             name: "prep".into(),
             summary: "s".into(),

@@ -22,7 +22,17 @@
 //!     reading: "our reading: …"     # which, and why (a `quote` of the ambiguous
 //!                                   # sentence may be added)
 //!     uncovered: "needs two physical devices"   # only for what no scenario can cover
+//!   - id: CR-WS-008
+//!     …
+//!     bounds:                       # every number the statement sets, by name
+//!       - { name: entries, value: 1024, unit: entries }
+//!       - { name: name_bytes, value: 255, unit: bytes }
 //! ```
+//!
+//! A bound is tested at its edge when one scenario sits exactly at it and succeeds and
+//! one sits one past it and gets the spec's outcome; a scenario says which edges it
+//! exercises (`edges: {CR-WS-008/entries: [at, past]}`) and `coverage` lists every
+//! bound that lacks one.
 //!
 //! A vendor's failure of a `reference` requirement is a difference from our reference
 //! implementation, never non-conformance; `coverage` reports the two levels apart.
@@ -75,6 +85,81 @@ pub struct Requirement {
     pub reading: Option<String>,
     /// Why no scenario can cover it (only for such requirements).
     pub uncovered_reason: Option<String>,
+    /// The numeric bounds the statement sets (`bounds:`), each to be tested at its edge.
+    pub bounds: Vec<Bound>,
+}
+
+/// One numeric bound a requirement sets.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Bound {
+    /// Name, unique within the requirement (`entries`, `name_bytes`); a scenario's edge
+    /// key is `<requirement ID>/<name>`.
+    pub name: String,
+    /// The limit, in `unit`s.
+    pub value: u64,
+    /// `bytes`, `entries`, `count`, `ms` or `status`.
+    pub unit: BoundUnit,
+}
+
+/// Unit of a [`Bound`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BoundUnit {
+    /// Bytes (of a frame, a payload, a name, an ID).
+    Bytes,
+    /// Entries of a list or records kept.
+    Entries,
+    /// A count of events or items.
+    Count,
+    /// Milliseconds (a timer, shortened through configuration in scenarios).
+    Ms,
+    /// An HTTP status number.
+    Status,
+}
+
+impl BoundUnit {
+    /// The unit's name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BoundUnit::Bytes => "bytes",
+            BoundUnit::Entries => "entries",
+            BoundUnit::Count => "count",
+            BoundUnit::Ms => "ms",
+            BoundUnit::Status => "status",
+        }
+    }
+}
+
+/// Which side of a bound a scenario exercises.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Edge {
+    /// Exactly at the bound, and it succeeds.
+    At,
+    /// One past the bound, and it gets the spec's outcome.
+    Past,
+}
+
+impl Edge {
+    /// `at` or `past`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Edge::At => "at",
+            Edge::Past => "past",
+        }
+    }
+}
+
+/// A bound of the catalog missing an edge no scenario exercises.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BoundGap {
+    /// `<requirement ID>/<bound name>`.
+    pub key: String,
+    /// The bound.
+    pub bound: Bound,
+    /// Edges no running scenario exercises.
+    pub missing: Vec<Edge>,
 }
 
 #[derive(Deserialize)]
@@ -97,6 +182,8 @@ struct RawRequirement {
     reading: Option<String>,
     #[serde(default)]
     uncovered: Option<String>,
+    #[serde(default)]
+    bounds: Vec<Bound>,
 }
 
 /// Loads a catalog strictly. The `family` must equal the file stem; IDs must be
@@ -186,6 +273,22 @@ pub fn load_catalog(path: &Path) -> Result<Vec<Requirement>, LoadError> {
             }
             (Some(level), ..) => level,
         };
+        let mut names = BTreeSet::new();
+        for b in &r.bounds {
+            let well_formed = !b.name.is_empty()
+                && b.name
+                    .bytes()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'_');
+            if !well_formed || !names.insert(b.name.clone()) {
+                return Err(at(
+                    loc,
+                    format!(
+                        "requirement `{}`: bound names are distinct lower_snake_case words (`{}`)",
+                        r.id, b.name
+                    ),
+                ));
+            }
+        }
         if r.uncovered.as_deref().is_some_and(|u| u.trim().is_empty()) {
             return Err(at(
                 loc,
@@ -200,6 +303,7 @@ pub fn load_catalog(path: &Path) -> Result<Vec<Requirement>, LoadError> {
             quote: r.quote,
             reading: r.reading,
             uncovered_reason: r.uncovered,
+            bounds: r.bounds,
         });
     }
     Ok(out)
@@ -245,6 +349,13 @@ pub struct Coverage {
     /// `(scenario ID, requirement ID)`: our choice asserted by a plain step would fail a
     /// conformant target in vendor mode.
     pub unmarked_references: Vec<(String, String)>,
+    /// Bounds of covered requirements that no running scenario exercises at both edges,
+    /// in catalog order.
+    pub bound_gaps: Vec<BoundGap>,
+    /// Edge keys scenarios name that no catalog bound defines, as `(scenario ID, key)`.
+    pub unknown_edges: Vec<(String, String)>,
+    /// Number of bounds in the catalog (of requirements no `uncovered:` reason exempts).
+    pub bounds_total: usize,
     /// Number of requirements in the catalog.
     pub total: usize,
     /// Level of every catalog requirement, by ID.
@@ -291,6 +402,12 @@ impl Coverage {
         for id in &self.stale_reasons {
             out.push(format!(
                 "requirement {id} is marked `uncovered` but scenarios cover it; drop the mark"
+            ));
+        }
+        for (scenario, key) in &self.unknown_edges {
+            out.push(format!(
+                "scenario {scenario} names the edge key {key}, which no catalog bound defines \
+                 (`<requirement ID>/<bound name>`)"
             ));
         }
         out
@@ -387,6 +504,45 @@ pub fn coverage(catalog: &[Requirement], scenarios: &[Scenario]) -> Coverage {
             }),
         }
     }
+    let mut edges: BTreeMap<String, BTreeSet<Edge>> = BTreeMap::new();
+    for s in scenarios {
+        if s.target_sides()
+            .into_iter()
+            .all(|side| s.pending_reason(side).is_some())
+        {
+            continue;
+        }
+        for (key, list) in &s.edges {
+            edges.entry(key.clone()).or_default().extend(list);
+        }
+    }
+    let mut defined = BTreeSet::new();
+    for r in catalog.iter().filter(|r| r.uncovered_reason.is_none()) {
+        for b in &r.bounds {
+            let key = format!("{}/{}", r.id, b.name);
+            cov.bounds_total += 1;
+            let seen = edges.get(&key);
+            let missing: Vec<Edge> = [Edge::At, Edge::Past]
+                .into_iter()
+                .filter(|e| !seen.is_some_and(|s| s.contains(e)))
+                .collect();
+            if !missing.is_empty() {
+                cov.bound_gaps.push(BoundGap {
+                    key: key.clone(),
+                    bound: b.clone(),
+                    missing,
+                });
+            }
+            defined.insert(key);
+        }
+    }
+    for s in scenarios {
+        for key in s.edges.keys() {
+            if !defined.contains(key) {
+                cov.unknown_edges.push((s.id(), key.clone()));
+            }
+        }
+    }
     for (id, names) in citing {
         if !known.contains(id) {
             cov.unknown.insert(id.to_string(), names);
@@ -473,13 +629,52 @@ mod tests {
             quote: Some("q".into()),
             reading: None,
             uncovered_reason: reason.map(Into::into),
+            bounds: Vec::new(),
         }
+    }
+
+    #[test]
+    fn a_bound_needs_both_edges_from_running_scenarios() {
+        let mut r = req("CR-A-001", None);
+        r.bounds = vec![
+            Bound {
+                name: "entries".into(),
+                value: 1024,
+                unit: BoundUnit::Entries,
+            },
+            Bound {
+                name: "name_bytes".into(),
+                value: 255,
+                unit: BoundUnit::Bytes,
+            },
+        ];
+        let mut at_and_past = scen("a", &["CR-A-001"]);
+        at_and_past
+            .edges
+            .insert("CR-A-001/entries".into(), vec![Edge::At, Edge::Past]);
+        let mut at_only = scen("b", &["CR-A-001"]);
+        at_only
+            .edges
+            .insert("CR-A-001/name_bytes".into(), vec![Edge::At]);
+        let mut typo = scen("c", &["CR-A-001"]);
+        typo.edges.insert("CR-A-001/names".into(), vec![Edge::Past]);
+        let cov = coverage(&[r], &[at_and_past, at_only, typo]);
+        assert_eq!(cov.bounds_total, 2);
+        assert_eq!(cov.bound_gaps.len(), 1);
+        assert_eq!(cov.bound_gaps[0].key, "CR-A-001/name_bytes");
+        assert_eq!(cov.bound_gaps[0].missing, vec![Edge::Past]);
+        assert_eq!(
+            cov.unknown_edges,
+            vec![("core_runtime/c".to_string(), "CR-A-001/names".to_string())]
+        );
+        assert!(cov.errors().iter().any(|e| e.contains("CR-A-001/names")));
     }
 
     fn scen(name: &str, covers: &[&str]) -> Scenario {
         Scenario {
             pending: Default::default(),
             requires: Default::default(),
+            edges: Default::default(),
             family: "core_runtime".into(),
             name: name.into(),
             summary: "s".into(),

@@ -277,6 +277,7 @@ fn scenario(steps: Vec<Step>) -> Scenario {
     Scenario {
         pending: Default::default(),
         requires: Default::default(),
+        edges: Default::default(),
         family: "fake".into(),
         name: "engine".into(),
         summary: String::new(),

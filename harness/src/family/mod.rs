@@ -225,6 +225,7 @@ pub async fn probe_features(
         ],
         pending: Default::default(),
         requires: Default::default(),
+        edges: Default::default(),
         path: "feature_probe".into(),
     };
     let opts = DriveOptions {

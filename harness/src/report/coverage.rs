@@ -47,8 +47,29 @@ pub fn render_text(family: &str, coverage: &Coverage) -> String {
             }
         }
     }
+    out.push_str(&bounds_text(coverage));
     for error in coverage.errors() {
         out.push_str(&format!("error: {error}\n"));
+    }
+    out
+}
+
+/// `bounds: 12/15 tested at both edges` and one line per bound missing an edge.
+fn bounds_text(coverage: &Coverage) -> String {
+    let mut out = format!(
+        "bounds: {}/{} tested at both edges (at the bound, and one past it)\n",
+        coverage.bounds_total - coverage.bound_gaps.len(),
+        coverage.bounds_total
+    );
+    for gap in &coverage.bound_gaps {
+        let missing: Vec<&str> = gap.missing.iter().map(|e| e.as_str()).collect();
+        out.push_str(&format!(
+            "  EDGE      {} ({} {}): no scenario exercises {}\n",
+            gap.key,
+            gap.bound.value,
+            gap.bound.unit.as_str(),
+            missing.join(" and ")
+        ));
     }
     out
 }
@@ -80,6 +101,7 @@ pub fn render_markdown(family: &str, coverage: &Coverage) -> String {
             u.level.as_str()
         ));
     }
+    out.push_str(&format!("\n```\n{}```\n", bounds_text(coverage)));
     let errors = coverage.errors();
     if !errors.is_empty() {
         out.push_str("\n**Errors**\n\n");

@@ -203,6 +203,8 @@ struct RawScenario {
     pending: Option<Spanned<BTreeMap<Side, String>>>,
     #[serde(default)]
     requires: Option<Spanned<Value>>,
+    #[serde(default)]
+    edges: Option<Spanned<BTreeMap<String, Vec<crate::requirements::Edge>>>>,
     steps: Spanned<Vec<Spanned<RawStep>>>,
 }
 
@@ -750,6 +752,29 @@ pub fn parse_scenario(path: &Path, source: &str) -> Result<Scenario, Vec<LoadErr
         step_items: step_spans,
     };
     let requires_span = raw.requires.as_ref().map(|r| r.referenced);
+    let edges_span = raw.edges.as_ref().map(|e| e.referenced);
+    let edges = raw.edges.map(|e| e.value).unwrap_or_default();
+    let covers: Vec<String> = raw.covers.value.iter().map(|c| c.value.clone()).collect();
+    for (key, list) in &edges {
+        let problem = match key.split_once('/') {
+            None => Some(format!(
+                "edges: `{key}` is not `<requirement ID>/<bound name>`"
+            )),
+            Some((id, _)) if !covers.iter().any(|c| c == id) => Some(format!(
+                "edges: `{key}` names {id}, which this scenario does not list in `covers:`"
+            )),
+            Some(_) if list.is_empty() => Some(format!("edges: `{key}` lists no edge")),
+            Some(_) if list.len() == 2 && list[0] == list[1] => {
+                Some(format!("edges: `{key}` lists an edge twice"))
+            }
+            Some(_) if list.len() > 2 => Some(format!("edges: `{key}` lists an edge twice")),
+            Some(_) => None,
+        };
+        if let Some(message) = problem {
+            conv.errors
+                .push(LoadError::at(path, edges_span, message, Some(source)));
+        }
+    }
     let scenario = Scenario {
         family: raw.family.value,
         name: raw.name.value,
@@ -768,6 +793,7 @@ pub fn parse_scenario(path: &Path, source: &str) -> Result<Scenario, Vec<LoadErr
                 BTreeMap::new()
             }
         },
+        edges,
         path: path.to_path_buf(),
     };
     let mut errors = conv.errors;

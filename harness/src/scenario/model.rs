@@ -182,6 +182,11 @@ pub struct Scenario {
     /// `--features` file, or the wire where the family declares features there) does not
     /// fit is reported `not applicable`, never passed. Empty: runs against every target.
     pub requires: BTreeMap<String, bool>,
+    /// The edges of catalog bounds this scenario exercises, by `<requirement ID>/<bound
+    /// name>` (`edges: {CR-WS-008/entries: [at, past]}`): `at` sits exactly at the bound
+    /// and succeeds, `past` one past it and gets the spec's outcome. The requirement is
+    /// one the scenario covers.
+    pub edges: BTreeMap<String, Vec<crate::requirements::Edge>>,
     /// The file the scenario was loaded from.
     pub path: PathBuf,
 }

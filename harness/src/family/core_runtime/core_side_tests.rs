@@ -40,6 +40,7 @@ fn heartbeat_follows_the_launch_declarations() {
     let scenario = Scenario {
         pending: Default::default(),
         requires: Default::default(),
+        edges: Default::default(),
         family: "core_runtime".into(),
         name: "x".into(),
         summary: String::new(),
@@ -116,6 +117,7 @@ async fn drive_fake_core(steps: Vec<Step>) -> DriveOutcome {
     let scenario = Scenario {
         pending: Default::default(),
         requires: Default::default(),
+        edges: Default::default(),
         family: "core_runtime".into(),
         name: "driver_test".into(),
         summary: String::new(),

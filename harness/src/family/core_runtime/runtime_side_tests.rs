@@ -178,6 +178,7 @@ fn scenario(steps: Vec<Step>) -> Scenario {
     Scenario {
         pending: Default::default(),
         requires: Default::default(),
+        edges: Default::default(),
         family: FAMILY.into(),
         name: "driver_test".into(),
         summary: String::new(),
