@@ -13,7 +13,7 @@ SIDE    ?= runtime
 JOBS    ?=
 HARNESS_ARGS ?=
 
-.PHONY: check-runtime-contract check setup api-check build test lint fmt fmt-check clippy doc proto-check proto-baseline \
+.PHONY: check-runtime-contract check setup api-check mutants build test lint fmt fmt-check clippy doc proto-check proto-baseline \
         contract contract-refusals contract-core contract-worker contract-worker-host contract-engine contract-engine-client contract-plugin contract-plugin-python contract-plugin-host coverage golden-review golden-accept golden-stable schema bench package clean
 
 ## The main job: build everything, replay every scenario against our binaries, print coverage.
@@ -176,6 +176,25 @@ bench:
 	$(or $(CARGO_TARGET_DIR),$(CURDIR)/target)/release/contract-impl worker bench
 	$(or $(CARGO_TARGET_DIR),$(CURDIR)/target)/release/contract-impl engine bench
 	$(or $(CARGO_TARGET_DIR),$(CURDIR)/target)/release/contract-impl plugin bench
+
+## Mutation testing of the protocol modules (not part of `make check`): cargo-mutants
+## (installed by `ci/setup.sh --mutants`) mutates impl/src/core_runtime/{daemon,gateway,
+## wire} and impl/src/wire (.cargo/mutants.toml) and judges each mutant by the scenario
+## suite of both sides (impl/tests/mutants_scenarios.rs), with a harness built once from
+## the unmutated tree. MUTANTS_SHARD picks a fixed sample (round-robin shard k/n of the
+## mutants, the same every run); then the kill rate per directory and every survivor.
+MUTANTS_SHARD ?= 0/128
+MUTANTS_OUT   ?= $(CURDIR)/target/mutants
+mutants: build
+	@ci/setup.sh --mutants
+	mkdir -p $(MUTANTS_OUT)
+	cp $(HARNESS) $(MUTANTS_OUT)/contract-harness-unmutated
+	CONTRACT_MUTANTS_HARNESS=$(MUTANTS_OUT)/contract-harness-unmutated \
+	  CARGO_TARGET_DIR=$(MUTANTS_OUT)/target \
+	  .tools/cargo/bin/cargo-mutants mutants --package contract-impl \
+	  --shard $(MUTANTS_SHARD) --output $(MUTANTS_OUT) --no-shuffle \
+	  -- --test mutants_scenarios -- --ignored || true
+	python3 ci/mutants-report.py $(MUTANTS_OUT)/mutants.out
 
 clean:
 	$(CARGO) clean

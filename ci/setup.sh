@@ -48,3 +48,14 @@ if [ "$("$ST" --version 2>/dev/null || true)" != "schemathesis, version $SCHEMAT
   .tools/st/bin/python -m pip install --quiet --disable-pip-version-check "schemathesis==$SCHEMATHESIS_VERSION" >/dev/null
   [ "$("$ST" --version 2>/dev/null || true)" = "schemathesis, version $SCHEMATHESIS_VERSION" ] || { echo "setup: schemathesis $SCHEMATHESIS_VERSION did not install" >&2; exit 1; }
 fi
+
+# cargo-mutants (`make mutants` only: `ci/setup.sh --mutants`), pinned, from crates.io
+# into .tools/cargo.
+if [ "${1:-}" = "--mutants" ]; then
+  MUTANTS_VERSION=27.1.0
+  MUTANTS=".tools/cargo/bin/cargo-mutants"
+  if [ "$("$MUTANTS" mutants --version 2>/dev/null || true)" != "cargo-mutants $MUTANTS_VERSION" ]; then
+    cargo install --locked --quiet --root .tools/cargo cargo-mutants --version "$MUTANTS_VERSION"
+    [ "$("$MUTANTS" mutants --version 2>/dev/null || true)" = "cargo-mutants $MUTANTS_VERSION" ] || { echo "setup: cargo-mutants $MUTANTS_VERSION did not install" >&2; exit 1; }
+  fi
+fi
