@@ -716,8 +716,8 @@ impl Run {
                     RawMessage::Binary(bytes) => Outgoing::Binary(bytes.clone()),
                     RawMessage::TextBytes(bytes) => Outgoing::TextBytes(bytes.clone()),
                     RawMessage::Frame(template) => {
-                        let template = crate::matcher::expand_generated(template)
-                            .map_err(fail::scenario)?;
+                        let template =
+                            crate::matcher::expand_generated(template).map_err(fail::scenario)?;
                         let frame = self
                             .bindings
                             .substitute(&template, true)

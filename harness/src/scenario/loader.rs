@@ -1673,8 +1673,9 @@ steps:
         let err = load_err("x", &format!("{head}steps:\n{ok}"));
         assert!(
             err.contains("x.yaml:6:5:")
-                && err
-                    .contains("`$generated` at $.payload.data needs a scenario that runs on one side"),
+                && err.contains(
+                    "`$generated` at $.payload.data needs a scenario that runs on one side"
+                ),
             "{err}"
         );
         // In a frame the harness sends in a one-sided scenario it stands for its base64.
@@ -1682,7 +1683,10 @@ steps:
         let (_dir, result) = load("x", &format!("{head}sides: [runtime]\nsteps:\n{sent}"));
         result.unwrap();
         let err = load_err("x", &format!("{head}steps:\n{sent}"));
-        assert!(err.contains("needs a scenario that runs on one side"), "{err}");
+        assert!(
+            err.contains("needs a scenario that runs on one side"),
+            "{err}"
+        );
         let bad = frame.replace("GEN", "{ seed: 7 }");
         let err = load_err("x", &format!("{head}sides: [runtime]\nsteps:\n{bad}"));
         assert!(
