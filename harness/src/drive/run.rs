@@ -533,9 +533,10 @@ impl Run {
         template: &Value,
     ) -> StepResult<Value> {
         self.await_carried(peer, template).await?;
+        let template = crate::matcher::expand_generated(template).map_err(fail::scenario)?;
         let frame = self
             .bindings
-            .substitute(template, true)
+            .substitute(&template, true)
             .map_err(|e| fail::bind(e, "the frame to send"))?;
         let frame = crate::matcher::expand_text(&frame).map_err(fail::scenario)?;
         let codec = peer.role().codec;
@@ -715,9 +716,11 @@ impl Run {
                     RawMessage::Binary(bytes) => Outgoing::Binary(bytes.clone()),
                     RawMessage::TextBytes(bytes) => Outgoing::TextBytes(bytes.clone()),
                     RawMessage::Frame(template) => {
+                        let template =
+                            crate::matcher::expand_generated(template).map_err(fail::scenario)?;
                         let frame = self
                             .bindings
-                            .substitute(template, true)
+                            .substitute(&template, true)
                             .map_err(|e| fail::bind(e, "the frame to send"))?;
                         let frame = crate::matcher::expand_text(&frame).map_err(fail::scenario)?;
                         Outgoing::Text(peer.role().codec.encode_unchecked(&frame).map_err(|e| {

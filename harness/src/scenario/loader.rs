@@ -1673,8 +1673,18 @@ steps:
         let err = load_err("x", &format!("{head}steps:\n{ok}"));
         assert!(
             err.contains("x.yaml:6:5:")
-                && err
-                    .contains("`$generated` at $.payload.data matches only what the target emits"),
+                && err.contains(
+                    "`$generated` at $.payload.data needs a scenario that runs on one side"
+                ),
+            "{err}"
+        );
+        // In a frame the harness sends in a one-sided scenario it stands for its base64.
+        let sent = "  - core: { type: workspace_write, id: w-1, payload: { phase: chunk, offset: 0, data: { $generated: { seed: 7, size: 4 } } } }\n";
+        let (_dir, result) = load("x", &format!("{head}sides: [runtime]\nsteps:\n{sent}"));
+        result.unwrap();
+        let err = load_err("x", &format!("{head}steps:\n{sent}"));
+        assert!(
+            err.contains("needs a scenario that runs on one side"),
             "{err}"
         );
         let bad = frame.replace("GEN", "{ seed: 7 }");

@@ -161,10 +161,15 @@ impl Checker<'_> {
         }
     }
 
-    /// Checks every `{$generated: …}` pattern in `value`: well-formed, and only in frames
-    /// of the one side the scenario targets (the harness can match it, never send it).
+    /// Checks every `{$generated: …}` pattern in `value`: well-formed, and only in a
+    /// scenario that runs on one side, where each frame is either the target's (matched)
+    /// or one the harness only sends (the pattern stands for its base64 string).
     fn generated_patterns(&mut self, location: Location, what: &str, party: Party, value: &Value) {
-        let only_target = self.scenario.sides.as_deref() == Some(&[party.side()][..]);
+        let only_target = self
+            .scenario
+            .sides
+            .as_deref()
+            .is_some_and(|sides| sides.len() == 1);
         let mut found = Vec::new();
         walk(
             value,
@@ -173,7 +178,7 @@ impl Checker<'_> {
                 Ok(Some(_)) if only_target => true,
                 Ok(Some(_)) => {
                     found.push(format!(
-                    "{what}: `{GENERATED_MARKER}` at {path} matches only what the target emits; use it in `{}` frames of a scenario with `sides: [{}]`",
+                    "{what}: `{GENERATED_MARKER}` at {path} needs a scenario that runs on one side (it matches what the target emits and stands for its base64 in what the harness sends); use it in `{}` frames of a scenario with `sides: [{}]`",
                     party.as_str(),
                     party.side()
                 ));

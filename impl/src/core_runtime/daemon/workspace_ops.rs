@@ -409,6 +409,15 @@ pub async fn dispatch_write(rt: &Arc<Runtime>, generation: u64, envelope: Envelo
     {
         Some(request) => request,
         None => {
+            // A rejection receipt releases the mutation owner ("An exact commit or
+            // rejection receipt releases the mutation owner"): a frame of an open
+            // transfer that does not decode (a chunk over 64 KiB, say) ends that
+            // transfer, unless its commit is already being applied.
+            if let Some(conn) = st.conn_at(generation)
+                && conn.writes.get(&id).is_some_and(|op| !op.committing)
+            {
+                conn.writes.remove(&id);
+            }
             out.send_now(id, write_rejected(WorkspaceErrorCode::InvalidRequest));
             return;
         }
