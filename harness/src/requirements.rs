@@ -349,8 +349,8 @@ pub struct Coverage {
     /// `(scenario ID, requirement ID)`: our choice asserted by a plain step would fail a
     /// conformant target in vendor mode.
     pub unmarked_references: Vec<(String, String)>,
-    /// Bounds of covered requirements that no running scenario exercises at both edges,
-    /// in catalog order.
+    /// Bounds that no running scenario exercises at both edges, in catalog order (an
+    /// error: every bound is tested at the bound and one past it).
     pub bound_gaps: Vec<BoundGap>,
     /// Edge keys scenarios name that no catalog bound defines, as `(scenario ID, key)`.
     pub unknown_edges: Vec<(String, String)>,
@@ -402,6 +402,16 @@ impl Coverage {
         for id in &self.stale_reasons {
             out.push(format!(
                 "requirement {id} is marked `uncovered` but scenarios cover it; drop the mark"
+            ));
+        }
+        for gap in &self.bound_gaps {
+            let missing: Vec<&str> = gap.missing.iter().map(|e| e.as_str()).collect();
+            out.push(format!(
+                "bound {} ({} {}) has no scenario exercising {} (`edges:`)",
+                gap.key,
+                gap.bound.value,
+                gap.bound.unit.as_str(),
+                missing.join(" and ")
             ));
         }
         for (scenario, key) in &self.unknown_edges {
@@ -668,6 +678,11 @@ mod tests {
             vec![("core_runtime/c".to_string(), "CR-A-001/names".to_string())]
         );
         assert!(cov.errors().iter().any(|e| e.contains("CR-A-001/names")));
+        assert!(
+            cov.errors()
+                .iter()
+                .any(|e| e.contains("bound CR-A-001/name_bytes") && e.contains("past"))
+        );
     }
 
     fn scen(name: &str, covers: &[&str]) -> Scenario {
