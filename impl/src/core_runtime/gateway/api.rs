@@ -571,10 +571,16 @@ async fn list_inputs(
     State(core): State<Arc<Core>>,
     ApiPath(turn_id): ApiPath<String>,
 ) -> ApiResult {
-    let id = turn_id.clone();
-    let turn = core.store.call(move |s| s.turn(&id)).await?;
-    let inputs = core.store.call(move |s| s.inputs(&turn_id)).await?;
-    Ok(Json(json!({ "input_cursor": turn.input_cursor, "inputs": inputs })).into_response())
+    // One store call: the cursor and the inputs' states are read together, never with
+    // an `accepted` (which moves the cursor in its transaction) landing in between.
+    let (cursor, inputs) = core
+        .store
+        .call(move |s| {
+            let cursor = s.turn(&turn_id)?.input_cursor;
+            Ok::<_, crate::core_runtime::store::StoreError>((cursor, s.inputs(&turn_id)?))
+        })
+        .await?;
+    Ok(Json(json!({ "input_cursor": cursor, "inputs": inputs })).into_response())
 }
 
 async fn cancel_turn(
