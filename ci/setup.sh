@@ -37,3 +37,17 @@ if [ "$("$PY" -c 'import grpc, grpc_tools; print(grpc.__version__)' 2>/dev/null 
   "$PY" -m pip install --quiet --disable-pip-version-check "grpcio==$GRPCIO_VERSION" "grpcio-tools==$GRPCIO_VERSION" >/dev/null
   [ "$("$PY" -c 'import grpc, grpc_tools; print(grpc.__version__)' 2>/dev/null || true)" = "$GRPCIO_VERSION" ] || { echo "setup: grpcio $GRPCIO_VERSION did not install" >&2; exit 1; }
 fi
+
+# cargo-fuzz (the fuzz targets of fuzz/: `make fuzz-smoke`, `make fuzz`), pinned, from the
+# Rust package registry into .tools/cargo. It runs on the stable toolchain without a
+# sanitizer (`--sanitizer none`); `make fuzz` uses nightly's address sanitizer when a
+# nightly toolchain happens to be installed.
+CARGO_FUZZ_VERSION=0.13.2
+CARGO_FUZZ=".tools/cargo/bin/cargo-fuzz"
+if [ "$("$CARGO_FUZZ" --version 2>/dev/null || true)" != "cargo-fuzz $CARGO_FUZZ_VERSION" ]; then
+  # Quiet unless it fails (cargo install warns that .tools/cargo/bin is not on PATH).
+  if ! log=$(cargo install --quiet --locked --root .tools/cargo cargo-fuzz --version "$CARGO_FUZZ_VERSION" 2>&1); then
+    echo "$log" >&2
+  fi
+  [ "$("$CARGO_FUZZ" --version 2>/dev/null || true)" = "cargo-fuzz $CARGO_FUZZ_VERSION" ] || { echo "setup: cargo-fuzz $CARGO_FUZZ_VERSION did not install" >&2; exit 1; }
+fi
