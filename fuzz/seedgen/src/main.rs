@@ -4,7 +4,8 @@
 //! * `scenario_loader`: every YAML file under `scenarios/`, as it is.
 //! * `core_runtime_frame`: every frame a `core:` or `runtime:` step of a `core_runtime`
 //!   scenario sends or expects (at any depth: `reference:` and `optional:` blocks too),
-//!   and every `core frame` / `runtime frame` a golden records.
+//!   and every `core frame` / `runtime frame` a golden records; each as written and with
+//!   its placeholders made concrete.
 //! * `launch_config`: every scenario's `config.runtime` and `config.core`, each as
 //!   written and deep-merged into the committed full default configurations
 //!   (`fuzz/seeds/launch_config/*.json`, as the harness merges it), and every JSON
@@ -34,9 +35,8 @@ struct Corpus {
 fn main() {
     let mut args = std::env::args_os().skip(1);
     let root = args.next().map(PathBuf::from).unwrap_or_else(|| {
-        Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../..")
-            .to_path_buf()
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+        root.canonicalize().unwrap_or(root)
     });
     let out = args
         .next()
@@ -69,11 +69,14 @@ fn run(root: &Path, out: &Path) -> Result<(), String> {
             let mut frames = Vec::new();
             step_frames(steps, &mut frames);
             for frame in frames {
-                let bytes = compact(&frame);
-                if core_runtime {
-                    corpus.core_runtime_frame.insert(bytes.clone());
+                // As written (placeholders, matchers) and with them made concrete.
+                for frame in [frame.clone(), concrete(&frame)] {
+                    let bytes = compact(&frame);
+                    if core_runtime {
+                        corpus.core_runtime_frame.insert(bytes.clone());
+                    }
+                    corpus.strict_json.insert(bytes);
                 }
-                corpus.strict_json.insert(bytes);
             }
         }
         for party in ["runtime", "core"] {
@@ -103,6 +106,7 @@ fn run(root: &Path, out: &Path) -> Result<(), String> {
                 && (header.ends_with(" runtime frame") || header.ends_with(" core frame"))
             {
                 corpus.core_runtime_frame.insert(compact(&value));
+                corpus.core_runtime_frame.insert(compact(&concrete(&value)));
             }
         }
     }
@@ -188,6 +192,31 @@ fn step_frames(value: &Value, out: &mut Vec<Value>) {
         }
         Value::Array(items) => items.iter().for_each(|v| step_frames(v, out)),
         _ => {}
+    }
+}
+
+/// A frame of a scenario or golden with its placeholders made concrete, so more seeds
+/// decode: a placeholder (`$run`, `<executor_id#1>`, `<credential>`) becomes a canonical
+/// UUID (most identities are UUIDs or free text), and a matcher object (`{ $gt: 0 }`,
+/// `{ $reference: 1, … }`) the value it names.
+fn concrete(value: &Value) -> Value {
+    const UUID: &str = "00000000-0000-4000-8000-000000000001";
+    match value {
+        Value::String(s) if s.starts_with('$') || (s.starts_with('<') && s.ends_with('>')) => {
+            Value::String(UUID.to_string())
+        }
+        Value::Object(map) if !map.is_empty() && map.keys().all(|k| k.starts_with('$')) => {
+            let named = map
+                .get("$reference")
+                .or_else(|| map.values().find(|v| !v.is_string()))
+                .or_else(|| map.values().next());
+            named.map(concrete).unwrap_or(Value::Null)
+        }
+        Value::Object(map) => {
+            Value::Object(map.iter().map(|(k, v)| (k.clone(), concrete(v))).collect())
+        }
+        Value::Array(items) => Value::Array(items.iter().map(concrete).collect()),
+        other => other.clone(),
     }
 }
 
