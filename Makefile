@@ -123,11 +123,14 @@ proto-check:
 proto-baseline:
 	cd proto && $(BUF) build -o baseline.binpb
 
+# The fuzz crate (fuzz/) is its own workspace: formatted with the main one.
 fmt:
 	$(CARGO) fmt --all
+	cd fuzz && $(CARGO) fmt --all
 
 fmt-check:
 	$(CARGO) fmt --all --check
+	cd fuzz && $(CARGO) fmt --all --check
 
 clippy:
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
