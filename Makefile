@@ -164,7 +164,7 @@ doc:
 CARGO_FUZZ ?= $(CURDIR)/.tools/cargo/bin/cargo-fuzz
 FUZZ_DIR   := $(or $(CARGO_TARGET_DIR),$(CURDIR)/target)/fuzz
 FUZZ_TARGETS := strict_json core_runtime_frame launch_config scenario_loader
-# target:runs of the smoke run (about ten seconds each here).
+# target:runs of the smoke run (ten to twenty seconds each on 2 cores).
 FUZZ_SMOKE ?= strict_json:200000 core_runtime_frame:100000 launch_config:200000 scenario_loader:20000
 FUZZ_SMOKE_SECONDS ?= 30
 FUZZ_SECONDS ?= 300
