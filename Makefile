@@ -1,6 +1,7 @@
 # runtime-contract: the two commands a newcomer needs are
 #   make check-runtime-contract   the main job: every scenario against our implementation
 #   make check                    what CI runs: fmt, clippy, docs, unit tests, the contract run
+#   make fuzz                     long coverage-guided fuzzing of every decoder (fuzz/)
 # Everything the targets need is installed by ci/setup.sh (idempotent, registries only).
 
 CARGO   ?= cargo
@@ -14,14 +15,15 @@ JOBS    ?=
 HARNESS_ARGS ?=
 
 .PHONY: check-runtime-contract check setup api-check mutants build test lint fmt fmt-check clippy doc proto-check proto-baseline \
-        contract contract-refusals contract-core contract-worker contract-worker-host contract-engine contract-engine-client contract-plugin contract-plugin-python contract-plugin-host coverage golden-review golden-accept golden-stable schema bench package clean
+        contract contract-refusals contract-core contract-worker contract-worker-host contract-engine contract-engine-client contract-plugin contract-plugin-python contract-plugin-host coverage fuzz fuzz-seeds fuzz-smoke golden-review golden-accept golden-stable schema bench package clean
 
 ## The main job: build everything, replay every scenario against our binaries, print coverage.
 check-runtime-contract: setup build contract contract-refusals contract-core contract-worker contract-worker-host contract-engine contract-engine-client contract-plugin contract-plugin-python contract-plugin-host coverage
 
 ## What CI runs (.ci/run): formatting, lints, docs, schema checks, unit tests, the
-## contract suite and the property-based check of Core's public API.
-check: setup fmt-check clippy doc proto-check test api-check
+## contract suite, the property-based check of Core's public API and a bounded smoke run
+## of every fuzz target.
+check: setup fmt-check clippy doc proto-check test api-check fuzz-smoke
 
 setup:
 	@ci/setup.sh
@@ -129,17 +131,84 @@ proto-check:
 proto-baseline:
 	cd proto && $(BUF) build -o baseline.binpb
 
+# The fuzz crate (fuzz/) is its own workspace: formatted with the main one.
 fmt:
 	$(CARGO) fmt --all
+	cd fuzz && $(CARGO) fmt --all
 
 fmt-check:
 	$(CARGO) fmt --all --check
+	cd fuzz && $(CARGO) fmt --all --check
 
 clippy:
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 
 doc:
 	RUSTDOCFLAGS='-D warnings' $(CARGO) doc --workspace --no-deps --quiet
+
+## Fuzzing (fuzz/, cargo-fuzz and libFuzzer; cargo-fuzz installed by ci/setup.sh). One
+## coverage-guided target per decoder: strict_json (the strict JSON decoder),
+## core_runtime_frame (Frame::decode both directions, decode_envelope), launch_config (the
+## Runtime's and Core's configuration parsers) and scenario_loader (parse_scenario). Each
+## asserts properties beyond "never panics" (round trips, the bounds a parse promises).
+##
+## `make fuzz-seeds` extracts the seed corpus from scenarios/, golden/ and docs/ into
+## fuzz/corpus/<target>/ (git-ignored, regenerated; entries found by `make fuzz` stay).
+## Committed hand-written seeds are in fuzz/seeds/<target>/, and every input that ever
+## crashed a target is in fuzz/regressions/<target>/ (with a unit test beside its decoder).
+##
+## `make fuzz-smoke` (part of `make check`): the stable toolchain, no sanitizer; each
+## target replays every seed and regression, then runs a fixed number of inputs with a
+## fixed seed (FUZZ_SMOKE: target:runs, each capped at FUZZ_SMOKE_SECONDS), and fails on any
+## crash (the input is kept in fuzz/artifacts/<target>/). Its build has its own target
+## directory, <target dir>/fuzz, so it never rebuilds the main binaries and stays warm.
+##
+## `make fuzz`: each target for FUZZ_SECONDS (default 300), adding what it finds to
+## fuzz/corpus/<target>/; with nightly's address sanitizer when a nightly toolchain is
+## installed, else as the smoke run. A crash stops it; reproduce with
+## `.tools/cargo/bin/cargo-fuzz fuzz run --sanitizer none <target> fuzz/artifacts/<target>/crash-…`,
+## fix the decoder (a typed error, never a panic), add the input to
+## fuzz/regressions/<target>/ and a unit test beside the decoder.
+CARGO_FUZZ ?= $(CURDIR)/.tools/cargo/bin/cargo-fuzz
+FUZZ_DIR   := $(or $(CARGO_TARGET_DIR),$(CURDIR)/target)/fuzz
+FUZZ_TARGETS := strict_json core_runtime_frame launch_config scenario_loader
+# target:runs of the smoke run (ten to twenty seconds each on 2 cores).
+FUZZ_SMOKE ?= strict_json:200000 core_runtime_frame:100000 launch_config:200000 scenario_loader:20000
+FUZZ_SMOKE_SECONDS ?= 30
+FUZZ_SECONDS ?= 300
+# Long runs: nightly's address sanitizer when nightly is there (its own target directory,
+# so the smoke build stays warm), else the smoke run's stable build.
+FUZZ_NIGHTLY = $(shell rustc +nightly --version >/dev/null 2>&1 && echo yes)
+FUZZ_LONG    = $(if $(FUZZ_NIGHTLY),RUSTUP_TOOLCHAIN=nightly $(CARGO_FUZZ) fuzz run --target-dir $(FUZZ_DIR)-asan,$(CARGO_FUZZ) fuzz run --sanitizer none --target-dir $(FUZZ_DIR))
+
+fuzz-seeds:
+	@$(CARGO) run --quiet --manifest-path fuzz/Cargo.toml -p contract-fuzz-seeds \
+	  --target-dir $(FUZZ_DIR) -- $(CURDIR) $(CURDIR)/fuzz/corpus
+
+fuzz-smoke: fuzz-seeds
+	@$(CARGO_FUZZ) fuzz build --sanitizer none --target-dir $(FUZZ_DIR)
+	@for spec in $(FUZZ_SMOKE); do \
+	  t=$${spec%%:*}; runs=$${spec#*:}; \
+	  scratch=$(FUZZ_DIR)/smoke/$$t; rm -rf $$scratch; \
+	  mkdir -p $$scratch fuzz/corpus/$$t fuzz/seeds/$$t fuzz/regressions/$$t fuzz/artifacts/$$t; \
+	  if $(CARGO_FUZZ) fuzz run --sanitizer none --target-dir $(FUZZ_DIR) $$t \
+	       $$scratch fuzz/corpus/$$t fuzz/seeds/$$t fuzz/regressions/$$t -- \
+	       -runs=$$runs -seed=1 -max_total_time=$(FUZZ_SMOKE_SECONDS) -timeout=10 \
+	       >$$scratch.log 2>&1; then \
+	    echo "fuzz-smoke $$t: $$(grep -o 'Done [0-9]* runs in [0-9]* second(s)' $$scratch.log)"; \
+	  else \
+	    grep -v '^#[0-9]' $$scratch.log | tail -40; \
+	    echo "fuzz-smoke $$t: FAILED (log $$scratch.log, input in fuzz/artifacts/$$t/)"; exit 1; \
+	  fi; \
+	done
+
+fuzz: setup fuzz-seeds
+	@for t in $(FUZZ_TARGETS); do \
+	  mkdir -p fuzz/corpus/$$t fuzz/seeds/$$t fuzz/regressions/$$t fuzz/artifacts/$$t; \
+	  echo "fuzz $$t: $(FUZZ_SECONDS) s$(if $(FUZZ_NIGHTLY), (nightly, address sanitizer))"; \
+	  $(FUZZ_LONG) $$t fuzz/corpus/$$t fuzz/seeds/$$t fuzz/regressions/$$t -- \
+	    -max_total_time=$(FUZZ_SECONDS) -timeout=10 -print_final_stats=1 || exit 1; \
+	done
 
 ## Replays every family and side of the registry (`contract-harness sides`) against our
 ## binaries, writes `<golden>.pending` for every changed or missing golden, shows the raw
