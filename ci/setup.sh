@@ -49,29 +49,25 @@ if [ "$("$ST" --version 2>/dev/null || true)" != "schemathesis, version $SCHEMAT
   [ "$("$ST" --version 2>/dev/null || true)" = "schemathesis, version $SCHEMATHESIS_VERSION" ] || { echo "setup: schemathesis $SCHEMATHESIS_VERSION did not install" >&2; exit 1; }
 fi
 
-# cargo-fuzz (the fuzz targets of fuzz/: `make fuzz-smoke`, `make fuzz`), pinned, from the
-# Rust package registry into .tools/cargo. It runs on the stable toolchain without a
-# sanitizer (`--sanitizer none`); `make fuzz` uses nightly's address sanitizer when a
-# nightly toolchain happens to be installed.
-CARGO_FUZZ_VERSION=0.13.2
-CARGO_FUZZ=".tools/cargo/bin/cargo-fuzz"
-if [ "$("$CARGO_FUZZ" --version 2>/dev/null || true)" != "cargo-fuzz $CARGO_FUZZ_VERSION" ]; then
-  # Quiet unless it fails (cargo install warns that .tools/cargo/bin is not on PATH).
-  if ! log=$(cargo install --quiet --locked --root .tools/cargo cargo-fuzz --version "$CARGO_FUZZ_VERSION" 2>&1); then
-    echo "$log" >&2
-  fi
-  [ "$("$CARGO_FUZZ" --version 2>/dev/null || true)" = "cargo-fuzz $CARGO_FUZZ_VERSION" ] || { echo "setup: cargo-fuzz $CARGO_FUZZ_VERSION did not install" >&2; exit 1; }
-fi
-
-# cargo-mutants (`make mutants` only: `ci/setup.sh --mutants`), pinned, from crates.io
-# into .tools/cargo.
-if [ "${1:-}" = "--mutants" ]; then
-  MUTANTS_VERSION=27.1.0
-  MUTANTS=".tools/cargo/bin/cargo-mutants"
-  if [ "$("$MUTANTS" mutants --version 2>/dev/null || true)" != "cargo-mutants $MUTANTS_VERSION" ]; then
-    if ! log=$(cargo install --quiet --locked --root .tools/cargo cargo-mutants --version "$MUTANTS_VERSION" 2>&1); then
+# A cargo-installed tool, pinned, from the Rust package registry into .tools/cargo:
+# cargo_tool CRATE VERSION VERSION_COMMAND... (quiet unless the install fails; cargo warns
+# that .tools/cargo/bin is not on PATH).
+cargo_tool() {
+  local crate=$1 version=$2; shift 2
+  if [ "$("$@" 2>/dev/null || true)" != "$crate $version" ]; then
+    if ! log=$(cargo install --quiet --locked --root .tools/cargo "$crate" --version "$version" 2>&1); then
       echo "$log" >&2
     fi
-    [ "$("$MUTANTS" mutants --version 2>/dev/null || true)" = "cargo-mutants $MUTANTS_VERSION" ] || { echo "setup: cargo-mutants $MUTANTS_VERSION did not install" >&2; exit 1; }
+    [ "$("$@" 2>/dev/null || true)" = "$crate $version" ] || { echo "setup: $crate $version did not install" >&2; exit 1; }
   fi
+}
+
+# cargo-fuzz (the fuzz targets of fuzz/: `make fuzz-smoke`, `make fuzz`). It runs on the
+# stable toolchain without a sanitizer (`--sanitizer none`); `make fuzz` uses nightly's
+# address sanitizer when a nightly toolchain happens to be installed.
+cargo_tool cargo-fuzz 0.13.2 .tools/cargo/bin/cargo-fuzz --version
+
+# cargo-mutants (`make mutants` only: `ci/setup.sh --mutants`).
+if [ "${1:-}" = "--mutants" ]; then
+  cargo_tool cargo-mutants 27.1.0 .tools/cargo/bin/cargo-mutants mutants --version
 fi

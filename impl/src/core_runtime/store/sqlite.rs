@@ -1000,35 +1000,14 @@ impl CoreStore for SqliteStore {
         after_sequence: u64,
         limit: u32,
     ) -> Result<Vec<TurnEvent>, StoreError> {
-        load_turn(&self.conn, turn_id)?;
-        let limit = limit.min(EVENTS_PAGE_MAX);
-        let mut stmt = self.conn.prepare(
-            "SELECT sequence, kind, payload, recorded_at_ms FROM turn_events WHERE turn_id = ?1 AND sequence > ?2 ORDER BY sequence LIMIT ?3",
-        )?;
-        let rows = stmt
-            .query_map(
-                params![
-                    turn_id,
-                    after_sequence.min(i64::MAX as u64) as i64,
-                    limit as i64
-                ],
-                |r| {
-                    Ok((
-                        r.get::<_, i64>(0)?,
-                        r.get::<_, String>(1)?,
-                        r.get::<_, String>(2)?,
-                        r.get::<_, i64>(3)?,
-                    ))
-                },
-            )?
-            .collect::<Result<Vec<_>, _>>()?;
-        rows.into_iter()
-            .map(|(sequence, kind, payload, recorded_at_ms)| {
+        self.event_page(turn_id, after_sequence, limit, usize::MAX)?
+            .into_iter()
+            .map(|e| {
                 Ok(TurnEvent {
-                    sequence: sequence as u64,
-                    kind,
-                    payload: from_json(&payload)?,
-                    recorded_at_ms,
+                    sequence: e.sequence,
+                    kind: e.kind,
+                    payload: from_json(&e.payload_json)?,
+                    recorded_at_ms: e.recorded_at_ms,
                 })
             })
             .collect()
