@@ -89,8 +89,13 @@ PY
 )
 read -r env_id session_id <<<"$ids"
 
+# A credential of a second device, for the revocation route to revoke for real (200, then
+# 409 already_revoked) without ending the connected device's connection.
+revoke_id=$("$IMPL" core credential issue --data-dir "$work/core" --device-id device-api-revoke \
+  | python3 -c 'import json,sys; print(json.load(sys.stdin)["credential_id"])')
+
 run_st() {
-  API_KEY="$key" ENV_ID="$env_id" SESSION_ID="$session_id" "$ST" --config-file ci/schemathesis.toml \
+  API_KEY="$key" ENV_ID="$env_id" SESSION_ID="$session_id" REVOKE_ID="$revoke_id" "$ST" --config-file ci/schemathesis.toml \
     run "$SPEC" --url "$base" \
     --max-examples "$EXAMPLES" --seed 20261203 --generation-database none \
     --request-timeout 20 --no-color \

@@ -2,7 +2,8 @@
 //!
 //! Every directory is created (mode 0700) under this process's **scratch root**,
 //! `<temp>/contract-scratch-<uuid>/`, which holds an `.owner` file locked with `flock`
-//! for the life of the process. The kernel drops the lock however the process ends, so
+//! for the life of the process (the root is made under another name and renamed only
+//! once its lock is held, so no sweep ever sees a live root unlocked). The kernel drops the lock however the process ends, so
 //! a root whose `.owner` can be locked belongs to a dead process: [`sweep_stale`]
 //! removes such roots. It runs when this process creates its root, when a Runtime's
 //! command adapter starts, and in a program's supervisor once its host is gone, so a
@@ -17,7 +18,7 @@ use std::fs::File;
 use std::io;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
+use std::sync::Mutex;
 use std::time::{Duration, SystemTime};
 
 use nix::fcntl::{Flock, FlockArg};
@@ -28,8 +29,8 @@ pub const ROOT_PREFIX: &str = "contract-scratch-";
 /// The lock file of a root.
 const OWNER_FILE: &str = ".owner";
 
-/// A root without an `.owner` file is a creation cut short (between `mkdir` and the
-/// lock) only once it is this old; a younger one may be a live process's.
+/// A root being made, or one without an `.owner` file, is a creation cut short only
+/// once it is this old; a younger one may be a live process's.
 pub const UNLOCKED_ROOT_GRACE: Duration = Duration::from_secs(60);
 
 /// This process's root and the lock that marks it alive.
@@ -38,23 +39,34 @@ struct Root {
     _owner: Flock<File>,
 }
 
-static ROOT: OnceLock<Result<Root, String>> = OnceLock::new();
+/// This process's root, made on first use and again should it disappear (a temporary
+/// directory cleaner).
+static ROOT: Mutex<Option<Root>> = Mutex::new(None);
+
+/// Name prefix of a root being made: not yet locked, so never swept as a root; renamed to
+/// its [`ROOT_PREFIX`] name once its lock is held.
+const MAKING_PREFIX: &str = ".contract-scratch-making-";
 
 fn create_root(base: &Path) -> Result<Root, String> {
     sweep_stale(base);
-    let path = base.join(format!("{ROOT_PREFIX}{}", uuid::Uuid::new_v4()));
+    let id = uuid::Uuid::new_v4();
+    let making = base.join(format!("{MAKING_PREFIX}{id}"));
     std::fs::DirBuilder::new()
         .mode(0o700)
-        .create(&path)
-        .map_err(|e| format!("cannot create {}: {e}", path.display()))?;
+        .create(&making)
+        .map_err(|e| format!("cannot create {}: {e}", making.display()))?;
     let owner = File::options()
         .write(true)
         .create_new(true)
         .mode(0o600)
-        .open(path.join(OWNER_FILE))
+        .open(making.join(OWNER_FILE))
         .map_err(|e| format!("cannot create the scratch root's lock: {e}"))?;
     let owner = Flock::lock(owner, FlockArg::LockExclusiveNonblock)
         .map_err(|(_, e)| format!("cannot lock the scratch root: {e}"))?;
+    // Only a locked root ever carries the root name: a concurrent sweep cannot take it.
+    let path = base.join(format!("{ROOT_PREFIX}{id}"));
+    std::fs::rename(&making, &path)
+        .map_err(|e| format!("cannot name the scratch root {}: {e}", path.display()))?;
     Ok(Root {
         path,
         _owner: owner,
@@ -62,13 +74,16 @@ fn create_root(base: &Path) -> Result<Root, String> {
 }
 
 /// Creates a new private empty directory (mode 0700) under this process's scratch root
-/// (created on first use, in [`std::env::temp_dir`]).
+/// (created on first use, in [`std::env::temp_dir`], and again if it was removed).
 pub fn create_dir(prefix: &str) -> io::Result<PathBuf> {
-    let root = ROOT
-        .get_or_init(|| create_root(&std::env::temp_dir()))
-        .as_ref()
-        .map_err(|e| io::Error::other(e.clone()))?;
-    let dir = root.path.join(format!("{prefix}{}", uuid::Uuid::new_v4()));
+    let mut root = ROOT
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if root.as_ref().is_none_or(|r| !r.path.is_dir()) {
+        *root = Some(create_root(&std::env::temp_dir()).map_err(io::Error::other)?);
+    }
+    let base = &root.as_ref().expect("just made").path;
+    let dir = base.join(format!("{prefix}{}", uuid::Uuid::new_v4()));
     std::fs::DirBuilder::new().mode(0o700).create(&dir)?;
     Ok(dir)
 }
@@ -83,7 +98,24 @@ pub fn sweep_stale(base: &Path) -> usize {
     let uid = nix::unistd::geteuid().as_raw();
     let mut removed = 0;
     for entry in entries.flatten() {
-        if !entry.file_name().to_string_lossy().starts_with(ROOT_PREFIX) {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if name.starts_with(MAKING_PREFIX) {
+            // A root whose making was cut short (the process died before the rename).
+            let path = entry.path();
+            let old = std::fs::symlink_metadata(&path).is_ok_and(|m| {
+                m.is_dir()
+                    && m.uid() == uid
+                    && m.modified()
+                        .ok()
+                        .and_then(|t| SystemTime::now().duration_since(t).ok())
+                        .is_some_and(|age| age >= UNLOCKED_ROOT_GRACE)
+            });
+            if old && std::fs::remove_dir_all(&path).is_ok() {
+                removed += 1;
+            }
+            continue;
+        }
+        if !name.starts_with(ROOT_PREFIX) {
             continue;
         }
         let path = entry.path();

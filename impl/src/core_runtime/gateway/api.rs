@@ -10,7 +10,6 @@ use std::sync::Arc;
 use axum::Json;
 use axum::Router;
 use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
 use axum::extract::{DefaultBodyLimit, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
@@ -70,8 +69,9 @@ pub const EVENTS_PAGE_DEFAULT: u32 = 100;
 pub const EVENTS_PAGE_BYTES_MAX: usize = 1024 * 1024;
 
 /// What an events page reserves of the answer budget before it is built: the page bound
-/// plus one event of the largest frame (the first event goes in whatever its size).
-pub const EVENTS_PAGE_RESERVE_BYTES: usize = EVENTS_PAGE_BYTES_MAX + TRANSPORT_FRAME_MAX_BYTES;
+/// and room for the page's framing; a page that comes out larger (its first event a
+/// large one) tops its reservation up before it is answered.
+pub const EVENTS_PAGE_RESERVE_BYTES: usize = EVENTS_PAGE_BYTES_MAX + 64 * 1024;
 
 /// A typed API error.
 #[derive(Debug)]
@@ -167,28 +167,63 @@ pub async fn require_api_key(
     request: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> Response {
-    let presented = request
-        .headers()
+    if api_key_ok(&core, request.headers()) {
+        next.run(request).await
+    } else {
+        unauthorized()
+    }
+}
+
+/// Whether `headers` present the Project API key (compared by digest, in constant time).
+fn api_key_ok(core: &Core, headers: &axum::http::HeaderMap) -> bool {
+    headers
         .get(axum::http::header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "))
-        .map(key_digest);
-    let ok = presented.is_some_and(|d| {
-        d.iter()
-            .zip(core.api_key_digest.iter())
-            .fold(0u8, |acc, (a, b)| acc | (a ^ b))
-            == 0
-    });
-    if ok {
-        next.run(request).await
-    } else {
-        ApiError::new(
-            StatusCode::UNAUTHORIZED,
-            "unauthorized",
-            "the public API needs `Authorization: Bearer <Project API key>`",
-        )
-        .into_response()
+        .map(key_digest)
+        .is_some_and(|d| {
+            d.iter()
+                .zip(core.api_key_digest.iter())
+                .fold(0u8, |acc, (a, b)| acc | (a ^ b))
+                == 0
+        })
+}
+
+fn unauthorized() -> Response {
+    ApiError::new(
+        StatusCode::UNAUTHORIZED,
+        "unauthorized",
+        "the public API needs `Authorization: Bearer <Project API key>`",
+    )
+    .into_response()
+}
+
+/// Every request no route matches: typed JSON like every other refusal; under `/v1` the
+/// API key is checked first (an anonymous client learns nothing about the routes).
+pub async fn no_route(State(core): State<Arc<Core>>, request: axum::extract::Request) -> Response {
+    let path = request.uri().path();
+    if (path == "/v1" || path.starts_with("/v1/")) && !api_key_ok(&core, request.headers()) {
+        return unauthorized();
     }
+    ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such route").into_response()
+}
+
+/// A route asked with a method it does not serve: `405 method_not_allowed`, JSON; under
+/// `/v1` the API key is checked first.
+pub async fn wrong_method(
+    State(core): State<Arc<Core>>,
+    request: axum::extract::Request,
+) -> Response {
+    let path = request.uri().path();
+    if path.starts_with("/v1/") && !api_key_ok(&core, request.headers()) {
+        return unauthorized();
+    }
+    ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method_not_allowed",
+        format!("{} is not served on this route", request.method()),
+    )
+    .into_response()
 }
 
 /// The public routes.
@@ -512,7 +547,7 @@ async fn get_events(
     let limit = u32::try_from(limit).unwrap_or(EVENTS_PAGE_MAX);
     let after = q.after_sequence.unwrap_or(0);
     // Budget first: a burst of readers waits here rather than each loading a page.
-    let reservation = core
+    let mut reservation = core
         .response_budget
         .reserve(EVENTS_PAGE_RESERVE_BYTES)
         .await;
@@ -541,6 +576,9 @@ async fn get_events(
         body.extend_from_slice(format!(",\"events_dropped\":{dropped}").as_bytes());
     }
     body.push(b'}');
+    core.response_budget
+        .top_up(&mut reservation, body.len())
+        .await;
     Ok((
         [(axum::http::header::CONTENT_TYPE, "application/json")],
         reservation.body(body),
@@ -858,19 +896,8 @@ async fn write_file(
     State(core): State<Arc<Core>>,
     ApiPath(session_id): ApiPath<String>,
     ApiQuery(q): ApiQuery<FilesQuery>,
-    body: Result<Bytes, BytesRejection>,
+    ApiBody(body): ApiBody,
 ) -> ApiResult {
-    let body = body.map_err(|e| {
-        if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
-            ApiError::new(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                "request_too_large",
-                format!("file write bodies are limited to {WRITE_BODY_MAX_BYTES} bytes"),
-            )
-        } else {
-            ApiError::bad("invalid_request", e.body_text())
-        }
-    })?;
     let path = q
         .path
         .filter(|p| !p.is_empty())
@@ -948,19 +975,8 @@ struct InstallBody {
 async fn install_environment_file(
     State(core): State<Arc<Core>>,
     ApiPath(environment_id): ApiPath<String>,
-    body: Result<Bytes, BytesRejection>,
+    ApiBody(body): ApiBody,
 ) -> ApiResult {
-    let body = body.map_err(|e| {
-        if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
-            ApiError::new(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                "request_too_large",
-                format!("installation bodies are limited to {ENV_FILES_BODY_MAX_BYTES} bytes"),
-            )
-        } else {
-            ApiError::bad("invalid_request", e.body_text())
-        }
-    })?;
     let req: InstallBody = crate::wire::decode_strict(&body)
         .map_err(|e| ApiError::bad("invalid_request", format!("{e} ({})", e.code())))?;
     let content = base64::engine::general_purpose::STANDARD

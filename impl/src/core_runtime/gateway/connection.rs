@@ -26,7 +26,6 @@ use std::sync::{Arc, Mutex};
 
 use axum::Json;
 use axum::Router;
-use axum::body::Bytes;
 use axum::extract::ws::{CloseFrame, Message as WsMessage, WebSocket, WebSocketUpgrade};
 use axum::extract::{Query, State};
 use axum::http::{HeaderMap, StatusCode};
@@ -247,10 +246,23 @@ struct BootstrapRequest {
     device_id: String,
 }
 
-async fn bootstrap(State(core): State<Arc<Core>>, headers: HeaderMap, body: Bytes) -> Response {
-    if body.len() > BOOTSTRAP_BODY_MAX_BYTES {
-        return error(StatusCode::PAYLOAD_TOO_LARGE, "request_too_large");
-    }
+async fn bootstrap(
+    State(core): State<Arc<Core>>,
+    headers: HeaderMap,
+    body: axum::body::Body,
+) -> Response {
+    // Read with a deadline and a bound, before any credential is known: an anonymous
+    // client cannot hold a connection longer than the header timeout would let it.
+    let read = tokio::time::timeout(
+        super::HTTP_HEADER_READ_TIMEOUT,
+        axum::body::to_bytes(body, BOOTSTRAP_BODY_MAX_BYTES),
+    )
+    .await;
+    let body = match read {
+        Ok(Ok(body)) => body,
+        Ok(Err(_)) => return error(StatusCode::PAYLOAD_TOO_LARGE, "request_too_large"),
+        Err(_) => return error(StatusCode::REQUEST_TIMEOUT, "request_timeout"),
+    };
     let request: BootstrapRequest = match crate::wire::decode_strict(&body) {
         Ok(r) => r,
         Err(_) => return error(StatusCode::BAD_REQUEST, "invalid_request"),
@@ -278,9 +290,12 @@ struct WsQuery {
 async fn upgrade(
     State(core): State<Arc<Core>>,
     headers: HeaderMap,
-    Query(query): Query<WsQuery>,
+    query: Result<Query<WsQuery>, axum::extract::rejection::QueryRejection>,
     ws: Result<WebSocketUpgrade, axum::extract::ws::rejection::WebSocketUpgradeRejection>,
 ) -> Response {
+    let Ok(Query(query)) = query else {
+        return error(StatusCode::BAD_REQUEST, "invalid_request");
+    };
     let Some(device_id) = query.device_id else {
         return error(StatusCode::BAD_REQUEST, "missing_device_id");
     };
@@ -292,7 +307,8 @@ async fn upgrade(
     }
     let ws = match ws {
         Ok(ws) => ws,
-        Err(rejection) => return rejection.into_response(),
+        // Not a WebSocket upgrade request (no `Upgrade`, wrong method or version).
+        Err(rejection) => return error(rejection.status(), "not_a_websocket_upgrade"),
     };
     let device = device_id.clone();
     let epoch = match core.store.call(move |s| s.bump_owner_epoch(&device)).await {

@@ -154,6 +154,27 @@ impl ResponseBudget {
         Reservation(self.0.clone().acquire_many_owned(want).await.ok())
     }
 
+    /// Grows `reservation` to `total` bytes (at most the whole budget), waiting while
+    /// the budget is spent: an answer that came out larger than reserved (a page whose
+    /// first event is a large one).
+    pub async fn top_up(&self, reservation: &mut Reservation, total: usize) {
+        let total = total.min(RESPONSE_BYTES_IN_FLIGHT_MAX);
+        let held = reservation
+            .0
+            .as_ref()
+            .map_or(0, OwnedSemaphorePermit::num_permits);
+        if total <= held {
+            return;
+        }
+        let more = u32::try_from(total - held).unwrap_or(u32::MAX);
+        if let Ok(extra) = self.0.clone().acquire_many_owned(more).await {
+            match reservation.0.as_mut() {
+                Some(permit) => permit.merge(extra),
+                None => reservation.0 = Some(extra),
+            }
+        }
+    }
+
     /// The bytes in free budget (for tests and logs).
     pub fn available(&self) -> usize {
         self.0.available_permits()

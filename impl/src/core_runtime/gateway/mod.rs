@@ -244,6 +244,8 @@ pub async fn serve(
                 api::require_api_key,
             )),
         )
+        .fallback(api::no_route)
+        .method_not_allowed_fallback(api::wrong_method)
         .with_state(core.clone());
     ready(&core.base_url);
     let write_stall = core.config.timers.http_write_stall;

@@ -86,7 +86,10 @@
 //! ([`crate::process::adopted`]). A Run without an execution environment works in a
 //! scratch directory under the Runtime's locked scratch root
 //! ([`crate::process::scratch`]); a SIGKILLed Runtime's root is removed by the
-//! supervisors of its Runs or at the next start.
+//! supervisors of its Runs or at the next start. The one case nothing covers: the
+//! Runtime and a Run's supervisor both killed outright at the same moment leave nobody
+//! to notice, and the program and its descendants live on (a cgroup would reach them;
+//! see above why the Runtime does not count on one).
 //! # Limits (what the adapter cannot do)
 //! * Without a supervisor (a library user leaving [`CommandConfig::supervisor`] unset),
 //!   a process that leaves the Run's process group (`setsid`, `setpgid`) escapes the
