@@ -131,14 +131,9 @@ impl IntoResponse for ApiError {
 
 pub(super) type ApiResult = Result<Response, ApiError>;
 
+/// Decodes a body strictly; its size was bounded when it was read (the router's
+/// `DefaultBodyLimit` of [`BODY_MAX_BYTES`], or the route's own).
 fn parse<T: serde::de::DeserializeOwned>(body: &Bytes) -> Result<T, ApiError> {
-    if body.len() > BODY_MAX_BYTES {
-        return Err(ApiError::new(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "request_too_large",
-            format!("bodies are limited to {BODY_MAX_BYTES} bytes"),
-        ));
-    }
     crate::wire::decode_strict(body)
         .map_err(|e| ApiError::bad("invalid_request", format!("{e} ({})", e.code())))
 }

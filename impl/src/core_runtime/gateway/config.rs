@@ -4,7 +4,7 @@
 //! ```json
 //! { "timers": { "written_receipt_ms": 30000, "cancel_confirm_ms": 15000,
 //!               "heartbeat_interval_ms": 30000, "preparation_retry_ms": 1000,
-//!               "credential_recheck_ms": 1000 },
+//!               "credential_recheck_ms": 1000, "http_write_stall_ms": 30000 },
 //!   "engine_profiles": { "controlled": { "web_search_control": false, "text_verbosity": false } } }
 //! ```
 //!

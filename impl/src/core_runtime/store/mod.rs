@@ -244,7 +244,8 @@ impl StoredEvent {
     }
 }
 
-/// One durable Turn event.
+/// One durable Turn event with its payload parsed (the store's tests read events so).
+#[cfg(test)]
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct TurnEvent {
     /// Per-Turn sequence, from 1, without gaps.
@@ -737,16 +738,6 @@ pub trait CoreStore: Send {
         limit: u32,
         max_bytes: usize,
     ) -> Result<Vec<StoredEvent>, StoreError>;
-    /// Events with `sequence > after_sequence`, in order, at most `limit` (≤ [`EVENTS_PAGE_MAX`]).
-    ///
-    /// # Errors
-    /// [`StoreError::NotFound`] for an unknown Turn.
-    fn events(
-        &mut self,
-        turn_id: &str,
-        after_sequence: u64,
-        limit: u32,
-    ) -> Result<Vec<TurnEvent>, StoreError>;
 
     // --- active inputs -----------------------------------------------------------
 

@@ -994,25 +994,6 @@ impl CoreStore for SqliteStore {
         Ok(page)
     }
 
-    fn events(
-        &mut self,
-        turn_id: &str,
-        after_sequence: u64,
-        limit: u32,
-    ) -> Result<Vec<TurnEvent>, StoreError> {
-        self.event_page(turn_id, after_sequence, limit, usize::MAX)?
-            .into_iter()
-            .map(|e| {
-                Ok(TurnEvent {
-                    sequence: e.sequence,
-                    kind: e.kind,
-                    payload: from_json(&e.payload_json)?,
-                    recorded_at_ms: e.recorded_at_ms,
-                })
-            })
-            .collect()
-    }
-
     fn enqueue_input(
         &mut self,
         turn_id: &str,
@@ -1364,3 +1345,26 @@ impl CoreStore for SqliteStore {
 #[cfg(test)]
 #[path = "sqlite_tests.rs"]
 mod tests;
+
+#[cfg(test)]
+impl SqliteStore {
+    /// [`CoreStore::event_page`] with each payload parsed, without a byte bound.
+    pub(crate) fn events(
+        &mut self,
+        turn_id: &str,
+        after_sequence: u64,
+        limit: u32,
+    ) -> Result<Vec<TurnEvent>, StoreError> {
+        self.event_page(turn_id, after_sequence, limit, usize::MAX)?
+            .into_iter()
+            .map(|e| {
+                Ok(TurnEvent {
+                    sequence: e.sequence,
+                    kind: e.kind,
+                    payload: from_json(&e.payload_json)?,
+                    recorded_at_ms: e.recorded_at_ms,
+                })
+            })
+            .collect()
+    }
+}
