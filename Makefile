@@ -262,7 +262,7 @@ mutants: build
 	  CARGO_TARGET_DIR=$(MUTANTS_OUT)/target \
 	  .tools/cargo/bin/cargo-mutants mutants --package contract-impl \
 	  --shard $(MUTANTS_SHARD) --sharding round-robin --output $(MUTANTS_OUT) --no-shuffle \
-	  -- --test mutants_scenarios -- --ignored || true
+	  --cargo-arg=--test=mutants_scenarios -- -- --ignored || true
 	python3 ci/mutants-report.py $(MUTANTS_OUT)/mutants.out
 
 clean:

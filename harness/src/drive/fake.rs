@@ -172,7 +172,7 @@ impl Peer for FakePeer {
     }
     async fn family_step(&mut self, _run: &mut Run, step: &Step) -> StepResult {
         match step {
-            Step::Reconnect => {
+            Step::Reconnect { .. } => {
                 self.link.connected = true;
                 self.link.sent.lock().unwrap().push("reconnect".into());
                 Ok(())
@@ -476,7 +476,7 @@ fn cases() -> Vec<Case> {
             vec![
                 expect(json!({"type": "hello", "id": "$run"})),
                 Step::Disconnect,
-                Step::Reconnect,
+                Step::Reconnect { within: None },
                 send(json!({"type": "again", "id": "$run"})),
             ],
         )
@@ -677,7 +677,11 @@ fn cases() -> Vec<Case> {
         Case::new(
             "crash kills and relaunches the target; the run goes on",
             vec![],
-            vec![Step::Crash, Step::Reconnect, send(json!({"type": "after"}))],
+            vec![
+                Step::Crash,
+                Step::Reconnect { within: None },
+                send(json!({"type": "after"})),
+            ],
         )
         .sends(vec![
             "relaunch",

@@ -256,7 +256,7 @@ enum RawStep {
     Bootstrap(BootstrapStep),
     Connect(ConnectStep),
     Handshake(RawHandshake),
-    Reconnect(Empty),
+    Reconnect(RawReconnect),
     Silence(Spanned<DurationText>),
     AnyOrder(Vec<Spanned<RawStep>>),
     Optional(Box<Spanned<RawStep>>),
@@ -300,6 +300,14 @@ impl RawFrame {
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct Empty {}
+
+/// `reconnect: {within?}`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawReconnect {
+    #[serde(default)]
+    within: Option<DurationText>,
+}
 
 /// `reference: {requirement, steps}`.
 #[derive(Deserialize)]
@@ -654,7 +662,9 @@ impl Converter<'_> {
             RawStep::Handshake(h) => Step::Handshake {
                 heartbeat_interval_ms: h.heartbeat_interval_ms,
             },
-            RawStep::Reconnect(Empty {}) => Step::Reconnect,
+            RawStep::Reconnect(r) => Step::Reconnect {
+                within: r.within.map(|d| d.0),
+            },
             RawStep::Silence(d) => Step::Silence(d.value.0),
             RawStep::AnyOrder(items) => {
                 let mut steps = Vec::new();

@@ -531,7 +531,13 @@ pub enum Step {
         heartbeat_interval_ms: Option<u64>,
     },
     /// `reconnect:` — bootstrap + connect after a connection loss.
-    Reconnect,
+    Reconnect {
+        /// `within:` — with a Runtime as the target, its bootstrap request must arrive
+        /// within this long of the step's start (the upper edge of a reconnect delay;
+        /// the lower edge is a `silence:` before the step). `None`: the step timeout.
+        /// Not checked where the harness plays the Runtime (it reconnects at once).
+        within: Option<Duration>,
+    },
     /// `silence:` — the target emits nothing for this long.
     Silence(Duration),
     /// `any_order:` — frame expectations that may match in any order (only [`Step::Frame`]).
@@ -653,7 +659,7 @@ impl Step {
             Step::Bootstrap(_) => "bootstrap",
             Step::Connect(_) => "connect",
             Step::Handshake { .. } => "handshake",
-            Step::Reconnect => "reconnect",
+            Step::Reconnect { .. } => "reconnect",
             Step::Silence(_) => "silence",
             Step::AnyOrder(_) => "any_order",
             Step::Optional(_) => "optional",

@@ -413,7 +413,11 @@ impl ScriptedRuntimePeer {
 #[async_trait]
 impl CoreRuntimePeer for ScriptedRuntimePeer {
     async fn bootstrap(&mut self, run: &mut Run, call: Bootstrap<'_>) -> StepResult {
-        let Bootstrap { spec, heartbeat_ms } = call;
+        let Bootstrap {
+            spec,
+            heartbeat_ms,
+            within: _,
+        } = call;
         let request = spec
             .request
             .clone()

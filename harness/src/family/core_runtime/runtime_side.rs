@@ -279,8 +279,29 @@ impl CoreRuntimePeer for ScriptedCorePeer {
     }
 
     async fn bootstrap(&mut self, run: &mut Run, call: Bootstrap<'_>) -> StepResult {
-        let Bootstrap { spec, heartbeat_ms } = call;
-        let req = self.expect_request(run, "the bootstrap request").await?;
+        let Bootstrap {
+            spec,
+            heartbeat_ms,
+            within,
+        } = call;
+        let req = match within {
+            None => self.expect_request(run, "the bootstrap request").await?,
+            Some(limit) => match run.next_event(self, limit).await? {
+                Some(Event::Other(req)) => req,
+                Some(other) => {
+                    return Err(fail::unexpected(format!(
+                        "expected the bootstrap request, got {}",
+                        other.describe()
+                    )));
+                }
+                None => {
+                    return Err(fail::timeout(format!(
+                        "the Runtime did not reconnect within {} (reconnect: within)",
+                        crate::drive::show_duration(limit)
+                    )));
+                }
+            },
+        };
         let req = self.check_route(req, "POST", BOOTSTRAP_PATH)?;
         let body = match &req.body {
             RequestBody::Bytes(bytes) => parse_strict(bytes).map_err(|e| {

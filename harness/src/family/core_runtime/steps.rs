@@ -2,6 +2,8 @@
 //! `api:`, `api_result:`), dispatched once for both sides: each side says what the step
 //! means when the harness plays its role ([`CoreRuntimePeer`]).
 
+use std::time::Duration;
+
 use async_trait::async_trait;
 use serde_json::Value;
 
@@ -16,6 +18,9 @@ pub struct Bootstrap<'a> {
     pub spec: &'a BootstrapStep,
     /// `handshake: {heartbeat_interval_ms}`.
     pub heartbeat_ms: Option<u64>,
+    /// `reconnect: {within}`: how long a target Runtime may take to send the bootstrap
+    /// request (`None`: the step timeout).
+    pub within: Option<Duration>,
 }
 
 /// A `native:` step: the control-channel operation, its arguments and the pattern its
@@ -70,6 +75,7 @@ pub async fn family_step<P: CoreRuntimePeer>(
             let call = Bootstrap {
                 spec,
                 heartbeat_ms: None,
+                within: None,
             };
             peer.bootstrap(run, call).await
         }
@@ -81,16 +87,18 @@ pub async fn family_step<P: CoreRuntimePeer>(
             let call = Bootstrap {
                 spec: &spec,
                 heartbeat_ms: *heartbeat_interval_ms,
+                within: None,
             };
             peer.bootstrap(run, call).await?;
             peer.connect(run, &ConnectStep::default()).await?;
             peer.first_heartbeat(run).await
         }
-        Step::Reconnect => {
+        Step::Reconnect { within } => {
             let spec = BootstrapStep::default();
             let call = Bootstrap {
                 spec: &spec,
                 heartbeat_ms: None,
+                within: *within,
             };
             peer.bootstrap(run, call).await?;
             peer.connect(run, &ConnectStep::default()).await
