@@ -611,6 +611,12 @@ impl Target {
         self.wait_exit().await
     }
 
+    /// Sends `SIGTERM` to the whole process group and returns at once (a `terminate:`
+    /// step); the exit is awaited by a later `expect_exit` or at the end of the run.
+    pub fn terminate(&self) {
+        self.group.signal(Signal::SIGTERM);
+    }
+
     /// The process (and process group) ID.
     pub fn pid(&self) -> i32 {
         self.group.id().as_raw()

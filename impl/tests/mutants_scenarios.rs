@@ -1,6 +1,6 @@
 //! The test command of `make mutants`: the core_runtime scenario suite of both sides
-//! (`runtime` and `core`) against this build of `contract-impl`, which cargo-mutants has
-//! mutated. The checker is not: the harness binary comes from the unmutated tree
+//! (`runtime` and `core`), and the worker family's host side, against this build of
+//! `contract-impl`, which cargo-mutants has mutated. The checker is not: the harness binary comes from the unmutated tree
 //! (`CONTRACT_MUTANTS_HARNESS`, built and copied by `make mutants`), so a mutation of
 //! the shared wire code cannot weaken the checks it is judged by.
 //!
@@ -10,6 +10,16 @@
 use std::path::Path;
 use std::process::Command;
 
+/// The suites run against each mutant: (family, side, `contract-impl` arguments). Both
+/// sides of core_runtime, whose modules are mutated, and our worker host, the only user
+/// of the shared length-prefixed framing (`impl/src/wire/framing.rs`); the rest of
+/// `impl/src/wire` is on core_runtime's path.
+const SUITES: [(&str, &str, &str); 3] = [
+    ("core_runtime", "runtime", "runtime"),
+    ("core_runtime", "core", "core serve"),
+    ("worker", "host", "worker host"),
+];
+
 #[test]
 #[ignore = "the test command of `make mutants` (needs CONTRACT_MUTANTS_HARNESS)"]
 fn the_scenario_suites_of_both_sides_pass() {
@@ -18,9 +28,9 @@ fn the_scenario_suites_of_both_sides_pass() {
     let target = env!("CARGO_BIN_EXE_contract-impl");
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let mut failed = Vec::new();
-    for (side, args) in [("runtime", "runtime"), ("core", "core serve")] {
+    for (family, side, args) in SUITES {
         let output = Command::new(&harness)
-            .args(["run", "--family", "core_runtime", "--side", side])
+            .args(["run", "--family", family, "--side", side])
             .arg("--scenarios")
             .arg(root.join("scenarios"))
             .arg("--target-cmd")
@@ -34,7 +44,7 @@ fn the_scenario_suites_of_both_sides_pass() {
                 .lines()
                 .filter(|l| l.starts_with("FAIL") || l.starts_with("ABORTED"))
                 .collect();
-            failed.push(format!("side {side}: {}", failures.join("; ")));
+            failed.push(format!("{family} side {side}: {}", failures.join("; ")));
         }
     }
     assert!(failed.is_empty(), "{}", failed.join("\n"));

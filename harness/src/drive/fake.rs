@@ -217,6 +217,7 @@ impl Process for FakeProcess {
     async fn shutdown(&mut self) -> Option<ExitStatus> {
         Some(ExitStatus::from_raw(0))
     }
+    fn terminate(&self) {}
     fn leak_channel(&self) -> Option<&'static str> {
         self.leak
     }

@@ -200,6 +200,8 @@ pub trait Process: Send {
     async fn kill_now(&mut self) -> Result<ExitStatus, String>;
     /// Stops the process (`SIGTERM`, grace, `SIGKILL` of the group); its status.
     async fn shutdown(&mut self) -> Option<ExitStatus>;
+    /// Sends `SIGTERM` to the process group and returns at once (`terminate:`).
+    fn terminate(&self);
     /// The output channel (`stderr`, `stdout`) on which the secret appeared, if any.
     fn leak_channel(&self) -> Option<&'static str>;
     /// The bounded stderr tail.
@@ -218,6 +220,9 @@ impl Process for Target {
     }
     async fn shutdown(&mut self) -> Option<ExitStatus> {
         Target::shutdown(self).await
+    }
+    fn terminate(&self) {
+        Target::terminate(self);
     }
     fn leak_channel(&self) -> Option<&'static str> {
         Target::leak_channel(self)

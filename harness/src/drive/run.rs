@@ -741,6 +741,10 @@ impl Run {
             }
             Step::ExpectExit { code, stderr } => self.expect_exit(peer, code.clone(), stderr).await,
             Step::Crash => self.crash(peer).await,
+            Step::Terminate => {
+                self.process.terminate();
+                Ok(())
+            }
             other => peer.family_step(self, other).await,
         }
     }

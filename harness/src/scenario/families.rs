@@ -26,6 +26,7 @@ pub const GENERIC_STEPS: &[&str] = &[
     "expect_close",
     "expect_exit",
     "crash",
+    "terminate",
 ];
 
 /// One family's vocabulary.

@@ -269,6 +269,7 @@ enum RawStep {
     Api(ApiStep),
     ApiResult(ApiResultStep),
     Crash(Empty),
+    Terminate(Empty),
     ExpectExit(RawExit),
 }
 
@@ -719,6 +720,7 @@ impl Converter<'_> {
             RawStep::Api(v) => Step::Api(v),
             RawStep::ApiResult(v) => Step::ApiResult(v),
             RawStep::Crash(Empty {}) => Step::Crash,
+            RawStep::Terminate(Empty {}) => Step::Terminate,
             RawStep::ExpectExit(e) => Step::ExpectExit {
                 code: e.code.map(|c| c.0),
                 stderr: e.stderr.map(|s| s.0).unwrap_or_default(),

@@ -593,6 +593,10 @@ pub enum Step {
     /// started again with the same data directory and environment; the step ends when it
     /// is ready again. Only for scenarios that run on side `core` alone.
     Crash,
+    /// `terminate:` — `SIGTERM` to the target's process group, the stop signal a service
+    /// manager sends; nothing is awaited (later steps observe what the target does before
+    /// it exits, and `expect_exit` its exit).
+    Terminate,
     /// `expect_exit:` — the target process exits within the step deadline (with this exit
     /// code, and with `stderr` contained in its stderr tail, when given). Always the last
     /// step; as the first (and only) step it expects the target to refuse to start.
@@ -672,6 +676,7 @@ impl Step {
             Step::Api(_) => "api",
             Step::ApiResult(_) => "api_result",
             Step::Crash => "crash",
+            Step::Terminate => "terminate",
             Step::ExpectExit { .. } => "expect_exit",
         }
     }

@@ -112,13 +112,8 @@ impl WireError {
     /// Prefixes the error's path with `prefix` (used when a payload is decoded on
     /// its own but reported relative to the Envelope).
     pub fn under(self, prefix: &str) -> Self {
-        let join = |p: String| {
-            if p == "$" {
-                format!("$.{prefix}")
-            } else {
-                format!("$.{prefix}{}", p.trim_start_matches('$'))
-            }
-        };
+        // `$` becomes `$.prefix`, `$.a[0]` becomes `$.prefix.a[0]`.
+        let join = |p: String| format!("$.{prefix}{}", p.trim_start_matches('$'));
         match self {
             WireError::DuplicateKey { path, key } => WireError::DuplicateKey {
                 path: join(path),
@@ -353,9 +348,6 @@ impl<'de> Visitor<'de> for StrictVisitor<'_> {
         *self.failure = Some(WireError::NullValue { path: self.path });
         Err(E::custom("null value"))
     }
-    fn visit_none<E: de::Error>(self) -> Result<Value, E> {
-        self.visit_unit()
-    }
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
         let mut items = Vec::new();
         loop {
@@ -511,5 +503,7 @@ mod tests {
                 path: "$.payload.a".into()
             }
         );
+        let root = WireError::invalid("$", "not an object").under("payload");
+        assert_eq!(root, WireError::invalid("$.payload", "not an object"));
     }
 }
