@@ -1,17 +1,23 @@
 #!/usr/bin/env python3
 """Kill rate per directory and the surviving mutants of a `make mutants` run.
 
-usage: ci/mutants-report.py MUTANTS_OUT_DIR   (cargo-mutants' `mutants.out`)
+usage: ci/mutants-report.py MUTANTS_OUT_DIR [REVIEWED_FILE]   (cargo-mutants' `mutants.out`)
 
 Reads `outcomes.json`. A mutant is viable when it built; the kill rate of a directory is
 caught / (caught + missed + timeout), a timeout counting as caught (the suite noticed
-the mutant by not finishing). Survivors are listed with their location and description;
-each must be killed by a scenario or excluded in .cargo/mutants.toml with a reason.
+the mutant by not finishing). Every survivor is listed with its location and
+description, and with the verdict and reason of its line in REVIEWED_FILE (default
+ci/mutants-reviewed.txt) when it has one. The exit status is 1 when a survivor has no
+reviewed line or fewer than MIN_KILL_RATE percent of the viable mutants were killed.
 """
 import json
 import os
+import re
 import sys
 from collections import defaultdict
+
+MIN_KILL_RATE = 85.0
+DEFAULT_REVIEWED = os.path.join(os.path.dirname(os.path.abspath(__file__)), "mutants-reviewed.txt")
 
 
 def mutant_of(outcome):
@@ -37,10 +43,37 @@ def describe(mutant):
     return f"{function}: replace with {replacement}".strip()
 
 
+def key_of(file, text):
+    """`file | mutation` with the `file:line:column: ` prefix cargo-mutants puts in names
+    removed, so a reviewed line survives edits that move the code."""
+    mutation = re.sub(r"^\S+?:\d+:\d+:\s*", "", text)
+    return f"{file} | {mutation}"
+
+
+def load_reviewed(path):
+    """`file | mutation | verdict | reason` lines; `#` starts a comment line."""
+    reviewed = {}
+    if not os.path.exists(path):
+        return reviewed
+    with open(path, encoding="utf-8") as f:
+        for n, raw in enumerate(f, 1):
+            line = raw.strip()
+            if not line or line.startswith("#"):
+                continue
+            parts = [p.strip() for p in line.split(" | ")]
+            if len(parts) != 4 or parts[2] not in ("equivalent", "untestable") or not parts[3]:
+                print(f"{path}:{n}: expected `file | mutation | equivalent|untestable | reason`",
+                      file=sys.stderr)
+                sys.exit(2)
+            reviewed[f"{parts[0]} | {parts[1]}"] = (parts[2], parts[3])
+    return reviewed
+
+
 def main():
-    if len(sys.argv) != 2:
+    if len(sys.argv) not in (2, 3):
         print(__doc__.strip().splitlines()[2], file=sys.stderr)
         return 2
+    reviewed = load_reviewed(sys.argv[2] if len(sys.argv) == 3 else DEFAULT_REVIEWED)
     path = os.path.join(sys.argv[1], "outcomes.json")
     try:
         with open(path, encoding="utf-8") as f:
@@ -80,11 +113,20 @@ def main():
             f"unviable {counts['unviable']})"
         )
     viable = total["caught"] + total["missed"] + total["timeout"]
-    rate = 100.0 * (total["caught"] + total["timeout"]) / viable if viable else 0.0
-    print(f"all: {rate:.0f}% of {viable} viable mutants killed")
+    killed = total["caught"] + total["timeout"]
+    rate = 100.0 * killed / viable if viable else 0.0
+    print(f"all: {rate:.0f}% of {viable} viable mutants killed ({killed}; bar {MIN_KILL_RATE:.0f}%)")
+    unreviewed = 0
     print(f"survivors ({len(survivors)}):")
     for file, line, text in sorted(survivors, key=lambda s: (s[0], s[1] or 0)):
-        print(f"  {file}:{line}: {text}")
+        verdict = reviewed.get(key_of(file, text))
+        if verdict:
+            print(f"  {text}\n      {verdict[0]}: {verdict[1]}")
+        else:
+            unreviewed += 1
+            print(f"  {text}\n      NOT REVIEWED: kill it with a scenario or add it to the reviewed list")
+    if unreviewed or rate < MIN_KILL_RATE:
+        return 1
     return 0
 
 

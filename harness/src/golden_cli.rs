@@ -59,6 +59,7 @@ fn options(args: &ImplArgs, impl_args: &str) -> RunOptions {
         peer_exe: std::env::current_exe().ok(),
         features: Default::default(),
         wire_dir: None,
+        fail_fast: false,
     }
 }
 

@@ -163,6 +163,11 @@ struct RunArgs {
     /// Runs at once, at least 1 (default: available parallelism).
     #[arg(long, value_parser = parse_jobs)]
     jobs: Option<usize>,
+    /// Stop at the first failed scenario: the runs in flight are cancelled (their
+    /// targets killed) and the rest is not run (`ABORTED: ...`). For a judge that needs
+    /// one failure, such as mutation testing.
+    #[arg(long)]
+    fail_fast: bool,
     /// Write a JUnit XML report here.
     #[arg(long)]
     junit: Option<PathBuf>,
@@ -681,6 +686,7 @@ fn run(args: RunArgs) -> ExitCode {
         peer_exe: None,
         features: declared,
         wire_dir: args.wire_log.clone(),
+        fail_fast: args.fail_fast,
     };
     let jobs = args.jobs.unwrap_or_else(runner::default_jobs);
     let many = runtime.block_on(runner::run_many(runs, &opts, jobs, |result| {
@@ -844,6 +850,7 @@ fn diff(args: &DiffArgs) -> ExitCode {
         peer_exe: None,
         features: declared.clone(),
         wire_dir: None,
+        fail_fast: false,
     };
     let runtime = match async_runtime() {
         Ok(rt) => rt,

@@ -123,6 +123,10 @@ pub struct RunOptions {
     /// The optional features the target declares (`--features FILE`; see
     /// [`crate::features`]): feature → supported; a feature not named is supported.
     pub features: std::collections::BTreeMap<String, bool>,
+    /// `--fail-fast`: [`run_many`] stops at the first failed run (a mutation-testing
+    /// judge needs one failure, not all of them); the runs not done are reported as
+    /// [`ManyResults::aborted`].
+    pub fail_fast: bool,
 }
 
 /// What a vendor-mode DIFF names instead of a requirement when the target's frames pass
@@ -399,15 +403,24 @@ pub async fn run_many(
         }
         let identical = launch_failures.len() == LAUNCH_FAILURES_TO_ABORT
             && launch_failures.iter().all(|l| *l == launch_failures[0]);
-        if results.len() == LAUNCH_FAILURES_TO_ABORT && identical && total > results.len() {
+        let hopeless = results.len() == LAUNCH_FAILURES_TO_ABORT && identical;
+        let failed_fast = opts.fail_fast && results.last().is_some_and(|r| !r.passed);
+        if (hopeless || failed_fast) && total > results.len() {
             drop(stream);
             if let Ok(handles) = tasks.lock() {
                 handles.iter().for_each(tokio::task::AbortHandle::abort);
             }
             let skipped = total - results.len();
+            let reason = if hopeless {
+                launch_failures[0].reason(skipped)
+            } else {
+                format!(
+                    "stopped at the first failure (--fail-fast), {skipped} remaining scenario(s) not run"
+                )
+            };
             return ManyResults {
                 results,
-                aborted: Some(launch_failures[0].reason(skipped)),
+                aborted: Some(reason),
             };
         }
     }

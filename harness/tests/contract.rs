@@ -166,6 +166,7 @@ fn main() {
                         peer_exe: Some(PathBuf::from(env!("CARGO_BIN_EXE_contract-harness"))),
                         features: declared?.ok_or("applies to no declaration of ours")?,
                         wire_dir: None,
+                        fail_fast: false,
                     };
                     let rt = tokio::runtime::Builder::new_multi_thread()
                         .worker_threads(2)
@@ -281,6 +282,10 @@ fn main() {
         "harness::a_silent_core_aborts_the_run",
         silent_core_trial,
     ));
+    trials.push(Trial::test(
+        "harness::fail_fast_stops_at_the_first_failure",
+        fail_fast_trial,
+    ));
 
     // Goldens must not depend on load: a sample of every side, replayed one at a time
     // and in parallel, writes byte-identical goldens (`make golden-stable` runs all).
@@ -313,6 +318,7 @@ fn accepting(target_cmd: String, golden_dir: &Path, mode: runner::Mode) -> RunOp
         peer_exe: Some(PathBuf::from(env!("CARGO_BIN_EXE_contract-harness"))),
         features: Default::default(),
         wire_dir: None,
+        fail_fast: false,
     }
 }
 
@@ -743,6 +749,30 @@ fn vendor_trial(
 /// (`ABORTED: target never answered: …`, exit 1) instead of waiting out every
 /// scenario's step deadline.
 fn silent_core_trial() -> Result<(), Failed> {
+    let (code, stdout) = run_silent_core(&[])?;
+    if code != 1
+        || !stdout.contains("ABORTED: target never answered")
+        || !stdout.contains("0 passed, 3 failed")
+    {
+        return Err(format!("a silent Core: exit {code}\n{stdout}").into());
+    }
+    Ok(())
+}
+
+/// `--fail-fast`: the same silent Core, and the run stops after its first failure.
+fn fail_fast_trial() -> Result<(), Failed> {
+    let (code, stdout) = run_silent_core(&["--fail-fast"])?;
+    if code != 1
+        || !stdout.contains("ABORTED: stopped at the first failure (--fail-fast)")
+        || !stdout.contains("0 passed, 1 failed")
+    {
+        return Err(format!("--fail-fast: exit {code}\n{stdout}").into());
+    }
+    Ok(())
+}
+
+/// Runs side core against a Core that never answers; the exit code and stdout.
+fn run_silent_core(extra: &[&str]) -> Result<(i32, String), Failed> {
     let harness = env!("CARGO_BIN_EXE_contract-harness");
     let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
     let script = dir.path().join("silent_core.py");
@@ -760,15 +790,9 @@ fn silent_core_trial() -> Result<(), Failed> {
         .args(["run", "--family", "core_runtime", "--side", "core"])
         .args(["--step-timeout", "300ms", "--jobs", "1"])
         .args(["--target-cmd", &format!("python3 {}", script.display())])
+        .args(extra)
         .output()
         .map_err(|e| e.to_string())?;
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let code = out.status.code().unwrap_or(-1);
-    if code != 1
-        || !stdout.contains("ABORTED: target never answered")
-        || !stdout.contains("0 passed, 3 failed")
-    {
-        return Err(format!("a silent Core: exit {code}\n{stdout}").into());
-    }
-    Ok(())
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    Ok((out.status.code().unwrap_or(-1), stdout))
 }

@@ -30,7 +30,7 @@ fn the_scenario_suites_of_both_sides_pass() {
     let mut failed = Vec::new();
     for (family, side, args) in SUITES {
         let output = Command::new(&harness)
-            .args(["run", "--family", family, "--side", side])
+            .args(["run", "--family", family, "--side", side, "--fail-fast"])
             .arg("--scenarios")
             .arg(root.join("scenarios"))
             .arg("--target-cmd")
@@ -45,6 +45,8 @@ fn the_scenario_suites_of_both_sides_pass() {
                 .filter(|l| l.starts_with("FAIL") || l.starts_with("ABORTED"))
                 .collect();
             failed.push(format!("{family} side {side}: {}", failures.join("; ")));
+            // One failed suite kills the mutant: the others need not run.
+            break;
         }
     }
     assert!(failed.is_empty(), "{}", failed.join("\n"));
