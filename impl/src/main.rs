@@ -649,7 +649,9 @@ fn runtime(args: RuntimeArgs) -> ExitCode {
             device_id: args.device_id,
             credential,
         };
-        match daemon::run_daemon(config, adapter, workspace, options).await {
+        let end = daemon::run_daemon(config, adapter.clone(), workspace, options).await;
+        adapter.finish().await;
+        match end {
             daemon::DaemonEnd::DeviceShutdown => {
                 tracing::info!("device_shutdown completed; exiting");
                 ExitCode::SUCCESS

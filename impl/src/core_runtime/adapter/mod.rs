@@ -207,4 +207,10 @@ pub trait HarnessAdapter: Send + Sync + 'static {
 
     /// Closes an Executor (cleanup). An error keeps ownership: the Runtime retries.
     async fn close_executor(&self, executor_id: &ExecutorId) -> Result<(), AdapterError>;
+
+    /// Called once, just before the Runtime process exits: the adapter settles what it
+    /// owes its own peers within a short bound (the controlled adapter answers every
+    /// control request it has read, so a request whose effect let the Runtime finish is
+    /// not left unanswered). Default: nothing.
+    async fn finish(&self) {}
 }

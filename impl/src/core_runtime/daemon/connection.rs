@@ -52,8 +52,8 @@ use tokio_tungstenite::tungstenite::protocol::{CloseFrame, WebSocketConfig};
 use tokio_tungstenite::tungstenite::{self, Message as WsMessage};
 
 use super::dispatcher::{
-    BINARY_REASON, CLOSE_INVALID_PAYLOAD, CLOSE_NORMAL, CLOSE_TOO_BIG, CloseWith, Runtime,
-    SHUTDOWN_REASON, ShutdownPhase,
+    BINARY_REASON, CLOSE_INVALID_PAYLOAD, CLOSE_TOO_BIG, CloseWith, Runtime, ShutdownCause,
+    ShutdownPhase,
 };
 use super::outbound::{OutItem, Outbound, OutboundReceiver};
 use crate::core_runtime::wire::limits::{TRANSPORT_FRAME_MAX_BYTES, WIRE_VERSION};
@@ -371,7 +371,7 @@ pub async fn run(rt: Arc<Runtime>, options: ConnectOptions) {
                 );
                 // Nothing a Run produces can reach Core any more: its programs are
                 // stopped rather than left running with their output going nowhere.
-                rt.begin_shutdown().await;
+                rt.begin_shutdown(ShutdownCause::ProcessShutdown).await;
                 return std::future::pending().await;
             }
             SessionEnd::Failed { error, healthy } => {
@@ -608,7 +608,8 @@ async fn receive_loop(
                 }
             }
             _ = shutdown.wait_for(|p| *p == ShutdownPhase::Done) => {
-                out.close(CLOSE_NORMAL, rt.config.profile.close_reason(SHUTDOWN_REASON));
+                let (code, reason) = rt.shutdown_cause().close();
+                out.close(code, rt.config.profile.close_reason(reason));
                 drain_until_closed(&mut stream).await;
                 return Ok(());
             }

@@ -44,6 +44,34 @@ pub const CLOSE_NORMAL: u16 = 1000;
 /// Close reason after `device_shutdown`.
 pub const SHUTDOWN_REASON: &str = "device_shutdown";
 
+/// WebSocket close code of the orderly close after a process shutdown (RFC 6455 "going
+/// away").
+pub const CLOSE_GOING_AWAY: u16 = 1001;
+
+/// Close reason after a process shutdown (SIGTERM or SIGINT).
+pub const PROCESS_SHUTDOWN_REASON: &str = "process_shutdown";
+
+/// What began the shutdown; it decides how the WebSocket is closed once every
+/// Executor is closed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ShutdownCause {
+    /// Core's `device_shutdown`: close 1000 `device_shutdown`.
+    DeviceShutdown,
+    /// A stop signal, or a connection error that needs operator correction: close 1001
+    /// `process_shutdown` (when a connection is open).
+    ProcessShutdown,
+}
+
+impl ShutdownCause {
+    /// The close code and reason (before the profile's prefix) of the final Close.
+    pub fn close(self) -> (u16, &'static str) {
+        match self {
+            Self::DeviceShutdown => (CLOSE_NORMAL, SHUTDOWN_REASON),
+            Self::ProcessShutdown => (CLOSE_GOING_AWAY, PROCESS_SHUTDOWN_REASON),
+        }
+    }
+}
+
 /// Close reason for a binary WebSocket message (the protocol is JSON text only).
 pub const BINARY_REASON: &str = "binary_message";
 
@@ -131,6 +159,7 @@ pub struct Runtime {
     pub state: Mutex<State>,
     cleanup_wake: Notify,
     shutdown: watch::Sender<ShutdownPhase>,
+    shutdown_cause: std::sync::OnceLock<ShutdownCause>,
 }
 
 impl std::fmt::Debug for Runtime {
@@ -166,6 +195,7 @@ impl Runtime {
             }),
             cleanup_wake: Notify::new(),
             shutdown,
+            shutdown_cause: std::sync::OnceLock::new(),
         });
         tokio::spawn(cleanup_worker(rt.clone()));
         rt
@@ -174,6 +204,14 @@ impl Runtime {
     /// Watches the shutdown progress.
     pub fn shutdown_phase(&self) -> watch::Receiver<ShutdownPhase> {
         self.shutdown.subscribe()
+    }
+
+    /// What began the shutdown (`DeviceShutdown` when none began).
+    pub fn shutdown_cause(&self) -> ShutdownCause {
+        self.shutdown_cause
+            .get()
+            .copied()
+            .unwrap_or(ShutdownCause::DeviceShutdown)
     }
 
     /// Installs a new connection; returns its generation.
@@ -298,7 +336,7 @@ impl Runtime {
                     conn.out.send_now(id, Message::EnvironmentResumed(result));
                 }
             }
-            Message::DeviceShutdown(_) => self.begin_shutdown().await,
+            Message::DeviceShutdown(_) => self.begin_shutdown(ShutdownCause::DeviceShutdown).await,
             Message::RuntimePrepare(request) => {
                 workspace_ops::runtime_prepare(self, generation, id, request).await;
             }
@@ -344,13 +382,16 @@ impl Runtime {
         self.apply(&mut st, effects);
     }
 
-    /// `device_shutdown`: refuse new work, close every Executor serially (retrying
-    /// failed closes every `cleanup_retry`, forever), then report [`ShutdownPhase::Done`].
-    pub async fn begin_shutdown(self: &Arc<Self>) {
+    /// `device_shutdown` or a process shutdown (`cause`): refuse new work, close every
+    /// Executor serially (retrying failed closes every `cleanup_retry`, forever), then
+    /// report [`ShutdownPhase::Done`]; the connection then closes as `cause` says.
+    pub async fn begin_shutdown(self: &Arc<Self>, cause: ShutdownCause) {
         let mut st = self.state.lock().await;
         if st.admission.shutting_down() {
             return;
         }
+        // The first cause stays: a signal during a `device_shutdown` still ends it 1000.
+        let _ = self.shutdown_cause.set(cause);
         tracing::info!("device_shutdown: closing every Executor");
         let effects = st.admission.begin_shutdown(Instant::now());
         self.shutdown.send_replace(ShutdownPhase::Draining);

@@ -37,12 +37,17 @@ pub use dispatcher::Runtime;
 /// of the Run's whole process group.
 pub const SIGNAL_SHUTDOWN_BOUND: std::time::Duration = std::time::Duration::from_secs(10);
 
+/// How long, once every Executor closed after a signal, the Runtime waits for its
+/// WebSocket's closing handshake (1001 `process_shutdown`) before it exits anyway.
+pub const SIGNAL_CLOSE_BOUND: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// How [`run_daemon`] ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DaemonEnd {
     /// `device_shutdown` completed: every Executor closed, WebSocket closed 1000.
     DeviceShutdown,
-    /// SIGTERM or SIGINT: the connection was dropped and every Executor closed.
+    /// SIGTERM or SIGINT: every Executor closed, then the WebSocket closed with 1001
+    /// `process_shutdown`.
     Signalled,
     /// SIGTERM or SIGINT, and Executors were still owned after
     /// [`SIGNAL_SHUTDOWN_BOUND`] (their closes failed or hung; logged).
@@ -51,10 +56,12 @@ pub enum DaemonEnd {
 
 /// Runs the daemon until `device_shutdown` completed (every Executor closed and the
 /// WebSocket closed with 1000 `device_shutdown`) or a SIGTERM / SIGINT arrived, which
-/// drops the connection and closes every Executor (bounded by
-/// [`SIGNAL_SHUTDOWN_BOUND`]) before returning, so no program a Run started outlives
-/// the Runtime's orderly exit. A permanent connection rejection never returns by itself
-/// (the process idles until signalled).
+/// refuses new work and closes every Executor (bounded by [`SIGNAL_SHUTDOWN_BOUND`])
+/// while the connection stays up, so Core still learns how the drain went, then closes
+/// the WebSocket with 1001 `process_shutdown` (bounded by [`SIGNAL_CLOSE_BOUND`]) before
+/// returning: no program a Run started outlives the Runtime's orderly exit. A
+/// permanent connection rejection never returns by itself (the process idles until
+/// signalled).
 pub async fn run_daemon(
     config: RuntimeConfig,
     adapter: Arc<dyn HarnessAdapter>,
@@ -74,18 +81,35 @@ pub async fn run_daemon(
             return DaemonEnd::DeviceShutdown;
         }
     };
+    let connection = connection::run(rt.clone(), options);
+    tokio::pin!(connection);
     tokio::select! {
-        () = connection::run(rt.clone(), options) => return DaemonEnd::DeviceShutdown,
+        () = &mut connection => return DaemonEnd::DeviceShutdown,
         _ = term.recv() => tracing::info!("SIGTERM: closing every Executor before exiting"),
         _ = int.recv() => tracing::info!("SIGINT: closing every Executor before exiting"),
     }
-    rt.begin_shutdown().await;
+    rt.begin_shutdown(dispatcher::ShutdownCause::ProcessShutdown)
+        .await;
     let mut phase = rt.shutdown_phase();
-    let drained = tokio::time::timeout(
-        SIGNAL_SHUTDOWN_BOUND,
-        phase.wait_for(|p| *p == dispatcher::ShutdownPhase::Done),
-    )
+    // The connection keeps serving while the Executors close; it returns only once they
+    // are, after its closing handshake.
+    let drained = tokio::time::timeout(SIGNAL_SHUTDOWN_BOUND, async {
+        tokio::select! {
+            () = &mut connection => true,
+            _ = phase.wait_for(|p| *p == dispatcher::ShutdownPhase::Done) => false,
+        }
+    })
     .await;
+    // Drained first: an open connection is now closing (1001); wait for it, bounded.
+    let connected = rt.state.lock().await.conn.is_some();
+    if drained == Ok(false)
+        && connected
+        && tokio::time::timeout(SIGNAL_CLOSE_BOUND, &mut connection)
+            .await
+            .is_err()
+    {
+        tracing::warn!("the WebSocket's closing handshake did not end in time; exiting anyway");
+    }
     match drained {
         Ok(_) => DaemonEnd::Signalled,
         Err(_) => {

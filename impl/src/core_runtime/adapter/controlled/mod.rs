@@ -157,11 +157,18 @@ impl ControlError {
     }
 }
 
+/// How long [`HarnessAdapter::finish`] waits for the responses of requests already read
+/// before the Runtime exits.
+pub const FINISH_BOUND: Duration = Duration::from_secs(1);
+
 /// State shared by the adapter, its tasks and the request handlers.
 struct Shared {
     state: Mutex<State>,
     /// Bumped after every state change that a waiter may be waiting for.
     version: watch::Sender<u64>,
+    /// (requests read, responses written): every request read gets exactly one
+    /// response, so they are equal when nothing is owed ([`ControlledAdapter::finish`]).
+    progress: watch::Sender<(u64, u64)>,
 }
 
 impl Shared {
@@ -304,9 +311,11 @@ impl ControlledAdapter {
         tracing::info!(socket = %path_text, "controlled adapter: connected to the control channel");
 
         let (version, _) = watch::channel(0u64);
+        let (progress, _) = watch::channel((0u64, 0u64));
         let shared = Arc::new(Shared {
             state: Mutex::new(State::default()),
             version,
+            progress,
         });
         let (responses, response_rx) = mpsc::channel(RESPONSE_QUEUE);
         let writer = tokio::spawn(write_loop(write_half, response_rx, shared.clone()));
@@ -541,6 +550,19 @@ impl HarnessAdapter for ControlledAdapter {
         );
         self.simple_call(CallKind::CloseExecutor, rec).await
     }
+
+    /// Waits, at most [`FINISH_BOUND`], until every request read has its response
+    /// written ("exactly one response per request", docs/control-channel.md).
+    async fn finish(&self) {
+        let mut progress = self.shared.progress.subscribe();
+        let answered = progress.wait_for(|(read, written)| written >= read);
+        if tokio::time::timeout(FINISH_BOUND, answered).await.is_err() {
+            tracing::warn!(
+                bound_ms = FINISH_BOUND.as_millis() as u64,
+                "controlled adapter: exiting with control requests unanswered"
+            );
+        }
+    }
 }
 
 // ---------------------------------------------------------------------------
@@ -563,6 +585,7 @@ async fn write_loop(
             tracing::warn!(error = %e, "controlled adapter: writing a response failed");
             break;
         }
+        shared.progress.send_modify(|(_, written)| *written += 1);
     }
     shared.close();
 }
@@ -579,7 +602,11 @@ async fn read_loop(socket: OwnedReadHalf, responses: mpsc::Sender<String>, share
         if shared.lock().closed {
             break;
         }
-        let request = match read_line(&mut reader, &mut line).await {
+        let read = read_line(&mut reader, &mut line).await;
+        if matches!(read, Ok(Line::Complete | Line::TooLong)) {
+            shared.progress.send_modify(|(read, _)| *read += 1);
+        }
+        let request = match read {
             Ok(Line::Complete) => decode_request(&line),
             Ok(Line::TooLong) => Err(protocol::Rejected {
                 seq: None,
