@@ -31,6 +31,7 @@ pub async fn native_step(
         .bindings
         .substitute(args, true)
         .map_err(|e| fail::bind(e, "the control request"))?;
+    let args = crate::matcher::expand_text(&args).map_err(fail::scenario)?;
     let target_wait = args
         .get("timeout_ms")
         .and_then(Value::as_u64)

@@ -166,7 +166,12 @@ impl ScriptedRuntimePeer {
                         })?,
                         true,
                     )
-                    .map_err(|e| fail::scenario(format!("cannot build the request body: {e}")))?
+                    .map_err(|e| fail::scenario(format!("cannot build the request body: {e}")))
+                    .and_then(|body| {
+                        crate::matcher::expand_text(&body).map_err(|e| {
+                            fail::scenario(format!("cannot build the request body: {e}"))
+                        })
+                    })?
                     .to_string()
                     .into_bytes(),
             ),

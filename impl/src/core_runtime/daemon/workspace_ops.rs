@@ -304,7 +304,8 @@ pub async fn dispatch_read_or_export(rt: &Arc<Runtime>, generation: u64, envelop
             Some(reservation) => {
                 let (message, ambiguous) = match request {
                     Request::Read(read) => perform_read(&rt, read).await,
-                    Request::Export(export) => perform_export(&rt, export).await,
+                    // An export's failure never stops its owner's later reads.
+                    Request::Export(export) => (perform_export(&rt, export).await, false),
                 };
                 Some((reservation, message, ambiguous))
             }
@@ -315,7 +316,7 @@ pub async fn dispatch_read_or_export(rt: &Arc<Runtime>, generation: u64, envelop
         if let Some(conn) = st.conn_at(generation) {
             conn.pending_ops.remove(&id);
             if let Some((reservation, message, ambiguous)) = outcome {
-                if ambiguous && is_read {
+                if ambiguous {
                     conn.stopped_owners.insert(owner.executor_id.clone());
                 }
                 reservation.send(id, message);
@@ -363,27 +364,21 @@ async fn perform_read(rt: &Runtime, read: WorkspaceRead) -> (Message, bool) {
     }
 }
 
-async fn perform_export(rt: &Runtime, export: WorkspaceExport) -> (Message, bool) {
+async fn perform_export(rt: &Runtime, export: WorkspaceExport) -> Message {
     match rt.workspace.export(&export.path).await {
         Ok(tar) => {
             let sha = hex::encode(Sha256::digest(&tar));
             match (Base64Bytes::new(tar), BoundedString::new(sha)) {
-                (Ok(data), Ok(sha256)) => (
-                    Message::WorkspaceExportResult(WorkspaceExportResult {
-                        status: WorkspaceStatus::Ok,
-                        data: Some(data),
-                        sha256: Some(sha256),
-                        error_code: None,
-                    }),
-                    false,
-                ),
-                _ => (
-                    export_result(WorkspaceStatus::Refused, WorkspaceErrorCode::ResultTooLarge),
-                    false,
-                ),
+                (Ok(data), Ok(sha256)) => Message::WorkspaceExportResult(WorkspaceExportResult {
+                    status: WorkspaceStatus::Ok,
+                    data: Some(data),
+                    sha256: Some(sha256),
+                    error_code: None,
+                }),
+                _ => export_result(WorkspaceStatus::Refused, WorkspaceErrorCode::ResultTooLarge),
             }
         }
-        Err(err) => (export_failure(&err), !err.is_safe_refusal()),
+        Err(err) => export_failure(&err),
     }
 }
 

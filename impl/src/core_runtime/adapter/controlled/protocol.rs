@@ -11,8 +11,8 @@ use tokio::io::{AsyncBufRead, AsyncBufReadExt};
 use super::ControlError;
 use crate::core_runtime::adapter::NativeEvent;
 use crate::core_runtime::wire::{
-    Delta, FunctionCall, InputId, InteractionId, NativeSessionId, Outcome, OutputMessage,
-    PermissionRequest, PromptForUserChoice, RunId, Thinking, ToolCall, Usage,
+    FunctionCall, InputId, InteractionId, ItemId, NativeSessionId, Outcome, OutputMessage,
+    PermissionRequest, PromptForUserChoice, RunId, ToolCall, Usage,
 };
 use crate::wire::bounded::BoundedString;
 use crate::wire::strict::{WireError, from_value_strict, parse_strict};
@@ -400,20 +400,39 @@ fn op_from_body(body: RequestBody) -> Result<Op, ControlError> {
     })
 }
 
-/// Decodes an `emit` payload with the wire payload type of `event_type`.
+/// An emitted `delta`'s payload: the wire payload's fields, the text unbounded by a
+/// frame field's bound (a Harness's output is not bounded by it: the Runtime splits a
+/// longer text, catalog CR-FAM-010); the control line's bound still applies.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NativeDelta {
+    text: String,
+    #[serde(default)]
+    item_id: Option<ItemId>,
+}
+
+/// An emitted `thinking`'s payload, its text unbounded like [`NativeDelta`]'s.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NativeThinking {
+    text: String,
+}
+
+/// Decodes an `emit` payload with the wire payload type of `event_type` (a delta's or
+/// thinking's text may exceed a frame field's bound).
 fn decode_event(event_type: EmitType, payload: Value) -> Result<NativeEvent, WireError> {
     Ok(match event_type {
         EmitType::Delta => {
-            let delta: Delta = from_value_strict(payload)?;
+            let delta: NativeDelta = from_value_strict(payload)?;
             NativeEvent::Delta {
-                text: delta.text.as_str().to_string(),
+                text: delta.text,
                 item_id: delta.item_id.map(|id| id.as_str().to_string()),
             }
         }
         EmitType::Thinking => {
-            let thinking: Thinking = from_value_strict(payload)?;
+            let thinking: NativeThinking = from_value_strict(payload)?;
             NativeEvent::Thinking {
-                text: thinking.text.as_str().to_string(),
+                text: thinking.text,
             }
         }
         EmitType::OutputMessage => {
