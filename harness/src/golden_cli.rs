@@ -176,8 +176,17 @@ pub fn changes(places: &Places, base: Option<&str>, json: bool) -> ExitCode {
         )
         .unwrap_or_default();
         let path = places.scenarios.join(family).join(format!("{name}.yaml"));
+        // A scenario generated from the family's value table has no file of its own.
         load_scenario(&path)
             .map(|s| s.covers)
+            .ok()
+            .or_else(|| {
+                load_family(&places.scenarios, family)
+                    .ok()?
+                    .into_iter()
+                    .find(|s| s.name == name)
+                    .map(|s| s.covers)
+            })
             .unwrap_or_default()
             .into_iter()
             .map(|id| Covered {

@@ -127,7 +127,11 @@ fn resolve_setup(
         next = setup.from.as_deref();
     }
     let config = chain.iter().find_map(|s| s.config.clone());
-    let steps = chain.iter().rev().flat_map(|s| s.steps.iter().cloned()).collect();
+    let steps = chain
+        .iter()
+        .rev()
+        .flat_map(|s| s.steps.iter().cloned())
+        .collect();
     Ok((config, steps))
 }
 
@@ -234,19 +238,25 @@ pub fn cases(kind: &Kind, valid: Option<&Value>, full_range: bool) -> Result<Vec
     let mut out = Vec::new();
     match kind.ty {
         ValueType::Id => {
-            let max = kind.max.ok_or("an `id` kind needs `max` (its byte bound)")?;
+            let max = kind
+                .max
+                .ok_or("an `id` kind needs `max` (its byte bound)")?;
             if max < 2 {
                 return Err("an `id` kind's `max` must be at least 2 bytes".into());
             }
             if full_range {
-                return Err("`max: true` is for `uint` rows; an identifier's bound is always tested".into());
+                return Err(
+                    "`max: true` is for `uint` rows; an identifier's bound is always tested".into(),
+                );
             }
             match valid {
                 Some(v @ Value::String(_)) => {
                     out.push(case("valid", v.clone(), true, format!("{v}")))
                 }
                 Some(other) => {
-                    return Err(format!("`valid` of an identifier must be a string, not {other}"));
+                    return Err(format!(
+                        "`valid` of an identifier must be a string, not {other}"
+                    ));
                 }
                 None => {
                     out.push(case("min", Value::from(MIN_ID), true, "1 byte".into()));
@@ -254,14 +264,22 @@ pub fn cases(kind: &Kind, valid: Option<&Value>, full_range: bool) -> Result<Vec
                         "max",
                         Value::from(wide(max)),
                         true,
-                        format!("{max} bytes ({} × \"{WIDE_CHAR}\", two bytes each)", max / 2),
+                        format!(
+                            "{max} bytes ({} × \"{WIDE_CHAR}\", two bytes each)",
+                            max / 2
+                        ),
                     );
                     at.choice = true;
                     at.edge = Some(Edge::At);
                     out.push(at);
                 }
             }
-            out.push(case("empty", Value::from(""), false, "the empty string".into()));
+            out.push(case(
+                "empty",
+                Value::from(""),
+                false,
+                "the empty string".into(),
+            ));
             let mut past = case(
                 "past",
                 Value::from(format!("{}x", wide(max))),
@@ -292,7 +310,10 @@ pub fn cases(kind: &Kind, valid: Option<&Value>, full_range: bool) -> Result<Vec
                 return Err("`max: true` is for `uint` rows".into());
             }
             let Some(Value::String(v)) = valid else {
-                return Err("a `uuid` row needs `valid`: the canonical UUID the receiver expects there".into());
+                return Err(
+                    "a `uuid` row needs `valid`: the canonical UUID the receiver expects there"
+                        .into(),
+                );
             };
             let canonical = uuid::Uuid::parse_str(v)
                 .map(|u| u.hyphenated().to_string())
@@ -307,15 +328,30 @@ pub fn cases(kind: &Kind, valid: Option<&Value>, full_range: bool) -> Result<Vec
                 ));
             }
             out.push(case("valid", Value::from(v.as_str()), true, v.clone()));
-            out.push(case("upper", Value::from(upper), false, "upper case".into()));
-            out.push(case("braces", Value::from(format!("{{{v}}}")), false, "in braces".into()));
+            out.push(case(
+                "upper",
+                Value::from(upper),
+                false,
+                "upper case".into(),
+            ));
+            out.push(case(
+                "braces",
+                Value::from(format!("{{{v}}}")),
+                false,
+                "in braces".into(),
+            ));
             out.push(case(
                 "no_hyphens",
                 Value::from(v.replace('-', "")),
                 false,
                 "without hyphens".into(),
             ));
-            out.push(case("empty", Value::from(""), false, "the empty string".into()));
+            out.push(case(
+                "empty",
+                Value::from(""),
+                false,
+                "the empty string".into(),
+            ));
             out.push(case(
                 "number",
                 Value::from(7),
@@ -324,9 +360,13 @@ pub fn cases(kind: &Kind, valid: Option<&Value>, full_range: bool) -> Result<Vec
             ));
         }
         ValueType::Uint => {
-            let max = kind.max.ok_or("a `uint` kind needs `max` (its largest value)")?;
+            let max = kind
+                .max
+                .ok_or("a `uint` kind needs `max` (its largest value)")?;
             let Some(n) = valid.and_then(Value::as_u64) else {
-                return Err("a `uint` row needs `valid`: an integer the receiver accepts there".into());
+                return Err(
+                    "a `uint` row needs `valid`: an integer the receiver accepts there".into(),
+                );
             };
             if n > max {
                 return Err(format!("`valid` {n} is above the kind's `max` {max}"));
@@ -380,12 +420,9 @@ pub const REFUSED_KEY: &str = "$refused";
 pub fn fill(value: &Value, with: &Value, accepted: bool) -> Value {
     match value {
         Value::String(s) if s == VALUE_SLOT => with.clone(),
-        Value::Array(items) => Value::Array(
-            items
-                .iter()
-                .map(|v| fill(v, with, accepted))
-                .collect(),
-        ),
+        Value::Array(items) => {
+            Value::Array(items.iter().map(|v| fill(v, with, accepted)).collect())
+        }
         Value::Object(map) => match (map.len(), map.get(ACCEPTED_KEY), map.get(REFUSED_KEY)) {
             (2, Some(a), Some(r)) => fill(if accepted { a } else { r }, with, accepted),
             _ => Value::Object(
@@ -417,7 +454,8 @@ pub fn marked_requirements(value: &Value, out: &mut Vec<String>) {
             if let Some(Value::String(id)) = map.get("$requirement") {
                 out.push(id.clone());
             }
-            if let Some(Value::String(id)) = map.get("reference").and_then(|r| r.get("requirement")) {
+            if let Some(Value::String(id)) = map.get("reference").and_then(|r| r.get("requirement"))
+            {
                 out.push(id.clone());
             }
             map.values().for_each(|v| marked_requirements(v, out));
@@ -498,9 +536,10 @@ fn document(table: &Table<'_>, row: &Row<'_>, case: &Case) -> Value {
     let raw = row.raw;
     let mut steps: Vec<Value> = row.setup_steps.clone();
     steps.extend(raw.steps.iter().cloned());
-    let party = Value::from(row.party.as_str());
+    // A valid value goes as a frame step (the harness's schema check applies), a refused
+    // one as raw bytes.
     let send = if case.accepted {
-        single(party.as_str().unwrap_or_default(), row.frame.clone())
+        single(row.party.as_str(), row.frame.clone())
     } else {
         single("send_bytes", single("frame", row.frame.clone()))
     };
@@ -524,9 +563,13 @@ fn document(table: &Table<'_>, row: &Row<'_>, case: &Case) -> Value {
     // over both (a declaration naming the value, which a refused value cannot be in).
     let mut config: Option<Value> = None;
     let accept_config = raw.accept_config.as_ref().filter(|_| case.accepted);
-    for layer in [row.setup_config.as_ref(), raw.config.as_ref(), accept_config]
-        .into_iter()
-        .flatten()
+    for layer in [
+        row.setup_config.as_ref(),
+        raw.config.as_ref(),
+        accept_config,
+    ]
+    .into_iter()
+    .flatten()
     {
         config = Some(match config {
             Some(base) => merge(base, layer),
@@ -553,7 +596,10 @@ fn document(table: &Table<'_>, row: &Row<'_>, case: &Case) -> Value {
 
     let mut doc = Map::new();
     doc.insert("family".into(), Value::from(table.family));
-    doc.insert("name".into(), Value::from(scenario_name(&raw.row, case.name)));
+    doc.insert(
+        "name".into(),
+        Value::from(scenario_name(&raw.row, case.name)),
+    );
     doc.insert("summary".into(), Value::from(summary));
     doc.insert("covers".into(), Value::from(covers));
     doc.insert("sides".into(), Value::from(vec![row.target.as_str()]));
@@ -607,7 +653,7 @@ pub fn scenario_name(row: &str, case: &str) -> String {
     format!("{NAME_PREFIX}{row}_{case}")
 }
 
-/// The table with its kinds resolved.
+/// What every row of a table shares.
 struct Table<'a> {
     family: &'a str,
     refuse: &'a [Value],
@@ -632,19 +678,29 @@ pub fn load_table(path: &Path, family: &str) -> Result<Vec<Scenario>, Vec<LoadEr
 ///
 /// # Errors
 /// As [`load_table`].
-pub fn parse_table(path: &Path, source: &str, family: &str) -> Result<Vec<Scenario>, Vec<LoadError>> {
+pub fn parse_table(
+    path: &Path,
+    source: &str,
+    family: &str,
+) -> Result<Vec<Scenario>, Vec<LoadError>> {
     let raw: RawTable = parse_yaml(path, source).map_err(|e| vec![e])?;
     let at = |loc: Location, msg: String| LoadError::at(path, Some(loc), msg, Some(source));
     let mut errors = Vec::new();
     if raw.family.value != family {
         errors.push(at(
             raw.family.referenced,
-            format!("family `{}` does not match the table's file name (`{family}`)", raw.family.value),
+            format!(
+                "family `{}` does not match the table's file name (`{family}`)",
+                raw.family.value
+            ),
         ));
         return Err(errors);
     }
     let Some(fam) = families::table(family) else {
-        return Err(vec![at(raw.family.referenced, format!("unknown family `{family}`"))]);
+        return Err(vec![at(
+            raw.family.referenced,
+            format!("unknown family `{family}`"),
+        )]);
     };
     let mut kinds = BTreeMap::new();
     for (name, k) in &raw.kinds {
@@ -658,7 +714,9 @@ pub fn parse_table(path: &Path, source: &str, family: &str) -> Result<Vec<Scenar
         if kind.bound.is_some() && kind.edge_key().is_none() {
             errors.push(at(
                 k.referenced,
-                format!("kind `{name}`: `bound` needs the `reference` or `requirement` that sets it"),
+                format!(
+                    "kind `{name}`: `bound` needs the `reference` or `requirement` that sets it"
+                ),
             ));
         }
         kinds.insert(name.clone(), kind);
@@ -710,7 +768,9 @@ pub fn parse_table(path: &Path, source: &str, family: &str) -> Result<Vec<Scenar
                 match fam.parties.iter().find(|p| p.as_str() == key) {
                     Some(p) => (*p, frame),
                     None => {
-                        problem(format!("`send` names `{key}`, not a party of family `{family}`"));
+                        problem(format!(
+                            "`send` names `{key}`, not a party of family `{family}`"
+                        ));
                         continue;
                     }
                 }
@@ -726,7 +786,10 @@ pub fn parse_table(path: &Path, source: &str, family: &str) -> Result<Vec<Scenar
         }
         // The target is the side whose party does not send the frame.
         let Some(target) = fam.sides.iter().copied().find(|s| s.party() != party) else {
-            problem(format!("no side of family `{family}` receives `{}` frames", party.as_str()));
+            problem(format!(
+                "no side of family `{family}` receives `{}` frames",
+                party.as_str()
+            ));
             continue;
         };
         let cases = match cases(kind, r.valid.as_ref(), r.max) {
@@ -770,7 +833,10 @@ pub fn parse_table(path: &Path, source: &str, family: &str) -> Result<Vec<Scenar
                     for p in problems {
                         errors.push(at(
                             loc,
-                            format!("row `{}`, case `{}` (scenario `{name}`): {}", r.row, case.name, p.message),
+                            format!(
+                                "row `{}`, case `{}` (scenario `{name}`): {}",
+                                r.row, case.name, p.message
+                            ),
                         ));
                     }
                 }
@@ -782,5 +848,388 @@ pub fn parse_table(path: &Path, source: &str, family: &str) -> Result<Vec<Scenar
         Ok(scenarios)
     } else {
         Err(errors)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::scenario::model::Step;
+    use serde_json::json;
+
+    fn id_kind(max: u64) -> Kind {
+        Kind {
+            ty: ValueType::Id,
+            max: Some(max),
+            requirement: None,
+            reference: Some("CR-ENV-018".into()),
+            bound: Some("id_bytes".into()),
+        }
+    }
+
+    fn names(cases: &[Case]) -> Vec<&str> {
+        cases.iter().map(|c| c.name).collect()
+    }
+
+    #[test]
+    fn identifier_cases_count_bytes_not_characters() {
+        let all = cases(&id_kind(128), None, false).unwrap();
+        let cases = &all;
+        assert_eq!(
+            names(cases),
+            ["min", "max", "empty", "past", "control", "number"]
+        );
+        let get = |n: &str| cases.iter().find(|c| c.name == n).unwrap();
+        let text = |n: &str| get(n).value.as_str().unwrap().to_string();
+        assert_eq!(text("min").len(), 1);
+        assert_eq!(text("max").len(), 128);
+        assert_eq!(text("max").chars().count(), 64);
+        // One byte past the bound, yet fewer characters than the bound.
+        assert_eq!(text("past").len(), 129);
+        assert_eq!(text("past").chars().count(), 65);
+        assert!(text("control").contains('\u{1b}'));
+        assert_eq!(text("empty"), "");
+        assert_eq!(get("number").value, json!(7));
+        // Which are accepted, which sit on the bound, which are the kind's choices.
+        let accepted: Vec<&str> = cases
+            .iter()
+            .filter(|c| c.accepted)
+            .map(|c| c.name)
+            .collect();
+        assert_eq!(accepted, ["min", "max"]);
+        assert_eq!(get("max").edge, Some(Edge::At));
+        assert_eq!(get("past").edge, Some(Edge::Past));
+        assert!(get("max").choice && get("past").choice && !get("min").choice);
+        // An odd bound still lands exactly on it.
+        let odd = super::cases(&id_kind(5), None, false).unwrap();
+        assert_eq!(odd[1].value.as_str().unwrap().len(), 5);
+        assert_eq!(odd[3].value.as_str().unwrap().len(), 6);
+    }
+
+    #[test]
+    fn a_fixed_identifier_is_tried_as_given() {
+        let fixed = cases(&id_kind(128), Some(&json!("$exe1")), false).unwrap();
+        assert_eq!(
+            names(&fixed),
+            ["valid", "empty", "past", "control", "number"]
+        );
+        assert_eq!(fixed[0].value, json!("$exe1"));
+        assert!(cases(&id_kind(128), Some(&json!(3)), false).is_err());
+        assert!(cases(&id_kind(128), None, true).is_err());
+        assert!(cases(&id_kind(1), None, false).is_err());
+    }
+
+    #[test]
+    fn uuid_cases_are_the_non_canonical_forms_of_the_valid_one() {
+        let kind = Kind {
+            ty: ValueType::Uuid,
+            max: None,
+            requirement: Some("CR-ENV-013".into()),
+            reference: Some("CR-FAM-006".into()),
+            bound: None,
+        };
+        let v = "0e0e0000-0000-4000-8000-00000000000e";
+        let all = cases(&kind, Some(&json!(v)), false).unwrap();
+        let cases = &all;
+        assert_eq!(
+            names(cases),
+            ["valid", "upper", "braces", "no_hyphens", "empty", "number"]
+        );
+        assert_eq!(
+            cases[1].value,
+            json!("0E0E0000-0000-4000-8000-00000000000E")
+        );
+        assert_eq!(cases[2].value, json!(format!("{{{v}}}")));
+        assert_eq!(cases[3].value, json!("0e0e000000004000800000000000000e"));
+        assert!(cases[1..].iter().all(|c| !c.accepted && c.edge.is_none()));
+        // The valid one must be canonical, and have letters to upper-case.
+        let err = |v: &str| super::cases(&kind, Some(&json!(v)), false).unwrap_err();
+        assert!(err("0E0E0000-0000-4000-8000-00000000000E").contains("not canonical"));
+        assert!(err("00000000-0000-4000-8000-000000000001").contains("no letter"));
+        assert!(err("nope").contains("not a UUID"));
+        assert!(super::cases(&kind, None, false).is_err());
+    }
+
+    #[test]
+    fn unsigned_cases_and_the_edge_of_the_range() {
+        let kind = Kind {
+            ty: ValueType::Uint,
+            max: Some(u64::MAX),
+            requirement: None,
+            reference: Some("CR-FAM-010".into()),
+            bound: Some("u64_max".into()),
+        };
+        let fixed = cases(&kind, Some(&json!(3)), false).unwrap();
+        assert_eq!(names(&fixed), ["valid", "negative", "fraction", "string"]);
+        assert_eq!(fixed[1].value, json!(-1));
+        assert_eq!(fixed[2].value, json!(3.5));
+        assert_eq!(fixed[3].value, json!("3"));
+        let full = cases(&kind, Some(&json!(3)), true).unwrap();
+        assert_eq!(
+            names(&full),
+            ["valid", "max", "past", "negative", "fraction", "string"]
+        );
+        assert_eq!(full[1].value, json!(u64::MAX));
+        assert!(full[1].accepted && full[1].choice);
+        // 2^64 has no u64: it is written as the number it is.
+        assert_eq!(full[2].value.as_f64(), Some(2f64.powi(64)));
+        assert_eq!(full[2].edge, Some(Edge::Past));
+        let small = Kind {
+            max: Some(65535),
+            bound: None,
+            ..kind.clone()
+        };
+        let full = cases(&small, Some(&json!(503)), true).unwrap();
+        assert_eq!(full[2].value, json!(65536));
+        assert!(small.edge_key().is_none());
+        assert!(cases(&kind, Some(&json!(-3)), false).is_err());
+        assert!(cases(&small, Some(&json!(70000)), false).is_err());
+    }
+
+    #[test]
+    fn yaml_text_reads_back_exactly() {
+        let value = json!({
+            "s": "a\u{1b}b\u{7f}c\u{85}d\u{0}\"quoted\" \\ é € \u{1F600} $value",
+            "n": [-1, 3.5, 18446744073709551615u64, 2f64.powi(64), true, {"$reference": 1007}],
+            "empty": "", "key with: colon": {}
+        });
+        let text = yaml_text(&value);
+        assert!(!text.chars().any(|c| c.is_control()), "{text}");
+        let back: Value = parse_yaml(Path::new("x.yaml"), &text).unwrap();
+        assert_eq!(back, value);
+    }
+
+    #[test]
+    fn fill_puts_the_value_and_picks_the_branch_of_the_outcome() {
+        let template = json!({
+            "a": "$value", "b": ["$value", "$other"], "c": "$values",
+            "d": {"$accepted": {"status": 200, "v": "$value"}, "$refused": {"status": 503}},
+            "e": {"$accepted": 1, "$refused": 2, "x": 3}
+        });
+        assert_eq!(
+            fill(&template, &json!("v1"), true),
+            json!({
+                "a": "v1", "b": ["v1", "$other"], "c": "$values",
+                "d": {"status": 200, "v": "v1"},
+                "e": {"$accepted": 1, "$refused": 2, "x": 3}
+            })
+        );
+        assert_eq!(
+            fill(&template, &json!(7), false)["d"],
+            json!({"status": 503})
+        );
+        let mut marks = Vec::new();
+        marked_requirements(
+            &json!([{"reference": {"requirement": "CR-A-001", "steps": [{"x": {"$reference": 1, "$requirement": "CR-B-002"}}]}}]),
+            &mut marks,
+        );
+        assert_eq!(marks, ["CR-A-001", "CR-B-002"]);
+    }
+
+    const TABLE: &str = r#"family: core_runtime
+kinds:
+  id: { type: id, max: 128, reference: CR-ENV-018, bound: id_bytes }
+  uuid: { type: uuid, requirement: CR-ENV-013, reference: CR-FAM-006 }
+refuse:
+  - expect_close: { code: { $reference: 1007, $requirement: CR-FAM-006 }, reason: { $reference: invalid_value, $requirement: CR-FAM-006 } }
+setups:
+  base:
+    config: { runtime: { timers: { reconnect_initial_ms: 10 } } }
+    steps: [ { handshake: {} } ]
+  ready:
+    from: base
+    steps:
+      - core: { type: execution_prepare, id: prep-1, payload: { session_id: 5e55a000-0000-4000-8000-00000000000a, agent_kind: controlled, configuration: { agent_options: { model: m }, disable_subagents: true, local_environment: { environment_id: 0e0e0000-0000-4000-8000-00000000000e, environment_type: self_hosted } } } }
+      - runtime: { type: preparation_status, id: prep-1, payload: { status: ready, admission_handle: $h1, revision: 1, executor_id: $exe1, expires_in_ms: 300000 } }
+rows:
+  - row: run_id
+    field: execution_start.payload.run_id
+    kind: id
+    covers: [CR-PREP-007]
+    setup: ready
+    accept_config: { runtime: { timers: { cleanup_retry_ms: 5 } } }
+    send: { core: { type: execution_start, id: prep-1, payload: { executor_id: $exe1, admission_handle: $h1, run_id: $value, input: [] } } }
+    accept:
+      - runtime: { type: preparation_status, id: prep-1, payload: { status: started, admission_handle: $h1, revision: 2, run_id: $value } }
+  - row: env
+    field: environment_quiesced.payload.environment_id
+    kind: uuid
+    valid: 0e0e0000-0000-4000-8000-00000000000e
+    covers: [CR-ENV-015]
+    steps:
+      - handshake: {}
+      - api: { call: { method: POST, path: /v1/x, body: {} }, expect: { $accepted: { status: 200 }, $refused: { status: 503 } }, id: c1, await: false }
+    send: { runtime: { type: environment_quiesced, id: s-1, payload: { environment_id: $value, status: applied } } }
+    accept: [ { api_result: { id: c1 } } ]
+    refuse: [ { expect_close: {} }, { api_result: { id: c1 } } ]
+"#;
+
+    fn expand(text: &str) -> Result<Vec<Scenario>, Vec<LoadError>> {
+        parse_table(
+            Path::new("scenarios/tables/core_runtime.values.yaml"),
+            text,
+            "core_runtime",
+        )
+    }
+
+    #[test]
+    fn a_row_expands_into_one_scenario_per_case() {
+        let all = expand(TABLE).unwrap();
+        let names: Vec<&str> = all.iter().map(|s| s.name.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "value_env_braces",
+                "value_env_empty",
+                "value_env_no_hyphens",
+                "value_env_number",
+                "value_env_upper",
+                "value_env_valid",
+                "value_run_id_control",
+                "value_run_id_empty",
+                "value_run_id_max",
+                "value_run_id_min",
+                "value_run_id_number",
+                "value_run_id_past",
+            ]
+        );
+        let get = |n: &str| all.iter().find(|s| s.name == n).unwrap();
+        // The frame is sent with its schema check when the value is valid, as raw bytes
+        // otherwise; the receiver is the side that does not send it.
+        let min = get("value_run_id_min");
+        assert_eq!(min.sides, Some(vec![Side::Runtime]));
+        assert_eq!(
+            min.path,
+            Path::new("scenarios/tables/core_runtime.values.yaml")
+        );
+        // Setup steps (handshake, prepare, ready), the frame, the outcome.
+        assert_eq!(min.steps.len(), 5);
+        assert!(
+            matches!(&min.steps[3], Step::Frame { party: Party::Core, frame } if frame["payload"]["run_id"] == "x")
+        );
+        assert!(
+            matches!(&min.steps[4], Step::Frame { party: Party::Runtime, frame } if frame["payload"]["run_id"] == "x")
+        );
+        let past = get("value_run_id_past");
+        assert!(matches!(&past.steps[3], Step::SendBytes(_)));
+        // A refusal and the largest value are the kind's choices: a reference group.
+        assert!(
+            matches!(&past.steps[4], Step::Reference { requirement, .. } if requirement == "CR-ENV-018")
+        );
+        assert!(
+            matches!(&get("value_run_id_max").steps[4], Step::Reference { requirement, .. } if requirement == "CR-ENV-018")
+        );
+        // Covers: the row's, then every requirement its steps mark.
+        assert_eq!(min.covers, ["CR-PREP-007"]);
+        assert_eq!(past.covers, ["CR-PREP-007", "CR-ENV-018", "CR-FAM-006"]);
+        assert_eq!(past.edges["CR-ENV-018/id_bytes"], [Edge::Past]);
+        assert_eq!(
+            get("value_run_id_max").edges["CR-ENV-018/id_bytes"],
+            [Edge::At]
+        );
+        assert!(min.edges.is_empty());
+        // The setup's config, with `accept_config` over it for accepted values only.
+        let timers = |s: &Scenario| s.config.runtime.as_ref().unwrap()["timers"].clone();
+        assert_eq!(
+            timers(min),
+            json!({"reconnect_initial_ms": 10, "cleanup_retry_ms": 5})
+        );
+        assert_eq!(timers(past), json!({"reconnect_initial_ms": 10}));
+        // The Runtime's capabilities the frames exercise.
+        assert_eq!(
+            min.requires.keys().map(String::as_str).collect::<Vec<_>>(),
+            ["local_environment", "subagent_control"]
+        );
+        // A UUID row: a required rule on every case; `$accepted`/`$refused` resolved.
+        let env = get("value_env_upper");
+        assert_eq!(env.sides, Some(vec![Side::Core]));
+        assert_eq!(env.covers, ["CR-ENV-015", "CR-ENV-013", "CR-FAM-006"]);
+        assert_eq!(get("value_env_valid").covers, ["CR-ENV-015", "CR-ENV-013"]);
+        let Step::Api(api) = &env.steps[1] else {
+            panic!()
+        };
+        assert_eq!(api.expect.status, 503);
+        let Step::Api(api) = &get("value_env_valid").steps[1] else {
+            panic!()
+        };
+        assert_eq!(api.expect.status, 200);
+        assert!(get("value_env_valid").summary.contains("Core accepts it"));
+        assert!(env.summary.contains("upper case; Core refuses the frame"));
+    }
+
+    #[test]
+    fn table_errors_name_the_row() {
+        let errors = |text: &str| {
+            expand(text)
+                .unwrap_err()
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join("\n")
+        };
+        let e = errors(&TABLE.replace("kind: uuid\n", "kind: nope\n"));
+        assert!(
+            e.contains(
+                "core_runtime.values.yaml:26:5: row `env`: unknown kind `nope` (kinds: id, uuid)"
+            ),
+            "{e}"
+        );
+        let e = errors(&TABLE.replace("run_id: $value, input", "run_id: r, input"));
+        assert!(
+            e.contains("row `run_id`: the frame of `send` has no `$value` slot"),
+            "{e}"
+        );
+        let e = errors(&TABLE.replace("row: env", "row: run_id"));
+        assert!(
+            e.contains("row `run_id`: the row name is used twice"),
+            "{e}"
+        );
+        let e = errors(&TABLE.replace("    from: base\n", "    from: ready\n"));
+        assert!(e.contains("its `from:` chain is a cycle"), "{e}");
+        let e = errors(&TABLE.replace("send: { runtime:", "send: { worker:"));
+        assert!(
+            e.contains("`send` names `worker`, not a party of family `core_runtime`"),
+            "{e}"
+        );
+        let e = errors(&TABLE.replace("family: core_runtime", "family: engine"));
+        assert!(e.contains("does not match the table's file name"), "{e}");
+        // A generated scenario the loader refuses is reported at its row, with its case.
+        let e = errors(&TABLE.replace("covers: [CR-PREP-007]", "covers: [nope]"));
+        assert!(
+            e.contains("row `run_id`, case `min` (scenario `value_run_id_min`): malformed requirement ID `nope`"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn the_family_loads_its_table_with_its_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let fam = dir.path().join("core_runtime");
+        std::fs::create_dir_all(&fam).unwrap();
+        std::fs::create_dir_all(dir.path().join(TABLES_DIR)).unwrap();
+        std::fs::write(
+            fam.join("a.yaml"),
+            "family: core_runtime\nname: a\nsummary: s\ncovers: [CR-A-001]\nsteps:\n  - disconnect: {}\n",
+        )
+        .unwrap();
+        std::fs::write(table_path(dir.path(), "core_runtime"), TABLE).unwrap();
+        let all = crate::scenario::load_family(dir.path(), "core_runtime").unwrap();
+        assert_eq!(all.len(), 13);
+        assert_eq!(all[0].name, "a");
+        // A scenario file of the same name as a generated one is a load error naming both.
+        std::fs::write(
+            fam.join("value_env_valid.yaml"),
+            "family: core_runtime\nname: value_env_valid\nsummary: s\ncovers: [CR-A-001]\nsteps:\n  - disconnect: {}\n",
+        )
+        .unwrap();
+        let errors = crate::scenario::load_family(dir.path(), "core_runtime").unwrap_err();
+        assert_eq!(errors.len(), 1, "{errors:?}");
+        assert!(
+            errors[0]
+                .to_string()
+                .contains("scenario `value_env_valid` is also declared by"),
+            "{}",
+            errors[0]
+        );
     }
 }
