@@ -168,6 +168,9 @@ pub fn changes(places: &Places, base: Option<&str>, json: bool) -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    let generated: std::cell::RefCell<
+        std::collections::BTreeMap<String, Vec<contract_harness::scenario::Scenario>>,
+    > = Default::default();
     let covers = |family: &str, name: &str| -> Vec<Covered> {
         let sections: Vec<requirements::Requirement> = requirements::load_catalog(
             &places
@@ -177,8 +180,24 @@ pub fn changes(places: &Places, base: Option<&str>, json: bool) -> ExitCode {
         )
         .unwrap_or_default();
         let path = places.scenarios.join(family).join(format!("{name}.yaml"));
+        // A scenario generated from the family's value table has no file of its own: the
+        // family's generated scenarios are read once.
         load_scenario(&path)
             .map(|s| s.covers)
+            .ok()
+            .or_else(|| {
+                let mut cache = generated.borrow_mut();
+                let loaded = cache.entry(family.to_string()).or_insert_with(|| {
+                    let table =
+                        contract_harness::scenario::tables::table_path(&places.scenarios, family);
+                    contract_harness::scenario::tables::load_table(&table, family)
+                        .unwrap_or_default()
+                });
+                loaded
+                    .iter()
+                    .find(|s| s.name == name)
+                    .map(|s| s.covers.clone())
+            })
             .unwrap_or_default()
             .into_iter()
             .map(|id| Covered {

@@ -98,7 +98,7 @@ pub struct Bound {
     pub name: String,
     /// The limit, in `unit`s.
     pub value: u64,
-    /// `bytes`, `entries`, `count`, `ms` or `status`.
+    /// `bytes`, `entries`, `count`, `ms`, `status` or `integer`.
     pub unit: BoundUnit,
 }
 
@@ -116,6 +116,8 @@ pub enum BoundUnit {
     Ms,
     /// An HTTP status number.
     Status,
+    /// The value of an integer field (the largest an unsigned field accepts).
+    Integer,
 }
 
 impl BoundUnit {
@@ -127,6 +129,7 @@ impl BoundUnit {
             BoundUnit::Count => "count",
             BoundUnit::Ms => "ms",
             BoundUnit::Status => "status",
+            BoundUnit::Integer => "integer",
         }
     }
 }

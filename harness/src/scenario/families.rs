@@ -11,7 +11,9 @@ use contract_impl::core_runtime::gateway::admission::CAPABILITY_TABLE;
 use contract_impl::core_runtime::wire::{AgentKindCapabilities, Direction, MessageType};
 use serde_json::Value;
 
-use super::model::{Party, Side};
+use std::collections::BTreeSet;
+
+use super::model::{Party, Scenario, Side};
 
 /// Step keywords every family has (the step engine's own steps).
 pub const GENERIC_STEPS: &[&str] = &[
@@ -63,6 +65,15 @@ pub struct FamilyTable {
     /// The side whose target declares [`Self::features`] (core_runtime: the Runtime's
     /// capabilities); on other sides `requires:` is not judged and `--features` is refused.
     pub feature_side: Option<Side>,
+    /// The features a scenario's steps exercise on [`Self::feature_side`], derived from
+    /// its frames: the `requires:` of a scenario generated from a value table
+    /// ([`super::tables`]).
+    pub implied_features: fn(&Scenario) -> BTreeSet<&'static str>,
+}
+
+/// No feature derived (a family whose spec names nothing optional).
+fn no_features(_: &Scenario) -> BTreeSet<&'static str> {
+    BTreeSet::new()
 }
 
 impl FamilyTable {
@@ -151,6 +162,7 @@ pub const CORE_RUNTIME: FamilyTable = FamilyTable {
     nulls: false,
     features: CORE_RUNTIME_FEATURES,
     feature_side: Some(Side::Runtime),
+    implied_features: crate::family::core_runtime::requires::implied_features,
 };
 
 /// The core_runtime capabilities a Runtime may declare unsupported while its kind stays
@@ -220,6 +232,7 @@ pub const WORKER: FamilyTable = FamilyTable {
     // the spec names no optional part of either side.
     features: &[],
     feature_side: None,
+    implied_features: no_features,
 };
 
 /// The engine family (gRPC on a Unix socket; frames are RPC events on named calls).
@@ -249,6 +262,7 @@ pub const ENGINE: FamilyTable = FamilyTable {
     // authority: the capabilities are the implementation's, not a target's option.
     features: &[],
     feature_side: None,
+    implied_features: no_features,
 };
 
 /// The plugin family (gRPC on the plugin's Unix socket; frames are RPC events on named
@@ -290,6 +304,7 @@ pub const PLUGIN: FamilyTable = FamilyTable {
     // (`config.plugin`); no part of either side is optional.
     features: &[],
     feature_side: None,
+    implied_features: no_features,
 };
 
 /// A family of generic steps only, for the loader's own tests.
@@ -307,6 +322,7 @@ pub const DEMO: FamilyTable = FamilyTable {
     nulls: false,
     features: &["alpha", "beta"],
     feature_side: Some(Side::Core),
+    implied_features: no_features,
 };
 
 /// Every family's table.

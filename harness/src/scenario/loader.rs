@@ -848,7 +848,9 @@ pub fn load_scenario_all_errors(path: &Path) -> Result<Scenario, Vec<LoadError>>
 /// declare scenario `x` and write the same golden).
 pub const SCENARIO_EXTENSION: &str = "yaml";
 
-/// Loads every `*.yaml` scenario under `dir/<family>/`, sorted by name.
+/// Loads every `*.yaml` scenario under `dir/<family>/` and every scenario the family's
+/// value table (`dir/tables/<family>.values.yaml`, when there is one) generates, sorted
+/// by name.
 ///
 /// # Errors
 /// Every problem of every file (the directory missing is one error); a `*.yml` file is
@@ -883,6 +885,14 @@ pub fn load_family(dir: &Path, family: &str) -> Result<Vec<Scenario>, Vec<LoadEr
     for path in paths {
         match load_scenario_all_errors(&path) {
             Ok(s) => scenarios.push(s),
+            Err(mut e) => errors.append(&mut e),
+        }
+    }
+    // The family's value table, expanded into its scenarios (`super::tables`).
+    let table = super::tables::table_path(dir, family);
+    if table.is_file() {
+        match super::tables::load_table(&table, family) {
+            Ok(mut generated) => scenarios.append(&mut generated),
             Err(mut e) => errors.append(&mut e),
         }
     }

@@ -6,6 +6,7 @@
 pub mod families;
 pub mod loader;
 pub mod model;
+pub mod tables;
 pub mod validation;
 
 pub use loader::{LoadError, load_family, load_scenario};

@@ -187,7 +187,8 @@ pub struct Scenario {
     /// and succeeds, `past` one past it and gets the spec's outcome. The requirement is
     /// one the scenario covers.
     pub edges: BTreeMap<String, Vec<crate::requirements::Edge>>,
-    /// The file the scenario was loaded from.
+    /// The file the scenario was loaded from (for a scenario generated from a value
+    /// table, `super::tables`, the table).
     pub path: PathBuf,
 }
 

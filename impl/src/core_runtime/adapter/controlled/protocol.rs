@@ -402,7 +402,7 @@ fn op_from_body(body: RequestBody) -> Result<Op, ControlError> {
 
 /// An emitted `delta`'s payload: the wire payload's fields, the text unbounded by a
 /// frame field's bound (a Harness's output is not bounded by it: the Runtime splits a
-/// longer text, catalog CR-FAM-010); the control line's bound still applies.
+/// longer text, catalog CR-FAM-011); the control line's bound still applies.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct NativeDelta {
