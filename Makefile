@@ -252,7 +252,7 @@ bench:
 ## suite of both sides (impl/tests/mutants_scenarios.rs), with a harness built once from
 ## the unmutated tree. MUTANTS_SHARD picks a fixed sample (round-robin shard k/n of the
 ## mutants, the same every run); then the kill rate per directory and every survivor.
-MUTANTS_SHARD ?= 0/128
+MUTANTS_SHARD ?= 0/80
 MUTANTS_OUT   ?= $(CURDIR)/target/mutants
 mutants: build
 	@ci/setup.sh --mutants
