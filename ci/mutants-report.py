@@ -125,6 +125,12 @@ def main():
         else:
             unreviewed += 1
             print(f"  {text}\n      NOT REVIEWED: kill it with a scenario or add it to the reviewed list")
+    judged = viable - (len(survivors) - unreviewed)
+    if judged:
+        print(
+            f"score without the reviewed survivors (equivalent or untestable through the "
+            f"wire): {100.0 * killed / judged:.0f}% of {judged}"
+        )
     if unreviewed or rate < MIN_KILL_RATE:
         return 1
     return 0
