@@ -115,7 +115,7 @@ def main():
     viable = total["caught"] + total["missed"] + total["timeout"]
     killed = total["caught"] + total["timeout"]
     rate = 100.0 * killed / viable if viable else 0.0
-    print(f"all: {rate:.0f}% of {viable} viable mutants killed ({killed}; bar {MIN_KILL_RATE:.0f}%)")
+    print(f"all: {rate:.1f}% of {viable} viable mutants killed ({killed}; bar {MIN_KILL_RATE:.0f}%)")
     unreviewed = 0
     print(f"survivors ({len(survivors)}):")
     for file, line, text in sorted(survivors, key=lambda s: (s[0], s[1] or 0)):
@@ -129,7 +129,7 @@ def main():
     if judged:
         print(
             f"score without the reviewed survivors (equivalent or untestable through the "
-            f"wire): {100.0 * killed / judged:.0f}% of {judged}"
+            f"wire): {100.0 * killed / judged:.1f}% of {judged}"
         )
     if unreviewed or rate < MIN_KILL_RATE:
         return 1

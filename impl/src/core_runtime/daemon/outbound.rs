@@ -379,7 +379,8 @@ impl Outbound {
     }
 
     /// Bytes currently charged against the budget by queued items and reservations
-    /// (the overdraft included).
+    /// (the overdraft included). Test introspection only.
+    #[cfg(test)]
     pub fn queued_bytes(&self) -> usize {
         let debt = *self.budget.debt();
         (self.budget.capacity + debt).saturating_sub(self.budget.permits.available_permits())
