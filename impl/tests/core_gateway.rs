@@ -286,3 +286,40 @@ async fn a_revoked_peer_that_never_answers_close_loses_its_tcp_connection() {
         .any(|w| w[0] == 0x88 && w[2..4] == 1008u16.to_be_bytes());
     assert!(close, "no Close 1008 before the end: {received:02x?}");
 }
+
+/// A body refused over its route's bound is answered `Connection: close`: a client
+/// that pools connections sends its next request on a new one, and it succeeds.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_refused_over_bound_body_does_not_poison_a_pooled_connection() {
+    let core = start_core();
+    let key = std::fs::read_to_string(core._dir.path().join("data").join("api-key"))
+        .unwrap()
+        .trim()
+        .to_string();
+    let client = reqwest::Client::new();
+    for _ in 0..5 {
+        // 5 MiB of body on a route bounded at one transport frame (4 MiB).
+        let resp = client
+            .post(format!("{}/v1/agents", core.base))
+            .bearer_auth(&key)
+            .header("content-type", "application/json")
+            .body(vec![b' '; 5 * 1024 * 1024])
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status().as_u16(), 413);
+        assert_eq!(
+            resp.headers().get("connection").map(|v| v.as_bytes()),
+            Some(&b"close"[..])
+        );
+        let body: Value = resp.json().await.unwrap();
+        assert_eq!(body["error"], "request_too_large");
+        let resp = client
+            .get(format!("{}/v1/devices/{DEVICE}", core.base))
+            .bearer_auth(&key)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status().as_u16(), 200);
+    }
+}

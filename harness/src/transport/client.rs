@@ -39,13 +39,17 @@ pub struct HttpClient {
 }
 
 impl HttpClient {
-    /// A client that never uses a proxy and keeps no cookies.
+    /// A client that never uses a proxy, keeps no cookies and opens a fresh connection
+    /// for every request: a target that closes a connection after an answer (a refused
+    /// over-bound body it did not read) can never fail the next request on a connection
+    /// the pool still held.
     ///
     /// # Errors
     /// [`TransportError::Client`] when the client cannot be built.
     pub fn new() -> Result<Self, TransportError> {
         let client = reqwest::Client::builder()
             .no_proxy()
+            .pool_max_idle_per_host(0)
             .build()
             .map_err(|e| TransportError::Client(e.to_string()))?;
         Ok(Self { client })

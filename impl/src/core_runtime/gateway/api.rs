@@ -268,6 +268,23 @@ pub fn routes() -> Router<Arc<Core>> {
         // Every other body is bounded by one transport frame (the file routes above set
         // their own, larger bound); past it the body is refused unread.
         .layer(DefaultBodyLimit::max(BODY_MAX_BYTES))
+        .layer(axum::middleware::map_response(close_after_refused_body))
+}
+
+/// A body refused as too large or too slow may not have been read to its end, and the
+/// connection is then closed after the answer: the answer says `Connection: close`, so
+/// a client does not send its next request on that connection.
+async fn close_after_refused_body(mut response: Response) -> Response {
+    if matches!(
+        response.status(),
+        StatusCode::PAYLOAD_TOO_LARGE | StatusCode::REQUEST_TIMEOUT
+    ) {
+        response.headers_mut().insert(
+            axum::http::header::CONNECTION,
+            axum::http::HeaderValue::from_static("close"),
+        );
+    }
+    response
 }
 
 async fn create_agent(State(core): State<Arc<Core>>, ApiBody(body): ApiBody) -> ApiResult {
