@@ -654,6 +654,10 @@ impl Run {
                 Err(fail::unsupported(format!("`{party}` cannot send frames")))
             }
             Step::Silence(d) => self.silence(peer, *d).await,
+            Step::Sleep(d) => {
+                tokio::time::sleep(*d).await;
+                Ok(())
+            }
             Step::AnyOrder(steps) => self.any_order(peer, steps).await,
             // A typical frame (`optional:`): our reference, played by the harness, sends
             // it; another conformant target may send a `tolerated:` one, which ours

@@ -18,6 +18,7 @@ use super::model::{Party, Scenario, Side};
 /// Step keywords every family has (the step engine's own steps).
 pub const GENERIC_STEPS: &[&str] = &[
     "silence",
+    "sleep",
     "any_order",
     "optional",
     "tolerated",

@@ -258,6 +258,7 @@ enum RawStep {
     Handshake(RawHandshake),
     Reconnect(RawReconnect),
     Silence(Spanned<DurationText>),
+    Sleep(Spanned<DurationText>),
     AnyOrder(Vec<Spanned<RawStep>>),
     Optional(Box<Spanned<RawStep>>),
     Tolerated(Box<Spanned<RawStep>>),
@@ -667,6 +668,7 @@ impl Converter<'_> {
                 within: r.within.map(|d| d.0),
             },
             RawStep::Silence(d) => Step::Silence(d.value.0),
+            RawStep::Sleep(d) => Step::Sleep(d.value.0),
             RawStep::AnyOrder(items) => {
                 let mut steps = Vec::new();
                 for item in items {

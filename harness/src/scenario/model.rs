@@ -541,6 +541,10 @@ pub enum Step {
     },
     /// `silence:` — the target emits nothing for this long.
     Silence(Duration),
+    /// `sleep:` — the harness waits this long and checks nothing: whatever the target
+    /// emits meanwhile is left to later steps (a wait that must not depend on the
+    /// target's connection, e.g. before proving a stopping target is still alive).
+    Sleep(Duration),
     /// `any_order:` — frame expectations that may match in any order (only [`Step::Frame`]).
     AnyOrder(Vec<Step>),
     /// `optional:` — one frame (only [`Step::Frame`]) the spec calls typical but does not
@@ -666,6 +670,7 @@ impl Step {
             Step::Handshake { .. } => "handshake",
             Step::Reconnect { .. } => "reconnect",
             Step::Silence(_) => "silence",
+            Step::Sleep(_) => "sleep",
             Step::AnyOrder(_) => "any_order",
             Step::Optional(_) => "optional",
             Step::Tolerated(_) => "tolerated",
@@ -697,6 +702,7 @@ impl Step {
             Step::Api(api) => format!("api {} {}", api.call.method, api.call.path),
             Step::ApiResult(r) => format!("api_result {}", r.id),
             Step::Silence(d) => format!("silence {}ms", d.as_millis()),
+            Step::Sleep(d) => format!("sleep {}ms", d.as_millis()),
             Step::AnyOrder(steps) => format!("any_order of {} frames", steps.len()),
             Step::Optional(inner) => format!("optional {}", inner.describe()),
             Step::Tolerated(inner) => format!("tolerated {}", inner.describe()),

@@ -313,6 +313,15 @@ impl Checker<'_> {
             Step::Silence(d) if d.is_zero() => {
                 self.issue(Some(location), "silence: the duration must be positive")
             }
+            Step::Sleep(d) if d.is_zero() => {
+                self.issue(Some(location), "sleep: the duration must be positive")
+            }
+            Step::Reconnect {
+                within: Some(d), ..
+            } if d.is_zero() => self.issue(
+                Some(location),
+                "reconnect: `within` must be positive",
+            ),
             Step::AnyOrder(steps) => {
                 if steps.len() < 2 {
                     self.issue(Some(location), "any_order needs at least two frame steps");
