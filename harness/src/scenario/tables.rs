@@ -57,6 +57,12 @@ pub const WIDE_CHAR: char = 'é';
 /// The control character of an identifier's `control` case (ESC, U+001B).
 pub const CONTROL_CHAR: char = '\u{1b}';
 
+/// DEL (U+007F), a control character outside the C0 range.
+pub const DELETE_CHAR: char = '\u{7f}';
+
+/// NEL (U+0085), a C1 control character.
+pub const C1_CONTROL_CHAR: char = '\u{85}';
+
 // ---------------------------------------------------------------------------------------
 // The table as written.
 
@@ -307,6 +313,16 @@ pub fn cases(kind: &Kind, valid: Option<&Value>, full_range: bool) -> Result<Vec
                 false,
                 format!("a control character (U+{:04X})", CONTROL_CHAR as u32),
             ));
+            // The rest of Unicode's control category, which a check for the characters
+            // below U+0020 alone would let through: DEL and a C1 control.
+            for (name, c) in [("delete", DELETE_CHAR), ("c1_control", C1_CONTROL_CHAR)] {
+                out.push(case(
+                    name,
+                    Value::from(format!("id{c}x")),
+                    false,
+                    format!("a control character (U+{:04X})", c as u32),
+                ));
+            }
             out.push(case(
                 "number",
                 Value::from(7),
@@ -892,7 +908,16 @@ mod tests {
         let cases = &all;
         assert_eq!(
             names(cases),
-            ["min", "max", "empty", "past", "control", "number"]
+            [
+                "min",
+                "max",
+                "empty",
+                "past",
+                "control",
+                "delete",
+                "c1_control",
+                "number"
+            ]
         );
         let get = |n: &str| cases.iter().find(|c| c.name == n).unwrap();
         let text = |n: &str| get(n).value.as_str().unwrap().to_string();
@@ -926,7 +951,15 @@ mod tests {
         let fixed = cases(&id_kind(128), Some(&json!("$exe1")), false).unwrap();
         assert_eq!(
             names(&fixed),
-            ["valid", "empty", "past", "control", "number"]
+            [
+                "valid",
+                "empty",
+                "past",
+                "control",
+                "delete",
+                "c1_control",
+                "number"
+            ]
         );
         assert_eq!(fixed[0].value, json!("$exe1"));
         assert!(cases(&id_kind(128), Some(&json!(3)), false).is_err());
@@ -1100,7 +1133,9 @@ rows:
                 "value_env_number",
                 "value_env_upper",
                 "value_env_valid",
+                "value_run_id_c1_control",
                 "value_run_id_control",
+                "value_run_id_delete",
                 "value_run_id_empty",
                 "value_run_id_max",
                 "value_run_id_min",
@@ -1231,7 +1266,7 @@ rows:
         .unwrap();
         std::fs::write(table_path(dir.path(), "core_runtime"), TABLE).unwrap();
         let all = crate::scenario::load_family(dir.path(), "core_runtime").unwrap();
-        assert_eq!(all.len(), 13);
+        assert_eq!(all.len(), 15);
         assert_eq!(all[0].name, "a");
         // A scenario file of the same name as a generated one is a load error naming both.
         std::fs::write(
