@@ -1219,38 +1219,49 @@ rows:
                 .collect::<Vec<_>>()
                 .join("\n")
         };
-        let e = errors(&TABLE.replace("kind: uuid\n", "kind: nope\n"));
-        assert!(
-            e.contains(
-                "core_runtime.values.yaml:26:5: row `env`: unknown kind `nope` (kinds: id, uuid)"
+        // (text replaced, by what, what the error must say)
+        let cases = [
+            (
+                "kind: uuid\n",
+                "kind: nope\n",
+                "core_runtime.values.yaml:26:5: row `env`: unknown kind `nope` (kinds: id, uuid)",
             ),
-            "{e}"
-        );
-        let e = errors(&TABLE.replace("run_id: $value, input", "run_id: r, input"));
-        assert!(
-            e.contains("row `run_id`: the frame of `send` has no `$value` slot"),
-            "{e}"
-        );
-        let e = errors(&TABLE.replace("row: env", "row: run_id"));
-        assert!(
-            e.contains("row `run_id`: the row name is used twice"),
-            "{e}"
-        );
-        let e = errors(&TABLE.replace("    from: base\n", "    from: ready\n"));
-        assert!(e.contains("its `from:` chain is a cycle"), "{e}");
-        let e = errors(&TABLE.replace("send: { runtime:", "send: { worker:"));
-        assert!(
-            e.contains("`send` names `worker`, not a party of family `core_runtime`"),
-            "{e}"
-        );
-        let e = errors(&TABLE.replace("family: core_runtime", "family: engine"));
-        assert!(e.contains("does not match the table's file name"), "{e}");
-        // A generated scenario the loader refuses is reported at its row, with its case.
-        let e = errors(&TABLE.replace("covers: [CR-PREP-007]", "covers: [nope]"));
-        assert!(
-            e.contains("row `run_id`, case `min` (scenario `value_run_id_min`): malformed requirement ID `nope`"),
-            "{e}"
-        );
+            (
+                "run_id: $value, input",
+                "run_id: r, input",
+                "row `run_id`: the frame of `send` has no `$value` slot",
+            ),
+            (
+                "row: env",
+                "row: run_id",
+                "row `run_id`: the row name is used twice",
+            ),
+            (
+                "    from: base\n",
+                "    from: ready\n",
+                "its `from:` chain is a cycle",
+            ),
+            (
+                "send: { runtime:",
+                "send: { worker:",
+                "`send` names `worker`, not a party of family `core_runtime`",
+            ),
+            (
+                "family: core_runtime",
+                "family: engine",
+                "does not match the table's file name",
+            ),
+            // A generated scenario the loader refuses is reported at its row, with its case.
+            (
+                "covers: [CR-PREP-007]",
+                "covers: [nope]",
+                "row `run_id`, case `min` (scenario `value_run_id_min`): malformed requirement ID `nope`",
+            ),
+        ];
+        for (from, to, expected) in cases {
+            let e = errors(&TABLE.replace(from, to));
+            assert!(e.contains(expected), "{from} -> {to}: {e}");
+        }
     }
 
     #[test]
