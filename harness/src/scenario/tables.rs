@@ -902,22 +902,17 @@ mod tests {
         cases.iter().map(|c| c.name).collect()
     }
 
+    /// The refused cases of an identifier kind, in order.
+    const REFUSED_ID_CASES: [&str; 6] =
+        ["empty", "past", "control", "delete", "c1_control", "number"];
+
     #[test]
     fn identifier_cases_count_bytes_not_characters() {
         let all = cases(&id_kind(128), None, false).unwrap();
         let cases = &all;
         assert_eq!(
             names(cases),
-            [
-                "min",
-                "max",
-                "empty",
-                "past",
-                "control",
-                "delete",
-                "c1_control",
-                "number"
-            ]
+            [&["min", "max"][..], &REFUSED_ID_CASES].concat()
         );
         let get = |n: &str| cases.iter().find(|c| c.name == n).unwrap();
         let text = |n: &str| get(n).value.as_str().unwrap().to_string();
@@ -949,18 +944,7 @@ mod tests {
     #[test]
     fn a_fixed_identifier_is_tried_as_given() {
         let fixed = cases(&id_kind(128), Some(&json!("$exe1")), false).unwrap();
-        assert_eq!(
-            names(&fixed),
-            [
-                "valid",
-                "empty",
-                "past",
-                "control",
-                "delete",
-                "c1_control",
-                "number"
-            ]
-        );
+        assert_eq!(names(&fixed), [&["valid"][..], &REFUSED_ID_CASES].concat());
         assert_eq!(fixed[0].value, json!("$exe1"));
         assert!(cases(&id_kind(128), Some(&json!(3)), false).is_err());
         assert!(cases(&id_kind(128), None, true).is_err());
