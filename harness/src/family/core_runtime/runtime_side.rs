@@ -284,24 +284,9 @@ impl CoreRuntimePeer for ScriptedCorePeer {
             heartbeat_ms,
             within,
         } = call;
-        let req = match within {
-            None => self.expect_request(run, "the bootstrap request").await?,
-            Some(limit) => match run.next_event(self, limit).await? {
-                Some(Event::Other(req)) => req,
-                Some(other) => {
-                    return Err(fail::unexpected(format!(
-                        "expected the bootstrap request, got {}",
-                        other.describe()
-                    )));
-                }
-                None => {
-                    return Err(fail::timeout(format!(
-                        "the Runtime did not reconnect within {} (reconnect: within)",
-                        crate::drive::show_duration(limit)
-                    )));
-                }
-            },
-        };
+        let req = self
+            .expect_request(run, "the bootstrap request", within)
+            .await?;
         let req = self.check_route(req, "POST", BOOTSTRAP_PATH)?;
         let body = match &req.body {
             RequestBody::Bytes(bytes) => parse_strict(bytes).map_err(|e| {
@@ -374,7 +359,7 @@ impl CoreRuntimePeer for ScriptedCorePeer {
 
     async fn connect(&mut self, run: &mut Run, spec: &ConnectStep) -> StepResult {
         let req = self
-            .expect_request(run, "the WebSocket upgrade request")
+            .expect_request(run, "the WebSocket upgrade request", None)
             .await?;
         let req = self.check_route(req, "GET", WS_PATH)?;
         let mut query = Map::new();
@@ -520,18 +505,30 @@ fn show_opt(value: Option<&Value>) -> String {
 
 impl ScriptedCorePeer {
     /// Awaits the next HTTP request; anything else fails.
+    /// The next HTTP request, within `within` (`reconnect: {within}`) or else the step
+    /// timeout.
     async fn expect_request(
         &mut self,
         run: &mut Run,
         expected: &str,
+        within: Option<Duration>,
     ) -> StepResult<IncomingRequest> {
-        match run.next_event(self, run.step_timeout).await? {
+        match run
+            .next_event(self, within.unwrap_or(run.step_timeout))
+            .await?
+        {
             Some(Event::Other(req)) => Ok(req),
             Some(other) => Err(fail::unexpected(format!(
                 "expected {expected}, got {}",
                 other.describe()
             ))),
-            None => Err(run.nothing(self, expected)),
+            None => Err(match within {
+                None => run.nothing(self, expected),
+                Some(limit) => fail::timeout(format!(
+                    "expected {expected} within {} (reconnect: within)",
+                    crate::drive::show_duration(limit)
+                )),
+            }),
         }
     }
 
