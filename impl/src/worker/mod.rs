@@ -15,6 +15,8 @@
 //! * [`source`]: the source identity of a hook snapshot.
 //! * [`supervise`]: the process the host spawns around a worker so that no process of
 //!   it outlives the host (`contract-impl worker supervise`).
+//! * [`usage`]: the cache measurements read from a route's usage, and the cache options a
+//!   route may carry ("What the request costs: cache reporting").
 //!
 //! This module owns the protocol's types and rules; it never decides what a host request
 //! does (that is the host's).
@@ -28,4 +30,5 @@ pub mod policy;
 pub mod python;
 pub mod source;
 pub mod supervise;
+pub mod usage;
 pub mod wire;
