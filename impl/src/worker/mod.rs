@@ -6,6 +6,8 @@
 //!   corpus all use it.
 //! * [`python`]: the Python worker (stdlib only), shipped inside the binary and started
 //!   by `contract-impl worker python`.
+//! * [`framing`]: the frame in front of an input or a tool result as the model reads it
+//!   ("Framing what the model reads"); stored content never holds one.
 //! * [`host`]: the worker host: private directory and socket, token, handshake, cells,
 //!   request routing, invalidation, hard stop.
 //! * [`policy`]: the host's side of the decision slots (budget, operator rule, holds).
@@ -24,6 +26,7 @@
 pub mod activation;
 pub mod bench;
 pub mod controlled;
+pub mod framing;
 pub mod host;
 pub mod lane;
 pub mod policy;
