@@ -6,6 +6,8 @@
 //!   corpus all use it.
 //! * [`python`]: the Python worker (stdlib only), shipped inside the binary and started
 //!   by `contract-impl worker python`.
+//! * [`framing`]: the frame in front of an input or a tool result as the model reads it
+//!   ("Framing what the model reads"); stored content never holds one.
 //! * [`host`]: the worker host: private directory and socket, token, handshake, cells,
 //!   request routing, invalidation, hard stop.
 //! * [`policy`]: the host's side of the decision slots (budget, operator rule, holds).
@@ -15,6 +17,8 @@
 //! * [`source`]: the source identity of a hook snapshot.
 //! * [`supervise`]: the process the host spawns around a worker so that no process of
 //!   it outlives the host (`contract-impl worker supervise`).
+//! * [`usage`]: the cache measurements read from a route's usage, and the cache options a
+//!   route may carry ("What the request costs: cache reporting").
 //!
 //! This module owns the protocol's types and rules; it never decides what a host request
 //! does (that is the host's).
@@ -22,10 +26,12 @@
 pub mod activation;
 pub mod bench;
 pub mod controlled;
+pub mod framing;
 pub mod host;
 pub mod lane;
 pub mod policy;
 pub mod python;
 pub mod source;
 pub mod supervise;
+pub mod usage;
 pub mod wire;

@@ -272,7 +272,22 @@ impl RequestHandler for BasicServices {
 
 /// `YYYY-MM-DDTHH:MM:SS.mmmZ` for a time since the Unix epoch (the `Z` shape).
 pub fn rfc3339_utc(since_epoch: Duration) -> String {
-    let secs = since_epoch.as_secs();
+    format!(
+        "{}.{:03}Z",
+        civil_utc(since_epoch.as_secs()),
+        since_epoch.subsec_millis()
+    )
+}
+
+/// `YYYY-MM-DDTHH:MM:SSZ` for a time since the Unix epoch, in whole seconds (a fraction
+/// of a second is dropped): the stamps of "Framing what the model reads"
+/// (`[2026-09-13T18:59:00Z · operator]`).
+pub fn rfc3339_utc_seconds(since_epoch: Duration) -> String {
+    format!("{}Z", civil_utc(since_epoch.as_secs()))
+}
+
+/// `YYYY-MM-DDTHH:MM:SS` (UTC) for whole seconds since the Unix epoch.
+fn civil_utc(secs: u64) -> String {
     let (days, rem) = (secs / 86_400, secs % 86_400);
     // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
     let z = days as i64 + 719_468;
@@ -285,11 +300,10 @@ pub fn rfc3339_utc(since_epoch: Duration) -> String {
     let month = if mp < 10 { mp + 3 } else { mp - 9 };
     let year = yoe + era * 400 + i64::from(month <= 2);
     format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}",
         rem / 3600,
         rem % 3600 / 60,
         rem % 60,
-        since_epoch.subsec_millis()
     )
 }
 
