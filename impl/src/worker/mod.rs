@@ -13,6 +13,7 @@
 //! * [`policy`]: the host's side of the decision slots (budget, operator rule, holds).
 //! * [`activation`]: the SQLite epoch and the active hook generation.
 //! * [`lane`]: the operator lane reviewed sends land in, with their receipts.
+//! * [`turns`]: the turn boundary: pending inputs and the waits the host accepted.
 //! * [`controlled`]: the host driven over a control channel (`contract-impl worker host`).
 //! * [`source`]: the source identity of a hook snapshot.
 //! * [`supervise`]: the process the host spawns around a worker so that no process of
@@ -33,5 +34,6 @@ pub mod policy;
 pub mod python;
 pub mod source;
 pub mod supervise;
+pub mod turns;
 pub mod usage;
 pub mod wire;

@@ -34,6 +34,7 @@ use super::activation::Policies;
 use super::host::{CellRecord, Choices};
 use super::lane::OperatorLane;
 use super::policy::INVOKE_BUDGET;
+use super::turns::TurnBoundary;
 pub use crate::control::{AWAIT_MAX, AWAITS_MAX, CONTROL_LINE_MAX_BYTES, OUTCOMES_MAX};
 use ops::Host;
 
@@ -98,10 +99,12 @@ async fn serve(data_dir: &Path, different: bool) -> Result<(), String> {
         eprintln!("contract-impl worker host: the recorded policy did not start: {problem}");
     }
     let lane = OperatorLane::open(data_dir)?;
+    let turns = TurnBoundary::open(data_dir)?;
     let host = Arc::new(Host::new(
         program,
         Arc::new(policies),
         Arc::new(lane),
+        Arc::new(turns),
         different,
     ));
     crate::control::serve(Path::new(&socket), HELLO_LINE, host).await

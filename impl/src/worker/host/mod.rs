@@ -255,9 +255,7 @@ impl RequestHandler for BasicServices {
     ) -> Reply {
         match request {
             HostRequest::RuntimeInspect {} => {
-                let now = std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .unwrap_or_default();
+                let now = now_since_epoch();
                 Reply::Ok {
                     // "`now` uses the same `Z` shape as these stamps" (whole seconds).
                     value: json!({"now": rfc3339_utc_seconds(now), "now_ms": now.as_millis() as u64}),
@@ -269,6 +267,13 @@ impl RequestHandler for BasicServices {
             },
         }
     }
+}
+
+/// The host clock: the time since the Unix epoch (zero before it).
+pub fn now_since_epoch() -> Duration {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
 }
 
 /// `YYYY-MM-DDTHH:MM:SS.mmmZ` for a time since the Unix epoch (the `Z` shape).
