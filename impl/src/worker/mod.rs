@@ -11,6 +11,8 @@
 //! * [`policy`]: the host's side of the decision slots (budget, operator rule, holds).
 //! * [`activation`]: the SQLite epoch and the active hook generation.
 //! * [`lane`]: the operator lane reviewed sends land in, with their receipts.
+//! * [`instructions`]: the instruction header a transcript pinned, its revisions, and
+//!   the chain `runtime.instructions` resolves.
 //! * [`controlled`]: the host driven over a control channel (`contract-impl worker host`).
 //! * [`source`]: the source identity of a hook snapshot.
 //! * [`supervise`]: the process the host spawns around a worker so that no process of
@@ -23,6 +25,7 @@ pub mod activation;
 pub mod bench;
 pub mod controlled;
 pub mod host;
+pub mod instructions;
 pub mod lane;
 pub mod policy;
 pub mod python;
