@@ -14,6 +14,8 @@
 //! * [`activation`]: the SQLite epoch and the active hook generation.
 //! * [`lane`]: the operator lane reviewed sends land in, with their receipts.
 //! * [`turns`]: the turn boundary: pending inputs and the waits the host accepted.
+//! * [`instructions`]: the instruction header a transcript pinned, its revisions, and
+//!   the chain `runtime.instructions` resolves.
 //! * [`controlled`]: the host driven over a control channel (`contract-impl worker host`).
 //! * [`source`]: the source identity of a hook snapshot.
 //! * [`supervise`]: the process the host spawns around a worker so that no process of
@@ -29,6 +31,7 @@ pub mod bench;
 pub mod controlled;
 pub mod framing;
 pub mod host;
+pub mod instructions;
 pub mod lane;
 pub mod policy;
 pub mod python;
