@@ -221,6 +221,7 @@ pub const WORKER: FamilyTable = FamilyTable {
         "activate",
         "epoch",
         "diagnostics",
+        "input",
         "shutdown",
         "await",
     ],

@@ -224,7 +224,8 @@ pub async fn start(
 }
 
 /// Masks the host's clock in goldens: `now`/`now_ms` of a `host_reply` value (what
-/// `runtime.inspect` answers) are the time of the run.
+/// `runtime.inspect` answers) and a wait's `deadline_ms` (a time of the run when it is
+/// a number) are the time of the run.
 fn mask_clock(body: &Value) -> Value {
     let mut body = body.clone();
     if body.get("kind").and_then(Value::as_str) == Some("host_reply")
@@ -234,6 +235,9 @@ fn mask_clock(body: &Value) -> Value {
             if let Some(v) = value.get_mut(key) {
                 *v = Value::String(mask.into());
             }
+        }
+        if let Some(v) = value.get_mut("deadline_ms").filter(|v| v.is_number()) {
+            *v = Value::String("<deadline_ms>".into());
         }
     }
     body

@@ -110,7 +110,14 @@ impl Worker {
                     request,
                 } if execution_id == id => {
                     requests += 1;
-                    let reply = if requests > REQUESTS_PER_CELL_MAX {
+                    let reply = if wait_accepted {
+                        // "The host also rejects further requests from a yielded
+                        // execution": an accepted wait ends the execution's authority.
+                        Reply::Error {
+                            code: self.config.choices.no_scope.into(),
+                            message: "the execution yielded to an accepted wait".into(),
+                        }
+                    } else if requests > REQUESTS_PER_CELL_MAX {
                         Reply::Error {
                             code: self.config.choices.request_limit.into(),
                             message: format!(
