@@ -18,9 +18,11 @@
 //!
 //! The framing, the request checks, the outcome registry and `await` are the shared
 //! [`crate::control`]'s. This module owns the mapping of the host's operations (the
-//! private `ops` module) onto [`super::host`], [`super::policy`], [`super::activation`]
-//! and [`super::lane`]; it never speaks the worker wire itself.
+//! private `ops` module) onto [`super::host`], [`super::policy`], [`super::activation`],
+//! [`super::lane`] and [`super::instructions`] (the private `instructions` module); it
+//! never speaks the worker wire itself.
 
+mod instructions;
 mod ops;
 mod services;
 
@@ -100,11 +102,14 @@ async fn serve(data_dir: &Path, different: bool) -> Result<(), String> {
     }
     let lane = OperatorLane::open(data_dir)?;
     let turns = TurnBoundary::open(data_dir)?;
+    let instructions =
+        instructions::Instructions::open(data_dir, ops::session(different).as_str())?;
     let host = Arc::new(Host::new(
         program,
         Arc::new(policies),
         Arc::new(lane),
         Arc::new(turns),
+        Arc::new(instructions),
         different,
     ));
     crate::control::serve(Path::new(&socket), HELLO_LINE, host).await

@@ -16,6 +16,7 @@ use std::time::Duration;
 use serde_json::{Map, Value, json};
 use tokio::sync::Mutex;
 
+use super::instructions::{Instructions, Serving};
 use super::record_json;
 use super::services::Services;
 use crate::control::{OpError, Ops, Outcomes, bad, ms_arg, required, str_arg, uint_arg};
@@ -51,6 +52,7 @@ pub(super) struct Host {
     policies: Arc<Policies>,
     lane: Arc<OperatorLane>,
     turns: Arc<TurnBoundary>,
+    instructions: Arc<Instructions>,
     workbench: Arc<Mutex<Option<Worker>>>,
     handles: std::sync::Mutex<Option<WorkbenchHandles>>,
     outcomes: Outcomes,
@@ -73,12 +75,12 @@ fn allowed(op: &str) -> Option<&'static [&'static str]> {
         "activate" => &["path", "expected_epoch", "as"],
         "interrupt" | "epoch" | "diagnostics" => &[],
         "input" => &["text", "source"],
-        _ => return None,
+        _ => return super::instructions::allowed(op),
     })
 }
 
 /// The session every connection of the controlled host carries.
-fn session(different: bool) -> Identifier {
+pub(super) fn session(different: bool) -> Identifier {
     Identifier::new(if different { "main-session" } else { "root" }).expect("a valid identifier")
 }
 
@@ -198,6 +200,11 @@ impl Ops for Host {
                     }
                 })
             }
+            "instructions" | "assemble" | "fold" => {
+                let handles = self.handles.lock().ok().and_then(|h| h.clone());
+                let running = handles.and_then(|h| h.interrupter.running());
+                self.instructions.apply(op, args, running)
+            }
             "diagnostics" => {
                 let handles = self.handles.lock().ok().and_then(|h| h.clone());
                 let handles = handles
@@ -241,6 +248,7 @@ impl Host {
         policies: Arc<Policies>,
         lane: Arc<OperatorLane>,
         turns: Arc<TurnBoundary>,
+        instructions: Arc<Instructions>,
         different: bool,
     ) -> Self {
         Self {
@@ -248,6 +256,7 @@ impl Host {
             policies,
             lane,
             turns,
+            instructions,
             workbench: Arc::new(Mutex::new(None)),
             handles: std::sync::Mutex::new(None),
             outcomes: Outcomes::new(),
@@ -319,6 +328,10 @@ impl Host {
             turns: self.turns.clone(),
             session: session(self.different).as_str().to_string(),
             generation: worker.generation().as_str().to_string(),
+        };
+        let mut services = Serving {
+            instructions: self.instructions.clone(),
+            rest: &mut services,
         };
         match worker.execute(&code, &mut services).await {
             Ok(record) => record_json(&record),

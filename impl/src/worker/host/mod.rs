@@ -412,6 +412,11 @@ impl Interrupter {
         self.0.notify.notify_one();
         Some(running)
     }
+
+    /// The operation ID of the cell running now, if any (nothing is sent).
+    pub fn running(&self) -> Option<Identifier> {
+        self.0.state.lock().ok()?.running.clone()
+    }
 }
 
 /// The host's (write) half of the supervisor's watch connection: while it is held the
