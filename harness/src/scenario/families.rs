@@ -222,6 +222,7 @@ pub const WORKER: FamilyTable = FamilyTable {
         "epoch",
         "diagnostics",
         "input",
+        "lane",
         "shutdown",
         "await",
     ],
