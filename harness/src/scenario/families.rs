@@ -225,6 +225,7 @@ pub const WORKER: FamilyTable = FamilyTable {
         "instructions",
         "assemble",
         "fold",
+        "lane",
         "shutdown",
         "await",
     ],

@@ -16,6 +16,7 @@
 //! | `host:` | the next frame of any worker the host runs (its envelope identity checked against that worker's launch environment) |
 //! | `send_bytes` | raw to the last worker the host spoke to |
 //! | `half_close` | ends that worker's write side; `disconnect`: that worker process exits (it dies) |
+//! | `crash` | SIGKILL of the host's process group, then the same launch again (same working directory, so the same data); the control channel reconnects, workers of the new host connect back through the same relay listener |
 //!
 //! The end of a connection is an event only for the worker the harness last spoke with
 //! (sent to or heard from); the end of another one (a retired hook generation the host
@@ -35,8 +36,8 @@ use tokio::sync::mpsc;
 use super::codec::HOST_ROLE;
 use super::{GENERATION, SESSION_ID};
 use crate::drive::{
-    Connection, DriveOptions, Event, FailureCode, NoOther, Outgoing, Peer, Role, Run, Started,
-    StepError, StepResult, fail,
+    Connection, DriveOptions, Event, FailureCode, NoOther, Outgoing, Peer, Process, Role, Run,
+    Started, StepError, StepResult, fail,
 };
 use crate::scenario::model::{Scenario, Step};
 use crate::target::{LaunchSpec, RunDir, Target};
@@ -93,7 +94,12 @@ pub struct ScriptedWorkerPeer {
     ready: VecDeque<Event<NoOther>>,
     tokens: HashSet<String>,
     accept_task: tokio::task::JoinHandle<()>,
-    _run_dir: RunDir,
+    /// The launch, again after a `crash` (same working directory: the host's data).
+    spec: LaunchSpec,
+    /// Workers below this index were a killed host's (`crash`): what their relays still
+    /// report is no event.
+    retired: usize,
+    run_dir: RunDir,
 }
 
 impl Drop for ScriptedWorkerPeer {
@@ -158,7 +164,6 @@ pub async fn start(
 ) -> Result<Started<ScriptedWorkerPeer>, String> {
     let run_dir = RunDir::new().map_err(|e| e.to_string())?;
     let prebound = write_snapshots(scenario, &run_dir)?;
-    let control = ControlListener::bind(&run_dir.control_socket()).map_err(|e| e.to_string())?;
     let relay_path = run_dir.path().join("relay.sock");
     let relays = RelayListener::bind(&relay_path).map_err(|e| e.to_string())?;
     let exe = match &opts.peer_exe {
@@ -189,17 +194,7 @@ pub async fn start(
         capture_stdout: false,
         stdin_pipe: false,
     };
-    let mut target = Target::spawn(&spec).map_err(|e| e.to_string())?;
-    let channel = match target
-        .await_ready(control.accept(WORKER_HOST), opts.startup_timeout)
-        .await
-    {
-        Ok(channel) => channel,
-        Err(e) => {
-            target.shutdown().await;
-            return Err(e.to_string());
-        }
-    };
+    let (target, channel) = launch(&spec, &run_dir.control_socket(), opts.startup_timeout).await?;
     let (events_tx, events) = mpsc::channel(256);
     let accept_task = tokio::spawn(accept_relays(relays, events_tx));
     Ok(Started {
@@ -214,13 +209,38 @@ pub async fn start(
             ready: VecDeque::new(),
             tokens: HashSet::new(),
             accept_task,
-            _run_dir: run_dir,
+            spec,
+            retired: 0,
+            run_dir,
         },
         process: Box::new(target),
         secret: String::new(),
         normalize: mask_clock,
         prebound,
     })
+}
+
+/// Starts the host (a fresh control listener: a restart's last one is gone with its
+/// socket file) and waits for its hello line. The relay listener is not the launch's:
+/// workers of every launch connect back to the same one.
+async fn launch(
+    spec: &LaunchSpec,
+    control_socket: &Path,
+    timeout: Duration,
+) -> Result<(Target, ControlChannel), String> {
+    let _ = std::fs::remove_file(control_socket);
+    let control = ControlListener::bind(control_socket).map_err(|e| e.to_string())?;
+    let mut target = Target::spawn(spec).map_err(|e| e.to_string())?;
+    match target
+        .await_ready(control.accept(WORKER_HOST), timeout)
+        .await
+    {
+        Ok(channel) => Ok((target, channel)),
+        Err(e) => {
+            target.shutdown().await;
+            Err(e.to_string())
+        }
+    }
 }
 
 /// Masks the host's clock in goldens: `now`/`now_ms` of a `host_reply` value (what
@@ -311,6 +331,9 @@ impl ScriptedWorkerPeer {
     }
 
     fn relay_event(&mut self, idx: usize, event: RelayEvent) {
+        if idx < self.retired {
+            return;
+        }
         let Some(conn) = self.conns.get_mut(idx) else {
             return;
         };
@@ -827,9 +850,113 @@ impl Peer for ScriptedWorkerPeer {
         }
     }
 
+    /// `crash`: the control channel and every worker connection of the killed host are
+    /// gone (its workers die with it: their supervisors stop them). What they still
+    /// report is no event; the relay listener stays, for the workers of the next launch.
+    fn crashed(&mut self) {
+        self.control = None;
+        for conn in &mut self.conns {
+            conn.ended = true;
+        }
+        self.retired = self.conns.len();
+        self.ready.clear();
+        self.current = None;
+    }
+
+    async fn relaunch(&mut self, startup_timeout: Duration) -> Result<Box<dyn Process>, String> {
+        let (target, control) =
+            launch(&self.spec, &self.run_dir.control_socket(), startup_timeout).await?;
+        self.control = Some(control);
+        Ok(Box::new(target))
+    }
+
     fn release(&mut self) {
         self.conns.clear();
         self.current = None;
         self.control = None;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A peer with no target and no relay listener: inbound events are fed by hand.
+    fn peer() -> ScriptedWorkerPeer {
+        let (_tx, events) = mpsc::channel(8);
+        let run_dir = RunDir::new().unwrap();
+        let spec = LaunchSpec {
+            command: "unused".into(),
+            env: Vec::new(),
+            cwd: run_dir.cwd(),
+            secret: String::new(),
+            capture_stdout: false,
+            stdin_pipe: false,
+        };
+        ScriptedWorkerPeer {
+            control: None,
+            events,
+            conns: Vec::new(),
+            launched: VecDeque::new(),
+            routes: HashMap::new(),
+            current: None,
+            ready: VecDeque::new(),
+            tokens: HashSet::new(),
+            accept_task: tokio::spawn(async {}),
+            spec,
+            retired: 0,
+            run_dir,
+        }
+    }
+
+    fn launched(peer: &mut ScriptedWorkerPeer) -> usize {
+        let (tx, _rx) = mpsc::channel(8);
+        let idx = peer.conns.len();
+        peer.absorb(Inbound::Launched {
+            idx,
+            hello: Hello {
+                argv: Vec::new(),
+                env: vec![
+                    ("CONTRACT_WORKER_SESSION_ID".into(), SESSION_ID.into()),
+                    ("CONTRACT_WORKER_GENERATION".into(), GENERATION.into()),
+                ],
+                cwd: String::new(),
+                pid: 1,
+            },
+            tx,
+        });
+        peer.relay_event(idx, RelayEvent::Msg(RelayMsg::Opened(CHANNEL)));
+        peer.current = Some(idx);
+        idx
+    }
+
+    fn frame(message: Value) -> RelayEvent {
+        let envelope = json!({"version": 1, "session_id": SESSION_ID, "generation": GENERATION, "message": message});
+        RelayEvent::Msg(RelayMsg::Data {
+            channel: CHANNEL,
+            bytes: framed(envelope.to_string().as_bytes()),
+        })
+    }
+
+    #[tokio::test]
+    async fn after_a_crash_the_killed_hosts_workers_are_no_events_and_new_ones_are() {
+        let mut peer = peer();
+        let old = launched(&mut peer);
+        peer.relay_event(old, frame(json!({"kind": "shutdown"})));
+        assert_eq!(peer.ready.len(), 1);
+        peer.crashed();
+        // Queued frames of the killed host are gone, and what its relays still report
+        // (a late frame, the end of the connection) is no event.
+        assert!(peer.ready.is_empty() && !peer.is_open());
+        peer.relay_event(old, frame(json!({"kind": "shutdown"})));
+        peer.relay_event(old, RelayEvent::Gone);
+        assert!(peer.ready.is_empty());
+        // A worker of the new host is heard, and its end is an event.
+        let new = launched(&mut peer);
+        assert!(peer.is_open());
+        peer.relay_event(new, frame(json!({"kind": "shutdown"})));
+        peer.relay_event(new, RelayEvent::Gone);
+        assert!(matches!(peer.ready.pop_front(), Some(Event::Text(_))));
+        assert!(matches!(peer.ready.pop_front(), Some(Event::Eof)));
     }
 }

@@ -13,6 +13,9 @@
 //! * Every worker it starts runs `CONTRACT_WORKER_PROGRAM` (a JSON array: the program and
 //!   its arguments; default our Python worker) under the supervisor, with the launch
 //!   environment of `docs/worker-launch-contract.md`.
+//! * A data directory whose epoch names a revision (a restart) starts that revision's
+//!   hook worker while the host says hello; the first request applies once it is up (or
+//!   failed), so requests never race it.
 //! * SIGTERM or the end of the control channel stops every worker (a running cell is
 //!   stopped hard) and ends the process.
 //!
@@ -94,12 +97,8 @@ async fn serve(data_dir: &Path, different: bool) -> Result<(), String> {
     } else {
         Choices::REFERENCE
     };
-    let (policies, problem) = Policies::open(data_dir, program.clone(), INVOKE_BUDGET, choices)
-        .await
+    let policies = Policies::open_idle(data_dir, program.clone(), INVOKE_BUDGET, choices)
         .map_err(|e| e.to_string())?;
-    if let Some(problem) = &problem {
-        eprintln!("contract-impl worker host: the recorded policy did not start: {problem}");
-    }
     let lane = OperatorLane::open(data_dir)?;
     let turns = TurnBoundary::open(data_dir)?;
     let instructions =
@@ -112,6 +111,8 @@ async fn serve(data_dir: &Path, different: bool) -> Result<(), String> {
         Arc::new(instructions),
         different,
     ));
+    // The recorded revision starts beside the hello, before the first request applies.
+    host.restore().await;
     crate::control::serve(Path::new(&socket), HELLO_LINE, host).await
 }
 

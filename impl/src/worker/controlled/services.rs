@@ -19,6 +19,9 @@ use crate::worker::wire::{HostRequest, Identifier, Reply};
 pub(super) struct Services {
     pub(super) policy: Option<Arc<Policy>>,
     pub(super) lane: Arc<OperatorLane>,
+    /// The test hook of `configure` (`crash_after_commit`): the host dies as SIGKILL
+    /// would between the lane's commit of a send and its reply.
+    pub(super) crash_after_commit: bool,
     pub(super) turns: Arc<TurnBoundary>,
     pub(super) session: String,
     pub(super) generation: String,
@@ -43,12 +46,12 @@ impl RequestHandler for Services {
                     .await;
             }
         };
-        // The effect is the request's identity: a retry of it returns its receipt.
-        let effect_id = format!(
-            "{}.{}.{}",
-            self.generation,
+        // The effect is the request's identity (not the generation's): a retry of it
+        // returns its receipt, also from the same execution run again after a restart.
+        let effect_id = crate::worker::lane::effect_id(
+            &self.session,
             execution_id.as_str(),
-            request_id.as_str()
+            request_id.as_str(),
         );
         let lane_error = |e: String| Reply::Error {
             code: "lane_failed".into(),
@@ -72,6 +75,7 @@ impl RequestHandler for Services {
             Err(e) => Some(format!("review unavailable: {}", e.code())),
         };
         match self.lane.record(&effect_id, text, held.as_deref()) {
+            Ok(_) if self.crash_after_commit => crash_now(),
             Ok(receipt) => Reply::Ok {
                 value: serde_json::to_value(receipt).unwrap_or_default(),
             },
@@ -110,4 +114,12 @@ impl Services {
             },
         }
     }
+}
+
+/// The host dies at once, as SIGKILL would (no destructor, no reply, no flush): the
+/// `crash_after_commit` test hook, so that a scenario sees a send committed and never
+/// answered. The supervisor of each worker stops it when the host's watch connection ends.
+fn crash_now() -> ! {
+    let _ = nix::sys::signal::raise(nix::sys::signal::Signal::SIGKILL);
+    std::process::abort()
 }
