@@ -40,8 +40,8 @@ use crate::drive::{
     Started, StepError, StepResult, fail,
 };
 use crate::scenario::model::{Scenario, Step};
-use crate::target::{LaunchSpec, RunDir, Target};
-use crate::transport::control::{ControlChannel, ControlListener, WORKER_HOST};
+use crate::target::{LaunchSpec, RunDir};
+use crate::transport::control::{ControlChannel, WORKER_HOST, launch_controlled};
 use crate::transport::relay::{Hello, RelayEvent, RelayListener, RelayMsg};
 
 /// The channel of every worker's protocol socket on its relay.
@@ -194,13 +194,36 @@ pub async fn start(
         capture_stdout: false,
         stdin_pipe: false,
     };
-    let (target, channel) = launch(&spec, &run_dir.control_socket(), opts.startup_timeout).await?;
+    let (target, channel) = launch_controlled(
+        &spec,
+        &run_dir.control_socket(),
+        WORKER_HOST,
+        opts.startup_timeout,
+    )
+    .await?;
     let (events_tx, events) = mpsc::channel(256);
     let accept_task = tokio::spawn(accept_relays(relays, events_tx));
     Ok(Started {
         ready: true,
-        peer: ScriptedWorkerPeer {
-            control: Some(channel),
+        peer: ScriptedWorkerPeer::new(Some(channel), events, accept_task, spec, run_dir),
+        process: Box::new(target),
+        secret: String::new(),
+        normalize: mask_clock,
+        prebound,
+    })
+}
+
+impl ScriptedWorkerPeer {
+    /// A peer on `control` (none in unit tests) with no worker launched yet.
+    fn new(
+        control: Option<ControlChannel>,
+        events: mpsc::Receiver<Inbound>,
+        accept_task: tokio::task::JoinHandle<()>,
+        spec: LaunchSpec,
+        run_dir: RunDir,
+    ) -> Self {
+        Self {
+            control,
             events,
             conns: Vec::new(),
             launched: VecDeque::new(),
@@ -212,33 +235,6 @@ pub async fn start(
             spec,
             retired: 0,
             run_dir,
-        },
-        process: Box::new(target),
-        secret: String::new(),
-        normalize: mask_clock,
-        prebound,
-    })
-}
-
-/// Starts the host (a fresh control listener: a restart's last one is gone with its
-/// socket file) and waits for its hello line. The relay listener is not the launch's:
-/// workers of every launch connect back to the same one.
-async fn launch(
-    spec: &LaunchSpec,
-    control_socket: &Path,
-    timeout: Duration,
-) -> Result<(Target, ControlChannel), String> {
-    let _ = std::fs::remove_file(control_socket);
-    let control = ControlListener::bind(control_socket).map_err(|e| e.to_string())?;
-    let mut target = Target::spawn(spec).map_err(|e| e.to_string())?;
-    match target
-        .await_ready(control.accept(WORKER_HOST), timeout)
-        .await
-    {
-        Ok(channel) => Ok((target, channel)),
-        Err(e) => {
-            target.shutdown().await;
-            Err(e.to_string())
         }
     }
 }
@@ -864,8 +860,13 @@ impl Peer for ScriptedWorkerPeer {
     }
 
     async fn relaunch(&mut self, startup_timeout: Duration) -> Result<Box<dyn Process>, String> {
-        let (target, control) =
-            launch(&self.spec, &self.run_dir.control_socket(), startup_timeout).await?;
+        let (target, control) = launch_controlled(
+            &self.spec,
+            &self.run_dir.control_socket(),
+            WORKER_HOST,
+            startup_timeout,
+        )
+        .await?;
         self.control = Some(control);
         Ok(Box::new(target))
     }
@@ -893,20 +894,7 @@ mod tests {
             capture_stdout: false,
             stdin_pipe: false,
         };
-        ScriptedWorkerPeer {
-            control: None,
-            events,
-            conns: Vec::new(),
-            launched: VecDeque::new(),
-            routes: HashMap::new(),
-            current: None,
-            ready: VecDeque::new(),
-            tokens: HashSet::new(),
-            accept_task: tokio::spawn(async {}),
-            spec,
-            retired: 0,
-            run_dir,
-        }
+        ScriptedWorkerPeer::new(None, events, tokio::spawn(async {}), spec, run_dir)
     }
 
     fn launched(peer: &mut ScriptedWorkerPeer) -> usize {
