@@ -13,6 +13,8 @@
 //! * [`lane`]: the operator lane reviewed sends land in, with their receipts.
 //! * [`controlled`]: the host driven over a control channel (`contract-impl worker host`).
 //! * [`source`]: the source identity of a hook snapshot.
+//! * [`skills`]: the two skill roots, their index, `skills.index`/`skills.load`, and the
+//!   set a workbench is given at spawn.
 //! * [`supervise`]: the process the host spawns around a worker so that no process of
 //!   it outlives the host (`contract-impl worker supervise`).
 //!
@@ -26,6 +28,7 @@ pub mod host;
 pub mod lane;
 pub mod policy;
 pub mod python;
+pub mod skills;
 pub mod source;
 pub mod supervise;
 pub mod wire;

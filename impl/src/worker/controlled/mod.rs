@@ -13,13 +13,17 @@
 //! * Every worker it starts runs `CONTRACT_WORKER_PROGRAM` (a JSON array: the program and
 //!   its arguments; default our Python worker) under the supervisor, with the launch
 //!   environment of `docs/worker-launch-contract.md`.
+//! * Its skill roots ([`super::skills::SkillRoots`]): builtin from `KLBR_SKILLS_DIR`, else
+//!   `<workspace>/skills` (`--workspace`/`CONTRACT_WORKSPACE`, default the working
+//!   directory); managed `<data>/skills` (`--data-dir`/`CONTRACT_HOST_DATA_DIR`), created
+//!   at start. Each workbench is given the index scanned when it starts.
 //! * SIGTERM or the end of the control channel stops every worker (a running cell is
 //!   stopped hard) and ends the process.
 //!
 //! The framing, the request checks, the outcome registry and `await` are the shared
 //! [`crate::control`]'s. This module owns the mapping of the host's operations (the
-//! private `ops` module) onto [`super::host`], [`super::policy`], [`super::activation`]
-//! and [`super::lane`]; it never speaks the worker wire itself.
+//! private `ops` module) onto [`super::host`], [`super::policy`], [`super::activation`],
+//! [`super::lane`] and [`super::skills`]; it never speaks the worker wire itself.
 
 mod ops;
 mod services;
@@ -34,6 +38,7 @@ use super::activation::Policies;
 use super::host::{CellRecord, Choices};
 use super::lane::OperatorLane;
 use super::policy::INVOKE_BUDGET;
+use super::skills::SkillRoots;
 pub use crate::control::{AWAIT_MAX, AWAITS_MAX, CONTROL_LINE_MAX_BYTES, OUTCOMES_MAX};
 use ops::Host;
 
@@ -70,11 +75,14 @@ pub fn program_from_env() -> Result<Vec<OsString>, String> {
 /// Runs the controlled host until the control channel ends or SIGTERM; stops every
 /// worker before it returns. Returns the process exit code (0; 2 when it cannot start).
 ///
+/// `data_dir` holds the activation epoch, the operator lane and the managed skills;
+/// `workspace` is where the builtin skills default to (`<workspace>/skills`).
+///
 /// `different`: the host makes every choice the spec leaves free otherwise
 /// ([`Choices::DIFFERENT`], another session and generation naming, other outcome codes,
 /// another wake priority of its own plans), for the vendor-mode trial of the suite.
-pub async fn run(data_dir: &Path, different: bool) -> i32 {
-    match serve(data_dir, different).await {
+pub async fn run(data_dir: &Path, workspace: &Path, different: bool) -> i32 {
+    match serve(data_dir, workspace, different).await {
         Ok(()) => 0,
         Err(e) => {
             eprintln!("contract-impl worker host: {e}");
@@ -83,7 +91,7 @@ pub async fn run(data_dir: &Path, different: bool) -> i32 {
     }
 }
 
-async fn serve(data_dir: &Path, different: bool) -> Result<(), String> {
+async fn serve(data_dir: &Path, workspace: &Path, different: bool) -> Result<(), String> {
     let socket = std::env::var(CONTROL_ENV).map_err(|_| format!("{CONTROL_ENV} is not set"))?;
     let program = program_from_env()?;
     let choices = if different {
@@ -98,10 +106,13 @@ async fn serve(data_dir: &Path, different: bool) -> Result<(), String> {
         eprintln!("contract-impl worker host: the recorded policy did not start: {problem}");
     }
     let lane = OperatorLane::open(data_dir)?;
+    let skills = SkillRoots::resolve(workspace, data_dir);
+    skills.prepare()?;
     let host = Arc::new(Host::new(
         program,
         Arc::new(policies),
         Arc::new(lane),
+        skills,
         different,
     ));
     crate::control::serve(Path::new(&socket), HELLO_LINE, host).await

@@ -26,6 +26,7 @@ use crate::worker::host::{
 };
 use crate::worker::lane::OperatorLane;
 use crate::worker::policy::Policy;
+use crate::worker::skills::{SkillIndex, SkillRequests, SkillRoots};
 use crate::worker::wire::Identifier;
 
 /// Handles on the running workbench that never wait for its cell.
@@ -49,6 +50,8 @@ pub(super) struct Host {
     program: Vec<OsString>,
     policies: Arc<Policies>,
     lane: Arc<OperatorLane>,
+    /// The skill roots each workbench's index is scanned from when it starts.
+    skills: SkillRoots,
     workbench: Arc<Mutex<Option<Worker>>>,
     handles: std::sync::Mutex<Option<WorkbenchHandles>>,
     outcomes: Outcomes,
@@ -224,12 +227,14 @@ impl Host {
         program: Vec<OsString>,
         policies: Arc<Policies>,
         lane: Arc<OperatorLane>,
+        skills: SkillRoots,
         different: bool,
     ) -> Self {
         Self {
             program,
             policies,
             lane,
+            skills,
             workbench: Arc::new(Mutex::new(None)),
             handles: std::sync::Mutex::new(None),
             outcomes: Outcomes::new(),
@@ -269,6 +274,13 @@ impl Host {
             config.handshake_timeout = t.handshake;
             config.send_timeout = t.send;
         }
+        // The index of this generation: what it is given, and what `skills.index` and
+        // `skills.load` answer for its whole life.
+        let roots = self.skills.clone();
+        config.skills = tokio::task::spawn_blocking(move || SkillIndex::scan(&roots))
+            .await
+            .ok()
+            .map(Arc::new);
         let mut slot = self.workbench.lock().await;
         match Worker::spawn(config).await {
             Ok(worker) => {
@@ -295,11 +307,12 @@ impl Host {
         let Some(worker) = guard.as_mut() else {
             return json!({"error": {"code": outcome_code(self.different, "no_workbench"), "message": "no workbench is running"}});
         };
-        let mut services = Services {
+        let services = Services {
             policy,
             lane: self.lane.clone(),
             generation: worker.generation().as_str().to_string(),
         };
+        let mut services = SkillRequests::new(worker.skills(), services);
         match worker.execute(&code, &mut services).await {
             Ok(record) => record_json(&record),
             Err(e) => {
