@@ -342,6 +342,48 @@ impl RunDir {
         Ok(())
     }
 
+    /// Creates each symlink `path` → `target` in the workspace (parents created; an
+    /// existing entry at `path` is replaced). The target is written as it is: the scenario
+    /// checks ([`crate::scenario::validation::symlink_stays_inside`]) keep it inside.
+    ///
+    /// # Errors
+    /// [`TargetError::BadSeedPath`]; [`TargetError::RunDir`] on I/O failure.
+    pub fn seed_symlinks<'a>(
+        &self,
+        links: impl IntoIterator<Item = (&'a String, &'a String)>,
+    ) -> Result<(), TargetError> {
+        let root = self.workspace();
+        for (link, target) in links {
+            if !crate::scenario::validation::symlink_stays_inside(link, target) {
+                return Err(TargetError::BadSeedPath(format!("{link} -> {target}")));
+            }
+            let path = root.join(safe_relative(link)?);
+            let io = |source| TargetError::RunDir {
+                path: path.clone(),
+                source,
+            };
+            if let Some(parent) = path.parent() {
+                std::fs::create_dir_all(parent).map_err(io)?;
+            }
+            if std::fs::symlink_metadata(&path).is_ok() {
+                std::fs::remove_file(&path).map_err(io)?;
+            }
+            std::os::unix::fs::symlink(target, &path).map_err(io)?;
+        }
+        Ok(())
+    }
+
+    /// Applies a whole seed to the workspace: `dirs`, `files`, `generated`, `symlinks`.
+    ///
+    /// # Errors
+    /// As [`RunDir::seed_workspace`], [`RunDir::seed_generated`] and
+    /// [`RunDir::seed_symlinks`].
+    pub fn seed(&self, seed: &crate::scenario::WorkspaceSeed) -> Result<(), TargetError> {
+        self.seed_workspace(seed.files.iter(), seed.dirs.iter())?;
+        self.seed_generated(&seed.generated)?;
+        self.seed_symlinks(seed.symlinks.iter())
+    }
+
     /// Writes every generated file of a scenario's workspace seed.
     ///
     /// # Errors

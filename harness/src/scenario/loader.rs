@@ -19,7 +19,7 @@ use serde_saphyr::{Location, Spanned};
 
 use super::model::{
     ApiResultStep, ApiStep, BootstrapStep, ConnectStep, ExitCodeSpec, Party, RawMessage, Scenario,
-    ScenarioConfig, Side, Step,
+    ScenarioConfig, Side, Step, WorkspaceSeed,
 };
 use super::validation::{self, Spans, StepSpan};
 
@@ -271,6 +271,7 @@ enum RawStep {
     ApiResult(ApiResultStep),
     Crash(Empty),
     Terminate(Empty),
+    WriteWorkspace(WorkspaceSeed),
     ExpectExit(RawExit),
 }
 
@@ -723,6 +724,7 @@ impl Converter<'_> {
             RawStep::ApiResult(v) => Step::ApiResult(v),
             RawStep::Crash(Empty {}) => Step::Crash,
             RawStep::Terminate(Empty {}) => Step::Terminate,
+            RawStep::WriteWorkspace(seed) => Step::WriteWorkspace(seed),
             RawStep::ExpectExit(e) => Step::ExpectExit {
                 code: e.code.map(|c| c.0),
                 stderr: e.stderr.map(|s| s.0).unwrap_or_default(),

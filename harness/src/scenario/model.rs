@@ -277,6 +277,11 @@ pub struct WorkspaceSeed {
     /// Files of generated content (for size bounds that literal contents cannot reach).
     #[serde(default)]
     pub generated: Vec<GeneratedFile>,
+    /// Relative path → symlink target: a symbolic link created at the path (parents
+    /// created). The target is relative, resolved from the link's directory, and stays
+    /// inside the workspace; it need not exist.
+    #[serde(default)]
+    pub symlinks: BTreeMap<String, String>,
 }
 
 /// Largest generated workspace file (`config.workspace.generated[].size`): 64 MiB.
@@ -602,6 +607,10 @@ pub enum Step {
     /// manager sends; nothing is awaited (later steps observe what the target does before
     /// it exits, and `expect_exit` its exit).
     Terminate,
+    /// `write_workspace:` — files, directories, generated files and symlinks written into
+    /// the run's workspace now, while the target runs (the shape of `config.workspace`;
+    /// an existing file is overwritten): a change the target must notice or ignore.
+    WriteWorkspace(WorkspaceSeed),
     /// `expect_exit:` — the target process exits within the step deadline (with this exit
     /// code, and with `stderr` contained in its stderr tail, when given). Always the last
     /// step; as the first (and only) step it expects the target to refuse to start.
@@ -683,6 +692,7 @@ impl Step {
             Step::ApiResult(_) => "api_result",
             Step::Crash => "crash",
             Step::Terminate => "terminate",
+            Step::WriteWorkspace(_) => "write_workspace",
             Step::ExpectExit { .. } => "expect_exit",
         }
     }

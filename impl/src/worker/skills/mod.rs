@@ -46,12 +46,12 @@ pub const SKILLS_DIR_ENV: &str = "KLBR_SKILLS_DIR";
 pub const SKILLS_SUBDIR: &str = "skills";
 
 /// Largest `SKILL.md` offered, in bytes ("Skills" refuses an "oversize file" without a
-/// number; our reading, `WK-SKILL-010`): 64 KiB, the spec's bound of returned text
+/// number; our reading, `WK-SKILL-012`): 64 KiB, the spec's bound of returned text
 /// ("Transport and bounds"), so that a body always fits one `host_reply` frame of
 /// 1,048,576 bytes even when every byte is escaped as `\u00XX`.
 pub const SKILL_BODY_MAX_BYTES: u64 = 65_536;
 
-/// Most entries a root may hold (our reading, `WK-SKILL-010`: the spec bounds neither the
+/// Most entries a root may hold (our reading, `WK-SKILL-012`: the spec bounds neither the
 /// number of skills nor the index): a root with more is refused whole
 /// ([`RootState::TooManyEntries`]), so an index reply stays far inside one frame and the
 /// materialized set within 2 × 128 × 64 KiB.
@@ -70,7 +70,7 @@ const PYTHON_KEYWORDS: [&str; 35] = [
     "with", "yield",
 ];
 
-/// Whether `id` is a skill id (our reading, `WK-SKILL-010`): it must be importable as
+/// Whether `id` is a skill id (our reading, `WK-SKILL-012`): it must be importable as
 /// `klbr.skills.<id>` ("Skills"), so an ASCII Python identifier of 1..[`SKILL_ID_MAX_BYTES`]
 /// bytes that is not a keyword and does not start with `_` (private and special names, the
 /// synthetic package's own attributes among them). Every such id is also a wire identifier.
@@ -105,7 +105,7 @@ impl RootKind {
     }
 }
 
-/// What the scan found at a root's path (our reading, `WK-SKILL-011`).
+/// What the scan found at a root's path (our reading, `WK-SKILL-013`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum RootState {
@@ -130,12 +130,17 @@ pub enum Refusal {
     #[error("the id is defined in both the builtin and the managed root; neither is offered")]
     DuplicateId,
     /// "A title that disagrees with its directory": the first non-empty line names
-    /// another id (the title as written, cut to [`SKILL_ID_MAX_BYTES`] bytes).
-    #[error("the first non-empty line is `# {0}`, not `# <its directory name>`")]
-    TitleMismatch(String),
+    /// another id.
+    #[error("the first non-empty line is `# {title}`, not `# {id}`")]
+    TitleMismatch {
+        /// The title as written, cut to [`SKILL_ID_MAX_BYTES`] bytes.
+        title: String,
+        /// The directory's name.
+        id: String,
+    },
     /// The first non-empty line is no `# <title>` heading (or there is none).
-    #[error("the first non-empty line of SKILL.md is not `# <its directory name>`")]
-    MissingTitle,
+    #[error("the first non-empty line of SKILL.md is not `# {0}`")]
+    MissingTitle(String),
     /// "A non-UTF-8 [...] file": the byte offset of the first invalid sequence.
     #[error("SKILL.md is not UTF-8 (byte {0})")]
     NotUtf8(usize),
@@ -145,7 +150,7 @@ pub enum Refusal {
     /// "A symlinked directory": never followed.
     #[error("the skill directory is a symlink, which is never followed")]
     SymlinkedDirectory,
-    /// `SKILL.md` is a symlink: never followed (our reading, `WK-SKILL-010`).
+    /// `SKILL.md` is a symlink: never followed (our reading, `WK-SKILL-012`).
     #[error("SKILL.md is a symlink, which is never followed")]
     SymlinkedFile,
     /// `SKILL.md` is no regular file (a directory, a FIFO).
@@ -169,8 +174,8 @@ impl Refusal {
     pub fn code(&self) -> &'static str {
         match self {
             Refusal::DuplicateId => "duplicate_id",
-            Refusal::TitleMismatch(_) => "title_mismatch",
-            Refusal::MissingTitle => "missing_title",
+            Refusal::TitleMismatch { .. } => "title_mismatch",
+            Refusal::MissingTitle(_) => "missing_title",
             Refusal::NotUtf8(_) => "not_utf8",
             Refusal::Oversize => "oversize",
             Refusal::SymlinkedDirectory => "symlinked_directory",
@@ -271,7 +276,7 @@ pub struct SkillIndex {
 }
 
 /// Why `skills.load` gives no body. Every variant has a stable [`code`](Self::code)
-/// (our reading, `WK-SKILL-012`).
+/// (our reading, `WK-SKILL-014`).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum LoadError {
     /// No skill directory of that name was indexed.
@@ -316,7 +321,7 @@ impl SkillIndex {
         scan::scan(roots)
     }
 
-    /// The set's revision (our definition, `WK-SKILL-013`): SHA-256 fed, for each offered
+    /// The set's revision (our definition, `WK-SKILL-015`): SHA-256 fed, for each offered
     /// skill in id order, the u64BE id length, the id, the u64BE body length and the body
     /// (the construction of "Source revisions and activation", ids for file names).
     pub fn revision(&self) -> String {
@@ -332,7 +337,7 @@ impl SkillIndex {
 
     /// The revision a workbench given this index loads and echoes in `hello`: the set's
     /// [revision](Self::revision) when the set holds a skill, `None` when it is empty (no
-    /// set is materialized, and the hello `revision` stays null, `WK-SKILL-014`).
+    /// set is materialized, and the hello `revision` stays null, `WK-SKILL-016`).
     pub fn loaded_revision(&self) -> Option<String> {
         (!self.skills.is_empty()).then(|| self.revision())
     }

@@ -182,7 +182,7 @@ pub(super) fn read_body(dir: &Path, id: &str) -> Result<String, Refusal> {
     Ok(body)
 }
 
-/// "Whose first non-empty line is `# <id>`" (our reading, `WK-SKILL-010`): a line of only
+/// "Whose first non-empty line is `# <id>`" (our reading, `WK-SKILL-012`): a line of only
 /// whitespace is empty; the title line is `# ` and the title, trailing whitespace (a CRLF's
 /// `\r` included) ignored.
 pub(super) fn check_title(body: &str, id: &str) -> Result<(), Refusal> {
@@ -192,9 +192,10 @@ pub(super) fn check_title(body: &str, id: &str) -> Result<(), Refusal> {
         .find(|line| !line.is_empty());
     match first.and_then(|line| line.strip_prefix("# ")) {
         Some(title) if title == id => Ok(()),
-        Some(title) if !title.trim().is_empty() => {
-            Err(Refusal::TitleMismatch(cut(title, SKILL_ID_MAX_BYTES)))
-        }
-        _ => Err(Refusal::MissingTitle),
+        Some(title) if !title.trim().is_empty() => Err(Refusal::TitleMismatch {
+            title: cut(title, SKILL_ID_MAX_BYTES),
+            id: id.to_string(),
+        }),
+        _ => Err(Refusal::MissingTitle(id.to_string())),
     }
 }

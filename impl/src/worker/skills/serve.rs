@@ -1,5 +1,5 @@
 //! The host requests `skills.index` and `skills.load` ("Message vocabulary", "Skills"), and
-//! their reply shapes (ours, `WK-SKILL-012`):
+//! their reply shapes (ours, `WK-SKILL-013`, `WK-SKILL-014`):
 //!
 //! * `skills.index` → `{"revision", "ids", "digests", "refused", "roots"}`: `revision` the
 //!   one this generation loaded (its `hello`'s: the set's revision, `null` when no skill

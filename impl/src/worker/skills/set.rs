@@ -2,7 +2,7 @@
 //! beside the control socket and passes it as `--skills <path>`"): the file a workbench
 //! reads before it connects, and the argument that names it.
 //!
-//! Its format is ours (`WK-SKILL-015`, `docs/worker-launch-contract.md`): one JSON object
+//! Its format is ours (`WK-SKILL-017`, `docs/worker-launch-contract.md`): one JSON object
 //! `{"version": 1, "revision": <the set's revision>, "skills": [{"id", "digest", "body"}]}`,
 //! skills in id order, written once (mode 0600, never over an existing file) in the
 //! worker's private directory beside its socket. This module writes it; it never reads a

@@ -141,7 +141,17 @@ fn every_refusal_has_its_reason() {
         .collect();
     assert_eq!(got, want);
     let titled = index.refused.iter().find(|r| r.id == "titled").unwrap();
-    assert_eq!(titled.refusal, Refusal::TitleMismatch("other".into()));
+    assert_eq!(
+        titled.refusal,
+        Refusal::TitleMismatch {
+            title: "other".into(),
+            id: "titled".into()
+        }
+    );
+    assert_eq!(
+        titled.refusal.to_string(),
+        "the first non-empty line is `# other`, not `# titled`"
+    );
     let garbled = index.refused.iter().find(|r| r.id == "garbled").unwrap();
     assert_eq!(garbled.refusal, Refusal::NotUtf8(10));
 }
@@ -313,7 +323,10 @@ fn the_largest_index_reply_fits_one_frame() {
             } else {
                 RootKind::Managed
             },
-            refusal: Refusal::TitleMismatch(title.clone()),
+            refusal: Refusal::TitleMismatch {
+                title: title.clone(),
+                id: "a".repeat(SKILL_ID_MAX_BYTES),
+            },
         })
         .collect();
     let index = SkillIndex {

@@ -71,7 +71,7 @@ pub enum Message {
         /// The hook source revision (SHA-256 hex); for a workbench, the revision of the
         /// skills set it was started with ("Skills": it "echoes the set's revision in
         /// `hello`"), `null` when it was started without one (our reading of "null for
-        /// workbench", `WK-SKILL-014`).
+        /// workbench", `WK-SKILL-016`).
         revision: Nullable<String>,
         /// The slots the worker implements.
         slots: Vec<Slot>,
