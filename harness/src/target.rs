@@ -585,6 +585,9 @@ impl Target {
             source: std::io::Error::other("the process exited before its id was read"),
         })?;
         let group = ProcessGroup::of_leader(pid);
+        // A target never outlives the harness, even one killed outright (SIGKILL skips
+        // `kill_on_drop` and the group kill of `Drop`).
+        contract_impl::process::watchdog::register(group);
         let tail = Arc::new(Mutex::new(StderrTail::default()));
         let secret_seen = Arc::new(AtomicBool::new(false));
         let stderr_task = child.stderr.take().map(|stderr| {
@@ -823,6 +826,7 @@ impl Drop for Target {
         if !self.stopped {
             self.group.signal(Signal::SIGKILL);
         }
+        contract_impl::process::watchdog::unregister(self.group);
         for task in [self.stderr_task.take(), self.stdout_task.take()]
             .into_iter()
             .flatten()

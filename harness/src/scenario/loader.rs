@@ -118,7 +118,7 @@ pub const SNIPPET_LINE_MAX_CHARS: usize = 200;
 /// A small excerpt of `source` (two lines of context) with a caret under `column`. Each
 /// line is cut to a window of at most [`SNIPPET_LINE_MAX_CHARS`] characters around the
 /// column (the cuts marked with `…`).
-fn snippet(source: &str, line: u64, column: u64) -> String {
+pub(crate) fn snippet(source: &str, line: u64, column: u64) -> String {
     let lines: Vec<&str> = source.lines().collect();
     let Ok(line_idx) = usize::try_from(line) else {
         return String::new();
@@ -1616,6 +1616,14 @@ steps:
         );
         assert!(
             err.contains("x.yaml:6:5: expect_exit must be the last step"),
+            "{err}"
+        );
+        let err = load_err(
+            "x",
+            &format!("{base}  - terminate: {{}}\n  - sleep: 10ms\n  - terminate: {{}}\n"),
+        );
+        assert!(
+            err.contains("x.yaml:8:5: terminate may appear once"),
             "{err}"
         );
     }

@@ -697,6 +697,35 @@ struct Table<'a> {
 /// ([`families::FamilyTable::implied_features`]).
 ///
 /// # Errors
+/// A missing field is reported by the YAML decoder where its mapping ended: the next
+/// row, or the end of the file. Inside `rows:`, it is moved to the `- row:` line of the
+/// row that lacks it, named in the message.
+fn at_row_start(e: LoadError, path: &Path, source: &str) -> LoadError {
+    let Some(line) = e.line.filter(|_| e.message.starts_with("missing field")) else {
+        return e;
+    };
+    let lines: Vec<&str> = source.lines().collect();
+    let end = usize::try_from(line)
+        .unwrap_or(usize::MAX)
+        .min(lines.len() + 1);
+    let row = (0..end.saturating_sub(1))
+        .rev()
+        .find_map(|i| Some((i, lines[i].trim_start().strip_prefix("- row:")?.trim())));
+    match row {
+        Some((i, name)) => {
+            let column = lines[i].find("row:").unwrap_or(0) as u64 + 1;
+            LoadError {
+                line: Some(i as u64 + 1),
+                column: Some(column),
+                snippet: Some(super::loader::snippet(source, i as u64 + 1, column)),
+                message: format!("row `{name}`: {}", e.message),
+                ..LoadError::new(path, "")
+            }
+        }
+        None => e,
+    }
+}
+
 /// Every problem of the table (located at the row) and of the scenarios it generates
 /// (located at the row that generated them, naming the case).
 pub fn load_table(path: &Path, family: &str) -> Result<Vec<Scenario>, Vec<LoadError>> {
@@ -714,7 +743,8 @@ pub fn parse_table(
     source: &str,
     family: &str,
 ) -> Result<Vec<Scenario>, Vec<LoadError>> {
-    let raw: RawTable = parse_yaml(path, source).map_err(|e| vec![e])?;
+    let raw: RawTable =
+        parse_yaml(path, source).map_err(|e| vec![at_row_start(e, path, source)])?;
     let at = |loc: Location, msg: String| LoadError::at(path, Some(loc), msg, Some(source));
     let mut errors = Vec::new();
     if raw.family.value != family {
@@ -1205,6 +1235,11 @@ rows:
         };
         // (text replaced, by what, what the error must say)
         let cases = [
+            (
+                "    kind: uuid\n",
+                "",
+                "core_runtime.values.yaml:26:5: row `env`: missing field `kind`",
+            ),
             (
                 "kind: uuid\n",
                 "kind: nope\n",

@@ -1084,12 +1084,23 @@ pub fn validate(scenario: &Scenario, spans: &Spans) -> Vec<Issue> {
     if scenario.steps.is_empty() {
         c.issue(Some(spans.steps), "steps must not be empty");
     }
+    let mut terminated = false;
     for (i, step) in scenario.steps.iter().enumerate() {
         let (loc, children) = spans
             .step_items
             .get(i)
             .map_or((spans.steps, &[][..]), |s| (s.location, &s.children[..]));
         c.step(loc, children, step);
+        if matches!(step, Step::Terminate) {
+            if terminated {
+                c.issue(
+                    Some(loc),
+                    "terminate may appear once (a target gets its stop signal once; a second one \
+                     would test the signal handler's repetition, which no spec states)",
+                );
+            }
+            terminated = true;
+        }
         if matches!(step, Step::ExpectExit { .. }) && i + 1 != scenario.steps.len() {
             c.issue(
                 Some(loc),

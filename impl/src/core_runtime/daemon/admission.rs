@@ -1113,6 +1113,16 @@ impl Admission {
     /// The next close to attempt: `Ok(id)` marks it closing; `Err(Some(t))` is the
     /// earliest instant a queued close becomes due; `Err(None)` when none is queued.
     pub fn take_due_close(&mut self, now: Instant) -> Result<ExecutorId, Option<Instant>> {
+        // The due close whose retry fell due first (the reference), or the newest due
+        // one (the profile's other order, CR-PREP-038); else the earliest to fall due.
+        let newest_first = !self.profile.close_retry_oldest_first;
+        let key = |not_before: Instant, seq: u64| {
+            if newest_first && not_before <= now {
+                (0, now, u64::MAX - seq)
+            } else {
+                (1, not_before, seq)
+            }
+        };
         let mut best: Option<(Instant, u64, ExecutorId)> = None;
         for e in self.executors.values() {
             if let ExecutorState::PendingClose {
@@ -1120,7 +1130,7 @@ impl Admission {
             } = e.state
                 && best
                     .as_ref()
-                    .is_none_or(|(t, s, _)| (not_before, seq) < (*t, *s))
+                    .is_none_or(|(t, s, _)| key(not_before, seq) < key(*t, *s))
             {
                 best = Some((not_before, seq, e.id.clone()));
             }

@@ -251,6 +251,20 @@ pub struct WireProfile {
     /// Text put before the wire error code in the reason of a Close the Runtime sends
     /// for a frame it rejects (the spec fixes no close reason).
     pub close_reason_prefix: &'static str,
+    /// Double the reconnect delay after each failed connection, up to
+    /// `timers.reconnect_max` (else every reconnect waits `timers.reconnect_initial`):
+    /// "any spacing is conformant" (CR-CONN-023).
+    pub reconnect_growth: bool,
+    /// Retry failed Executor closes oldest failure first (else newest first): the spec
+    /// fixes no order of the serial retries (CR-PREP-038).
+    pub close_retry_oldest_first: bool,
+    /// Keep the WebSocket open while a stop signal's Executor closes run, then close it
+    /// 1001 `process_shutdown` (else close it at the signal): the spec says nothing of
+    /// the connection during that wait (CR-CONN-025).
+    pub keep_connection_on_signal: bool,
+    /// Send `rejected` `expired` when an open workspace write transfer expires (else
+    /// forget it silently): the spec fixes no notice of the expiry (CR-WS-041).
+    pub announce_write_expiry: bool,
 }
 
 impl Default for WireProfile {
@@ -264,6 +278,10 @@ impl Default for WireProfile {
             reuse_executors: true,
             expiry_understated_ms: 0,
             close_reason_prefix: "",
+            reconnect_growth: true,
+            close_retry_oldest_first: true,
+            keep_connection_on_signal: true,
+            announce_write_expiry: true,
         }
     }
 }
@@ -271,8 +289,10 @@ impl Default for WireProfile {
 impl WireProfile {
     /// A conformant profile unlike the reference in every free choice: revisions from
     /// 100 in steps of 7, heartbeat IDs `beat-<n>`, no `preparing` or `starting`, no
-    /// Executor reuse (each closed once idle), `expires_in_ms` 37 ms short of the full five minutes, close
-    /// reasons `rejected: <code>`.
+    /// Executor reuse (each closed once idle), `expires_in_ms` 37 ms short of the full
+    /// five minutes, close reasons `rejected: <code>`, reconnects all spaced
+    /// `reconnect_initial`, failed closes retried newest failure first, the connection
+    /// closed at a stop signal, and write transfers that expire silently.
     pub fn different() -> Self {
         Self {
             revision_start: 100,
@@ -283,6 +303,10 @@ impl WireProfile {
             reuse_executors: false,
             expiry_understated_ms: 37,
             close_reason_prefix: "rejected: ",
+            reconnect_growth: false,
+            close_retry_oldest_first: false,
+            keep_connection_on_signal: false,
+            announce_write_expiry: false,
         }
     }
 

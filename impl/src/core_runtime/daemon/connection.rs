@@ -387,7 +387,9 @@ pub async fn run(rt: Arc<Runtime>, options: ConnectOptions) {
                     _ = tokio::time::sleep(backoff) => {}
                     _ = shutdown.wait_for(|p| *p != ShutdownPhase::Running) => {}
                 }
-                backoff = (backoff * 2).min(timers.reconnect_max);
+                if rt.config.profile.reconnect_growth {
+                    backoff = (backoff * 2).min(timers.reconnect_max);
+                }
             }
         }
     }

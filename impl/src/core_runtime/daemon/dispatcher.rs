@@ -382,6 +382,18 @@ impl Runtime {
         self.apply(&mut st, effects);
     }
 
+    /// Closes the current connection, if any, as `cause` says without waiting for the
+    /// Executors (a stop signal under a profile that does not keep the connection,
+    /// CR-CONN-025); the connection loop then no longer reconnects.
+    pub async fn close_connection(&self, cause: ShutdownCause) {
+        let st = self.state.lock().await;
+        if let Some(conn) = &st.conn {
+            let (code, reason) = cause.close();
+            conn.out
+                .close(code, self.config.profile.close_reason(reason));
+        }
+    }
+
     /// `device_shutdown` or a process shutdown (`cause`): refuse new work, close every
     /// Executor serially (retrying failed closes every `cleanup_retry`, forever), then
     /// report [`ShutdownPhase::Done`]; the connection then closes as `cause` says.

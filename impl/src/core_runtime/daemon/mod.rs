@@ -90,6 +90,11 @@ pub async fn run_daemon(
     }
     rt.begin_shutdown(dispatcher::ShutdownCause::ProcessShutdown)
         .await;
+    if !rt.config.profile.keep_connection_on_signal {
+        // The profile's other choice (CR-CONN-025): the connection closes at the signal.
+        rt.close_connection(dispatcher::ShutdownCause::ProcessShutdown)
+            .await;
+    }
     let mut phase = rt.shutdown_phase();
     // The connection keeps serving while the Executors close; it returns only once they
     // are, after its closing handshake.

@@ -562,8 +562,10 @@ fn arm_write_expiry(rt: &Arc<Runtime>, generation: u64, id: String, opened: Inst
             .is_some_and(|op| op.opened == opened && !op.committing);
         if expired {
             conn.writes.remove(&id);
-            conn.out
-                .send_now(id, write_rejected(WorkspaceErrorCode::Expired));
+            if rt.config.profile.announce_write_expiry {
+                conn.out
+                    .send_now(id, write_rejected(WorkspaceErrorCode::Expired));
+            }
         }
     });
 }

@@ -12,7 +12,7 @@ use serde_json::{Map, Value};
 use super::limits::{TRACEPARENT_MAX_BYTES, TRACESTATE_MAX_BYTES, TRANSPORT_FRAME_MAX_BYTES};
 use super::payloads::*;
 use crate::wire::WireError;
-use crate::wire::strict::{from_value_strict, parse_strict};
+use crate::wire::strict::{from_value_strict, parse_strict_with_nulls};
 
 /// Which party sends a message type.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -255,8 +255,25 @@ pub fn decode_envelope(bytes: &[u8]) -> Result<Envelope, WireError> {
             limit: TRANSPORT_FRAME_MAX_BYTES,
         });
     }
-    let value = parse_strict(bytes)?;
+    let mut value = parse_strict_with_nulls(bytes)?;
+    drop_null_error_metadata(&mut value);
     from_value_strict::<Envelope>(value)
+}
+
+/// "A missing, malformed or unknown value stays an unclassified error" ("Native failure
+/// classification"): a `null` `code` or `http_status` of an `error` payload is read as
+/// missing, the one exception to refusing `null` at any depth (CR-FAM-006).
+fn drop_null_error_metadata(value: &mut Value) {
+    if value.get("type").and_then(Value::as_str) != Some(MessageType::Error.as_str()) {
+        return;
+    }
+    if let Some(payload) = value.get_mut("payload").and_then(Value::as_object_mut) {
+        for key in ["code", "http_status"] {
+            if payload.get(key).is_some_and(Value::is_null) {
+                payload.remove(key);
+            }
+        }
+    }
 }
 
 /// Validates a raw JSON value as a frame sent by `from` (used by the harness's schema
@@ -340,6 +357,66 @@ mod tests {
                 .code(),
             "unknown_type"
         );
+    }
+
+    #[test]
+    fn unknown_or_malformed_error_metadata_stays_unclassified() {
+        let error = |payload: &str| {
+            let text = format!(r#"{{"type":"error","id":"run-1","payload":{payload}}}"#);
+            match Frame::decode(text.as_bytes(), Direction::RuntimeToCore) {
+                Ok(Frame {
+                    message: Message::Error(e),
+                    ..
+                }) => Ok((
+                    e.code.map(|c| serde_json::to_value(c).unwrap()),
+                    e.http_status,
+                )),
+                Ok(other) => panic!("not an error: {other:?}"),
+                Err(e) => Err(e.code()),
+            }
+        };
+        let cf = Some(serde_json::json!("connection_failed"));
+        for (payload, expected) in [
+            (r#"{"message":"m","code":"quota_gone"}"#, Ok((None, None))),
+            (
+                r#"{"message":"m","code":42,"http_status":503}"#,
+                Ok((None, None)),
+            ),
+            (
+                r#"{"message":"m","code":null,"http_status":null}"#,
+                Ok((None, None)),
+            ),
+            (r#"{"message":null}"#, Err("null_value")),
+            (
+                r#"{"message":"m","code":"connection_failed","http_status":"503"}"#,
+                Ok((cf.clone(), None)),
+            ),
+            (
+                r#"{"message":"m","code":"connection_failed","http_status":-1}"#,
+                Ok((cf.clone(), None)),
+            ),
+            (
+                r#"{"message":"m","code":"connection_failed","http_status":65536}"#,
+                Ok((cf.clone(), None)),
+            ),
+            (
+                r#"{"message":"m","code":"connection_failed","http_status":600}"#,
+                Ok((cf.clone(), None)),
+            ),
+            (
+                r#"{"message":"m","code":"connection_failed","http_status":599}"#,
+                Ok((cf.clone(), Some(599))),
+            ),
+            (
+                r#"{"message":"m","code":"server_error","http_status":500}"#,
+                Ok((Some(serde_json::json!("server_error")), None)),
+            ),
+            // Only the message and unknown fields refuse the frame.
+            (r#"{"code":"server_error"}"#, Err("missing_field")),
+            (r#"{"message":"m","extra":1}"#, Err("unknown_field")),
+        ] {
+            assert_eq!(error(payload), expected, "{payload}");
+        }
     }
 
     #[test]

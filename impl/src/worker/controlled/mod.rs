@@ -39,6 +39,7 @@ use super::host::{CellRecord, Choices};
 use super::lane::OperatorLane;
 use super::policy::INVOKE_BUDGET;
 use super::skills::SkillRoots;
+use super::turns::TurnBoundary;
 pub use crate::control::{AWAIT_MAX, AWAITS_MAX, CONTROL_LINE_MAX_BYTES, OUTCOMES_MAX};
 use ops::Host;
 
@@ -108,11 +109,13 @@ async fn serve(data_dir: &Path, workspace: &Path, different: bool) -> Result<(),
     let lane = OperatorLane::open(data_dir)?;
     let skills = SkillRoots::resolve(workspace, data_dir);
     skills.prepare()?;
+    let turns = TurnBoundary::open(data_dir)?;
     let host = Arc::new(Host::new(
         program,
         Arc::new(policies),
         Arc::new(lane),
         skills,
+        Arc::new(turns),
         different,
     ));
     crate::control::serve(Path::new(&socket), HELLO_LINE, host).await

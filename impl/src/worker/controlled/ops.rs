@@ -27,6 +27,7 @@ use crate::worker::host::{
 use crate::worker::lane::OperatorLane;
 use crate::worker::policy::Policy;
 use crate::worker::skills::{SkillIndex, SkillRequests, SkillRoots};
+use crate::worker::turns::TurnBoundary;
 use crate::worker::wire::Identifier;
 
 /// Handles on the running workbench that never wait for its cell.
@@ -52,6 +53,7 @@ pub(super) struct Host {
     lane: Arc<OperatorLane>,
     /// The skill roots each workbench's index is scanned from when it starts.
     skills: SkillRoots,
+    turns: Arc<TurnBoundary>,
     workbench: Arc<Mutex<Option<Worker>>>,
     handles: std::sync::Mutex<Option<WorkbenchHandles>>,
     outcomes: Outcomes,
@@ -73,6 +75,7 @@ fn allowed(op: &str) -> Option<&'static [&'static str]> {
         "attention" | "review" => &["input", "as"],
         "activate" => &["path", "expected_epoch", "as"],
         "interrupt" | "epoch" | "diagnostics" => &[],
+        "input" => &["text", "source"],
         _ => return None,
     })
 }
@@ -133,6 +136,19 @@ impl Ops for Host {
                 let host = self.clone();
                 self.outcomes
                     .spawn(name, async move { host.start_workbench().await })
+            }
+            "input" => {
+                let text = str_arg(args, "text")?;
+                let source = match args.get("source") {
+                    Some(_) => str_arg(args, "source")?,
+                    None => "operator",
+                };
+                let now_ms = crate::worker::host::now_since_epoch().as_millis() as u64;
+                let session = session(different);
+                self.turns
+                    .deliver(session.as_str(), source, text, now_ms)
+                    .map(|input_id| json!({"input_id": input_id}))
+                    .map_err(|e| OpError::new(e.code(), e.to_string()))
             }
             "execute" => {
                 let code = str_arg(args, "code")?.to_string();
@@ -228,6 +244,7 @@ impl Host {
         policies: Arc<Policies>,
         lane: Arc<OperatorLane>,
         skills: SkillRoots,
+        turns: Arc<TurnBoundary>,
         different: bool,
     ) -> Self {
         Self {
@@ -235,6 +252,7 @@ impl Host {
             policies,
             lane,
             skills,
+            turns,
             workbench: Arc::new(Mutex::new(None)),
             handles: std::sync::Mutex::new(None),
             outcomes: Outcomes::new(),
@@ -310,6 +328,8 @@ impl Host {
         let services = Services {
             policy,
             lane: self.lane.clone(),
+            turns: self.turns.clone(),
+            session: session(self.different).as_str().to_string(),
             generation: worker.generation().as_str().to_string(),
         };
         let mut services = SkillRequests::new(worker.skills(), services);

@@ -1,6 +1,6 @@
 //! What a cell of the controlled host may ask ("Message vocabulary", "Scope, waiting and
-//! receipts"): `runtime.inspect`, and `local.send` reviewed by the cell's pinned policy
-//! into the durable operator lane. Other methods are the host-services layer's and are
+//! receipts"): `runtime.inspect`, `runtime.wait` recorded by the turn boundary, and
+//! `local.send` reviewed by the cell's pinned policy into the durable operator lane. Other methods are the host-services layer's and are
 //! answered `unsupported_method`. This module never touches the worker connection.
 
 use std::sync::Arc;
@@ -11,6 +11,7 @@ use serde_json::json;
 use crate::worker::host::{BasicServices, RequestHandler};
 use crate::worker::lane::OperatorLane;
 use crate::worker::policy::Policy;
+use crate::worker::turns::TurnBoundary;
 use crate::worker::wire::{HostRequest, Identifier, Reply};
 
 /// What a cell of the controlled host may ask: `runtime.inspect`, and `local.send`
@@ -18,6 +19,8 @@ use crate::worker::wire::{HostRequest, Identifier, Reply};
 pub(super) struct Services {
     pub(super) policy: Option<Arc<Policy>>,
     pub(super) lane: Arc<OperatorLane>,
+    pub(super) turns: Arc<TurnBoundary>,
+    pub(super) session: String,
     pub(super) generation: String,
 }
 
@@ -29,10 +32,16 @@ impl RequestHandler for Services {
         request_id: &Identifier,
         request: &HostRequest,
     ) -> Reply {
-        let HostRequest::LocalSend { text } = request else {
-            return BasicServices
-                .handle(execution_id, request_id, request)
-                .await;
+        let text = match request {
+            HostRequest::LocalSend { text } => text,
+            HostRequest::RuntimeWait { seconds, reason } => {
+                return self.wait(execution_id, request_id, seconds.0, reason);
+            }
+            _ => {
+                return BasicServices
+                    .handle(execution_id, request_id, request)
+                    .await;
+            }
         };
         // The effect is the request's identity: a retry of it returns its receipt.
         let effect_id = format!(
@@ -67,6 +76,38 @@ impl RequestHandler for Services {
                 value: serde_json::to_value(receipt).unwrap_or_default(),
             },
             Err(e) => lane_error(e),
+        }
+    }
+}
+
+impl Services {
+    /// `runtime.wait`: the turn boundary records the wait (or refuses it over pending
+    /// input) in one transaction; an accepted wait is what lets the cell end yielded.
+    fn wait(
+        &self,
+        execution_id: &Identifier,
+        request_id: &Identifier,
+        seconds: Option<f64>,
+        reason: &str,
+    ) -> Reply {
+        let identity = format!(
+            "{}.{}.{}",
+            self.generation,
+            execution_id.as_str(),
+            request_id.as_str()
+        );
+        let now_ms = crate::worker::host::now_since_epoch().as_millis() as u64;
+        match self
+            .turns
+            .wait(&self.session, &identity, seconds, reason, now_ms)
+        {
+            Ok(wait) => Reply::Ok {
+                value: serde_json::to_value(wait).unwrap_or_default(),
+            },
+            Err(e) => Reply::Error {
+                code: e.code().into(),
+                message: e.to_string(),
+            },
         }
     }
 }

@@ -262,11 +262,10 @@ impl RequestHandler for BasicServices {
     ) -> Reply {
         match request {
             HostRequest::RuntimeInspect {} => {
-                let now = std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .unwrap_or_default();
+                let now = now_since_epoch();
                 Reply::Ok {
-                    value: json!({"now": rfc3339_utc(now), "now_ms": now.as_millis() as u64}),
+                    // "`now` uses the same `Z` shape as these stamps" (whole seconds).
+                    value: json!({"now": rfc3339_utc_seconds(now), "now_ms": now.as_millis() as u64}),
                 }
             }
             other => Reply::Error {
@@ -277,9 +276,31 @@ impl RequestHandler for BasicServices {
     }
 }
 
+/// The host clock: the time since the Unix epoch (zero before it).
+pub fn now_since_epoch() -> Duration {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+}
+
 /// `YYYY-MM-DDTHH:MM:SS.mmmZ` for a time since the Unix epoch (the `Z` shape).
 pub fn rfc3339_utc(since_epoch: Duration) -> String {
-    let secs = since_epoch.as_secs();
+    format!(
+        "{}.{:03}Z",
+        civil_utc(since_epoch.as_secs()),
+        since_epoch.subsec_millis()
+    )
+}
+
+/// `YYYY-MM-DDTHH:MM:SSZ` for a time since the Unix epoch, in whole seconds (a fraction
+/// of a second is dropped): the stamps of "Framing what the model reads"
+/// (`[2026-09-13T18:59:00Z · operator]`).
+pub fn rfc3339_utc_seconds(since_epoch: Duration) -> String {
+    format!("{}Z", civil_utc(since_epoch.as_secs()))
+}
+
+/// `YYYY-MM-DDTHH:MM:SS` (UTC) for whole seconds since the Unix epoch.
+fn civil_utc(secs: u64) -> String {
     let (days, rem) = (secs / 86_400, secs % 86_400);
     // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
     let z = days as i64 + 719_468;
@@ -292,11 +313,10 @@ pub fn rfc3339_utc(since_epoch: Duration) -> String {
     let month = if mp < 10 { mp + 3 } else { mp - 9 };
     let year = yoe + era * 400 + i64::from(month <= 2);
     format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}",
         rem / 3600,
         rem % 3600 / 60,
         rem % 60,
-        since_epoch.subsec_millis()
     )
 }
 
@@ -967,6 +987,26 @@ impl Worker {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn inspect_states_now_in_the_stamp_shape_and_now_ms() {
+        let id = |s: &str| Identifier::new(s).unwrap();
+        let reply = BasicServices
+            .handle(&id("c1"), &id("r1"), &HostRequest::RuntimeInspect {})
+            .await;
+        let Reply::Ok { value } = reply else {
+            panic!("{reply:?}")
+        };
+        let now_ms = value["now_ms"].as_u64().unwrap();
+        // The same instant, in whole seconds of the `Z` shape (`2026-09-13T19:54:53Z`).
+        assert_eq!(
+            value["now"],
+            json!(rfc3339_utc_seconds(Duration::from_millis(now_ms)))
+        );
+        let now = value["now"].as_str().unwrap();
+        assert_eq!(now.len(), 20, "{now}");
+        assert!(now.ends_with('Z') && now.as_bytes()[10] == b'T', "{now}");
+    }
 
     #[tokio::test(flavor = "current_thread")]
     async fn a_flush_puts_what_the_pipe_holds_into_the_tail_before_the_answer() {

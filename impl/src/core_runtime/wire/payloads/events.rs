@@ -173,8 +173,16 @@ pub fn classify_native_error(
 }
 
 /// `error` (Runtime → Core). `Envelope.id`: Run ID. Always followed by `done`.
+///
+/// Decoding classifies the optional metadata ("Native failure classification"): "A
+/// missing, malformed or unknown value stays an unclassified error, without dropping
+/// Usage or `done`", so a `code` that is not an accepted code (or not a string) decodes
+/// as `None` and `http_status` survives only beside `connection_failed` as an integer in
+/// 100..=599, instead of failing the frame. Only `message` and unknown fields can refuse
+/// an `error` frame.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, from = "RawRunError")]
+#[schemars(!from)]
 pub struct RunError {
     /// Human-readable message.
     pub message: BoundedString<8192>,
@@ -185,6 +193,30 @@ pub struct RunError {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 100, max = 599))]
     pub http_status: Option<u16>,
+}
+
+/// An `error` payload as it arrives: `code` and `http_status` are any JSON value until
+/// [`classify_native_error`] keeps the accepted ones.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawRunError {
+    message: BoundedString<8192>,
+    #[serde(default)]
+    code: Option<Value>,
+    #[serde(default)]
+    http_status: Option<Value>,
+}
+
+impl From<RawRunError> for RunError {
+    fn from(raw: RawRunError) -> Self {
+        let (code, http_status) =
+            classify_native_error(raw.code.as_ref(), raw.http_status.as_ref());
+        Self {
+            message: raw.message,
+            code,
+            http_status,
+        }
+    }
 }
 
 /// Native terminal outcome.
