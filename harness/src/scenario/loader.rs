@@ -1646,12 +1646,14 @@ steps:
                 GeneratedFile {
                     path: "big.bin".into(),
                     size: 2_097_152,
-                    seed: 7
+                    seed: 7,
+                    text: None,
                 },
                 GeneratedFile {
                     path: "d/empty".into(),
                     size: 0,
-                    seed: 0
+                    seed: 0,
+                    text: None,
                 },
             ]
         );
@@ -1674,6 +1676,26 @@ steps:
             &format!("{head}config:\n  workspace:\n    generated: [ {five} ]\n{steps}"),
         );
         assert!(err.contains("335544320 bytes in all exceed"), "{err}");
+        // A text takes no seed, one printable ASCII fill, and a prefix within the size.
+        for bad in [
+            "{ path: t, size: 9, seed: 1, text: {} }",
+            "{ path: t, size: 9, text: { fill: xy } }",
+            "{ path: t, size: 2, text: { prefix: abc } }",
+        ] {
+            let err = load_err(
+                "x",
+                &format!("{head}config:\n  workspace:\n    generated: [ {bad} ]\n{steps}"),
+            );
+            assert!(err.contains("a `text` takes no `seed`"), "{bad}: {err}");
+        }
+        let (_dir, result) = load(
+            "x",
+            &format!(
+                "{head}config:\n  workspace:\n    generated: [ {{ path: t, size: 9, text: {{ prefix: ab }} }} ]\n{steps}"
+            ),
+        );
+        let text = &result.unwrap().config.workspace.unwrap().generated[0].text;
+        assert_eq!(text.as_ref().map(|t| t.fill.as_str()), Some("x"));
         let err = load_err(
             "x",
             &format!(

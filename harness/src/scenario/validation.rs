@@ -498,6 +498,19 @@ impl Checker<'_> {
                     ),
                 );
             }
+            if let Some(text) = &file.text {
+                let fill_ok = text.fill.len() == 1
+                    && text.fill.bytes().all(|b| b.is_ascii_graphic() || b == b' ');
+                if !fill_ok || file.seed != 0 || text.prefix.len() as u64 > file.size {
+                    self.issue(
+                        location,
+                        format!(
+                            "{what}.generated[{i}] (`{}`): a `text` takes no `seed`, its `fill` is one printable ASCII character and its `prefix` fits the size",
+                            file.path
+                        ),
+                    );
+                }
+            }
             total = total.saturating_add(file.size);
         }
         if total > GENERATED_TOTAL_MAX_BYTES {

@@ -11,7 +11,7 @@
 //! | step | what the harness does |
 //! |---|---|
 //! | `native: {op: args}` | one control request; `expect:` matches its result |
-//! | `launch: {role, token, revision, skills}` | awaits the host's next worker launch, checks its private directory (no group/other access) and socket (a socket, no group/other access, path within the address bound), a fresh token, the role; dials the socket; binds `token` (default `$token`) and, for `revision`, the snapshot's source identity; with `skills` (a pattern), the launch must carry `--skills <path>`, a regular file of this user's beside the socket with no group/other access, whose JSON matches the pattern |
+//! | `launch: {role, token, revision, skills}` | awaits the host's next worker launch, checks its private directory (no group/other access) and socket (a socket, no group/other access, path within the address bound), a fresh token, the role; dials the socket; binds `token` (default `$token`) and, for `revision`, the snapshot's source identity; with `skills` (a pattern), the launch must carry `--skills <path>`, a regular file of this user's beside the socket with no group/other access, whose JSON matches the pattern (a launch without `--skills` is matched as `null`: `skills: null` requires none) |
 //! | `worker:` | sent as that worker: `hello` to the launched worker that has not said hello, `completed`/`host_request` to the worker whose operation or execution it names, else the last worker the host spoke to; the envelope carries that worker's `session_id`/`generation` |
 //! | `host:` | the next frame of any worker the host runs (its envelope identity checked against that worker's launch environment) |
 //! | `send_bytes` | raw to the last worker the host spoke to |
@@ -624,12 +624,20 @@ impl ScriptedWorkerPeer {
         };
         bind(run, "token", "token", Value::String(token))?;
         if let Some(pattern) = args.get("skills") {
+            // A launch without `--skills` is matched as `null` (`skills: null`: no set).
             let set = skills_set(&self.conns[idx].argv, &socket)?;
-            crate::matcher::match_frame(pattern, &set, &mut run.bindings).map_err(|m| {
-                let e = fail::mismatch(format!(
-                    "the materialized skills set does not match: {m}\n  set: {}",
-                    crate::drive::show(&set)
-                ));
+            let value = set.clone().unwrap_or(Value::Null);
+            crate::matcher::match_frame(pattern, &value, &mut run.bindings).map_err(|m| {
+                let e = fail::mismatch(match &set {
+                    Some(set) => format!(
+                        "the materialized skills set does not match: {m}\n  set: {}",
+                        crate::drive::show(set)
+                    ),
+                    None => format!(
+                        "the host launched the workbench without `{SKILLS_ARG} <path>` (arguments: {:?}): {m}",
+                        self.conns[idx].argv
+                    ),
+                });
                 match &m.reference {
                     Some(requirement) => e.in_reference(requirement),
                     None => e,
@@ -686,18 +694,16 @@ impl ScriptedWorkerPeer {
 /// set beside the control socket and passes it as `--skills <path>`"): the file after
 /// `--skills` in `argv`, a regular file of this user's in the socket's directory with no
 /// group or other access, read as JSON (the worker reads it before it connects, so it is
-/// there now).
-fn skills_set(argv: &[String], socket: &Path) -> StepResult<Value> {
-    let path = argv
-        .iter()
-        .position(|a| a == SKILLS_ARG)
-        .and_then(|i| argv.get(i + 1))
-        .map(PathBuf::from)
-        .ok_or_else(|| {
-            fail::mismatch(format!(
-                "the host launched the workbench without `{SKILLS_ARG} <path>` (arguments: {argv:?})"
-            ))
-        })?;
+/// there now); `None` when the launch carries no `--skills`.
+fn skills_set(argv: &[String], socket: &Path) -> StepResult<Option<Value>> {
+    let Some(at) = argv.iter().position(|a| a == SKILLS_ARG) else {
+        return Ok(None);
+    };
+    let path = argv.get(at + 1).map(PathBuf::from).ok_or_else(|| {
+        fail::mismatch(format!(
+            "the host launched the workbench with `{SKILLS_ARG}` and no path (arguments: {argv:?})"
+        ))
+    })?;
     if path.parent() != socket.parent() {
         return Err(fail::mismatch(format!(
             "the skills set {} is not beside the socket {}",
@@ -716,12 +722,20 @@ fn skills_set(argv: &[String], socket: &Path) -> StepResult<Value> {
     }
     let bytes = std::fs::read(&path)
         .map_err(|e| fail::mismatch(format!("the skills set {}: {e}", path.display())))?;
-    contract_impl::wire::parse_strict_with_nulls(&bytes).map_err(|e| {
+    let set = contract_impl::wire::parse_strict_with_nulls(&bytes).map_err(|e| {
         fail::mismatch(format!(
             "the skills set {} is not JSON: {e}",
             path.display()
         ))
-    })
+    })?;
+    if set.is_null() {
+        // `null` stands for "no set" in a `skills:` pattern.
+        return Err(fail::mismatch(format!(
+            "the skills set {} is JSON `null`",
+            path.display()
+        )));
+    }
+    Ok(Some(set))
 }
 
 fn not_connected(what: &str) -> StepError {
