@@ -21,6 +21,7 @@
 //! of a file. What a reply looks like on the wire is [`serve`]'s; the materialized file is
 //! [`set`]'s.
 
+use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 
 use serde::Serialize;
@@ -202,7 +203,12 @@ impl SkillRoots {
     /// builtin from [`SKILLS_DIR_ENV`] when it is set and not empty, else
     /// `<workspace>/skills`; managed `<data>/skills`.
     pub fn resolve(workspace: &Path, data: &Path) -> Self {
-        let builtin = std::env::var_os(SKILLS_DIR_ENV)
+        Self::resolve_with(workspace, data, std::env::var_os(SKILLS_DIR_ENV))
+    }
+
+    /// [`SkillRoots::resolve`] with the value of [`SKILLS_DIR_ENV`] given (`None`: unset).
+    pub fn resolve_with(workspace: &Path, data: &Path, skills_dir: Option<OsString>) -> Self {
+        let builtin = skills_dir
             .filter(|v| !v.is_empty())
             .map_or_else(|| workspace.join(SKILLS_SUBDIR), PathBuf::from);
         Self {

@@ -351,3 +351,27 @@ fn the_largest_index_reply_fits_one_frame() {
     let payload = encode_envelope(&envelope).unwrap();
     encode_frame(&payload).expect("within the frame bound");
 }
+
+#[test]
+fn the_builtin_root_defaults_to_the_workspace_s_skills_and_the_managed_root_is_created() {
+    let dir = tempfile::tempdir().unwrap();
+    let (workspace, data) = (dir.path().join("ws"), dir.path().join("data"));
+    // `KLBR_SKILLS_DIR` unset or empty: `<workspace>/skills`; set: that directory.
+    for unset in [None, Some(std::ffi::OsString::new())] {
+        let roots = SkillRoots::resolve_with(&workspace, &data, unset);
+        assert_eq!(roots.builtin, workspace.join("skills"));
+        assert_eq!(roots.managed, data.join("skills"));
+    }
+    let named = SkillRoots::resolve_with(&workspace, &data, Some(dir.path().join("b").into()));
+    assert_eq!(named.builtin, dir.path().join("b"));
+    // The host creates `<data>/skills` (0700); an absent builtin root is allowed.
+    named.prepare().unwrap();
+    let meta = std::fs::metadata(&named.managed).unwrap();
+    assert!(meta.is_dir());
+    assert_eq!(meta.permissions().mode() & 0o777, 0o700);
+    let index = SkillIndex::scan(&named);
+    assert_eq!(
+        (index.builtin, index.managed),
+        (RootState::Absent, RootState::Present)
+    );
+}
