@@ -581,6 +581,8 @@ pub fn coverage(catalog: &[Requirement], scenarios: &[Scenario]) -> Coverage {
                 Step::AnyOrder(inner) => steps.extend(inner),
                 Step::Optional(inner) | Step::Tolerated(inner) => steps.push(inner),
                 Step::Frame { frame, .. } => reference_patterns(frame, &mut named),
+                // `launch: {skills: <pattern>}` matches what the target launched with.
+                Step::Launch { args } => reference_patterns(args, &mut named),
                 Step::Native {
                     expect: Some(expect),
                     ..
@@ -785,6 +787,16 @@ mod tests {
         );
         uncited.covers.push("CR-A-004".into());
         assert!(coverage(&catalog, &[uncited]).uncited_references.is_empty());
+        // A `launch:` pattern (the skills set a host launched with) marks its references.
+        let mut launched = scen("launched", &["CR-A-004"]);
+        launched.steps = vec![Step::Launch {
+            args: serde_json::json!({"skills": {"$reference": null, "$requirement": "CR-A-004"}}),
+        }];
+        assert!(
+            coverage(&catalog, &[launched])
+                .unmarked_references
+                .is_empty()
+        );
         // Coverage per side; a scenario pending on every side it has covers nothing.
         let mut core_only = scen("five", &["CR-A-001"]);
         core_only.sides = Some(vec![crate::scenario::Side::Core]);

@@ -310,6 +310,38 @@ impl RunDir {
     /// [`GENERATED_FILE_MAX_BYTES`](crate::scenario::GENERATED_FILE_MAX_BYTES);
     /// [`TargetError::RunDir`] on I/O failure.
     pub fn write_generated(&self, path: &str, size: u64, seed: u64) -> Result<(), TargetError> {
+        let mut content = GeneratedContent::new(seed);
+        self.write_sized(path, size, &mut |buf| content.fill(buf))
+    }
+
+    /// Creates the workspace file `path` with `size` bytes of text: `text.prefix`, then
+    /// `text.fill` repeated (the `text` form of a generated file).
+    ///
+    /// # Errors
+    /// As [`RunDir::write_generated`].
+    pub fn write_text(
+        &self,
+        path: &str,
+        size: u64,
+        text: &crate::scenario::GeneratedText,
+    ) -> Result<(), TargetError> {
+        let prefix = text.prefix.as_bytes();
+        let fill = text.fill.as_bytes().first().copied().unwrap_or(b'x');
+        let mut at = 0usize;
+        self.write_sized(path, size, &mut |buf| {
+            for byte in buf {
+                *byte = prefix.get(at).copied().unwrap_or(fill);
+                at = at.saturating_add(1);
+            }
+        })
+    }
+
+    fn write_sized(
+        &self,
+        path: &str,
+        size: u64,
+        content: &mut dyn FnMut(&mut [u8]),
+    ) -> Result<(), TargetError> {
         use std::io::Write as _;
         let max = crate::scenario::GENERATED_FILE_MAX_BYTES;
         if size > max {
@@ -329,17 +361,58 @@ impl RunDir {
         }
         let file = std::fs::File::create(&full).map_err(io(&full))?;
         let mut out = std::io::BufWriter::new(file);
-        let mut content = GeneratedContent::new(seed);
         let mut buf = vec![0u8; GENERATED_CHUNK_BYTES];
         let mut left = size;
         while left > 0 {
             let n = usize::try_from(left).map_or(buf.len(), |l| l.min(buf.len()));
-            content.fill(&mut buf[..n]);
+            content(&mut buf[..n]);
             out.write_all(&buf[..n]).map_err(io(&full))?;
             left -= n as u64;
         }
         out.flush().map_err(io(&full))?;
         Ok(())
+    }
+
+    /// Creates each symlink `path` → `target` in the workspace (parents created; an
+    /// existing entry at `path` is replaced). The target is written as it is: the scenario
+    /// checks ([`crate::scenario::validation::symlink_stays_inside`]) keep it inside.
+    ///
+    /// # Errors
+    /// [`TargetError::BadSeedPath`]; [`TargetError::RunDir`] on I/O failure.
+    pub fn seed_symlinks<'a>(
+        &self,
+        links: impl IntoIterator<Item = (&'a String, &'a String)>,
+    ) -> Result<(), TargetError> {
+        let root = self.workspace();
+        for (link, target) in links {
+            if !crate::scenario::validation::symlink_stays_inside(link, target) {
+                return Err(TargetError::BadSeedPath(format!("{link} -> {target}")));
+            }
+            let path = root.join(safe_relative(link)?);
+            let io = |source| TargetError::RunDir {
+                path: path.clone(),
+                source,
+            };
+            if let Some(parent) = path.parent() {
+                std::fs::create_dir_all(parent).map_err(io)?;
+            }
+            if std::fs::symlink_metadata(&path).is_ok() {
+                std::fs::remove_file(&path).map_err(io)?;
+            }
+            std::os::unix::fs::symlink(target, &path).map_err(io)?;
+        }
+        Ok(())
+    }
+
+    /// Applies a whole seed to the workspace: `dirs`, `files`, `generated`, `symlinks`.
+    ///
+    /// # Errors
+    /// As [`RunDir::seed_workspace`], [`RunDir::seed_generated`] and
+    /// [`RunDir::seed_symlinks`].
+    pub fn seed(&self, seed: &crate::scenario::WorkspaceSeed) -> Result<(), TargetError> {
+        self.seed_workspace(seed.files.iter(), seed.dirs.iter())?;
+        self.seed_generated(&seed.generated)?;
+        self.seed_symlinks(seed.symlinks.iter())
     }
 
     /// Writes every generated file of a scenario's workspace seed.
@@ -351,7 +424,10 @@ impl RunDir {
         files: &[crate::scenario::GeneratedFile],
     ) -> Result<(), TargetError> {
         for file in files {
-            self.write_generated(&file.path, file.size, file.seed)?;
+            match &file.text {
+                Some(text) => self.write_text(&file.path, file.size, text)?,
+                None => self.write_generated(&file.path, file.size, file.seed)?,
+            }
         }
         Ok(())
     }
@@ -1142,14 +1218,25 @@ mod tests {
                 path: "big/data.bin".into(),
                 size,
                 seed: 7,
+                text: None,
             },
             crate::scenario::GeneratedFile {
                 path: "empty.bin".into(),
                 size: 0,
                 seed: 0,
+                text: None,
             },
         ])
         .unwrap();
+        let text = crate::scenario::GeneratedText {
+            prefix: "# é\n".into(),
+            fill: "-".into(),
+        };
+        run.write_text("t/SKILL.md", size, &text).unwrap();
+        let written = std::fs::read(run.workspace().join("t/SKILL.md")).unwrap();
+        assert_eq!(written.len() as u64, size);
+        assert!(written.starts_with("# é\n-".as_bytes()));
+        assert!(written[5..].iter().all(|&b| b == b'-'));
         let written = std::fs::read(run.workspace().join("big/data.bin")).unwrap();
         let mut expected = vec![0u8; written.len()];
         GeneratedContent::new(7).fill(&mut expected);

@@ -8,10 +8,10 @@
 //!                       [--command-cwd DIR] [--command-protocol plain|jsonl]
 //!                       [--command-stdin close|open]
 //! contract-impl schema core_runtime|worker
-//! contract-impl worker python              (see docs/worker-launch-contract.md)
+//! contract-impl worker python [--skills PATH]   (see docs/worker-launch-contract.md)
 //! contract-impl worker run [--file CELLS] [--json] [-- PROGRAM…]
 //! contract-impl worker supervise -- PROGRAM…
-//! contract-impl worker host [--data-dir DIR]   (see docs/worker-host-control.md)
+//! contract-impl worker host [--data-dir DIR] [--workspace DIR]   (see docs/worker-host-control.md)
 //! contract-impl engine serve --socket PATH --data-dir DIR
 //! contract-impl engine initialize|health --socket PATH --token-file FILE [--json]
 //! contract-impl engine controlled        (see docs/engine-client-control.md)
@@ -137,6 +137,9 @@ enum WorkerCommand {
         /// (exit statuses, texts, record grouping), for vendor-mode trials.
         #[arg(long, value_enum, default_value_t = WireProfileArg::Reference)]
         profile: WireProfileArg,
+        /// The skills set the host materialized (docs/worker-launch-contract.md, "Skills").
+        #[arg(long)]
+        skills: Option<PathBuf>,
     },
     /// Start a workbench and run cells: from `--file` (cells separated by lines `# %%`),
     /// else from stdin; print each cell's output (`--json`: one JSON object per cell).
@@ -163,9 +166,18 @@ enum WorkerCommand {
     /// The controlled host: driven over `CONTRACT_HOST_CONTROL_SOCKET`, its workers run
     /// `CONTRACT_WORKER_PROGRAM` (docs/worker-host-control.md).
     Host {
-        /// Where the activation epoch and the operator lane live (made 0700).
-        #[arg(long, default_value = "worker-host-data")]
+        /// Where the activation epoch, the operator lane and the managed skills
+        /// (`<data>/skills`) live (made 0700).
+        #[arg(
+            long,
+            env = "CONTRACT_HOST_DATA_DIR",
+            default_value = "worker-host-data"
+        )]
         data_dir: PathBuf,
+        /// The workspace (the builtin skills default to `<workspace>/skills` unless
+        /// `KLBR_SKILLS_DIR` names them); default the working directory.
+        #[arg(long, env = "CONTRACT_WORKSPACE", default_value = ".")]
+        workspace: PathBuf,
         /// `different`: every choice the spec leaves free made otherwise (operation IDs,
         /// codes, session and generation names), for vendor-mode trials.
         #[arg(long, value_enum, default_value_t = WireProfileArg::Reference)]
@@ -308,13 +320,24 @@ fn main() -> ExitCode {
         Command::Engine(args) => contract_impl::engine::cli::run(args),
         Command::Plugin(args) => contract_impl::plugin::cli::run(args),
         Command::Worker {
-            what: WorkerCommand::Host { data_dir, profile },
-        } => worker_host(&data_dir, matches!(profile, WireProfileArg::Different)),
+            what:
+                WorkerCommand::Host {
+                    data_dir,
+                    workspace,
+                    profile,
+                },
+        } => worker_host(
+            &data_dir,
+            &workspace,
+            matches!(profile, WireProfileArg::Different),
+        ),
         Command::Worker {
-            what: WorkerCommand::Python { profile },
+            what: WorkerCommand::Python { profile, skills },
         } => {
-            let err =
-                contract_impl::worker::python::exec(matches!(profile, WireProfileArg::Different));
+            let err = contract_impl::worker::python::exec(
+                matches!(profile, WireProfileArg::Different),
+                skills.as_deref(),
+            );
             eprintln!(
                 "error: cannot start {}: {err}",
                 contract_impl::worker::python::interpreter().to_string_lossy()
@@ -335,7 +358,11 @@ fn async_runtime() -> Result<tokio::runtime::Runtime, ExitCode> {
 }
 
 /// `worker host`: the controlled host until its control channel ends or SIGTERM.
-fn worker_host(data_dir: &std::path::Path, different: bool) -> ExitCode {
+fn worker_host(
+    data_dir: &std::path::Path,
+    workspace: &std::path::Path,
+    different: bool,
+) -> ExitCode {
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt,
         Err(e) => {
@@ -343,7 +370,9 @@ fn worker_host(data_dir: &std::path::Path, different: bool) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let code = runtime.block_on(contract_impl::worker::controlled::run(data_dir, different));
+    let code = runtime.block_on(contract_impl::worker::controlled::run(
+        data_dir, workspace, different,
+    ));
     ExitCode::from(u8::try_from(code).unwrap_or(1))
 }
 

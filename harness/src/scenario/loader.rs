@@ -19,7 +19,7 @@ use serde_saphyr::{Location, Spanned};
 
 use super::model::{
     ApiResultStep, ApiStep, BootstrapStep, ConnectStep, ExitCodeSpec, Party, RawMessage, Scenario,
-    ScenarioConfig, Side, Step,
+    ScenarioConfig, Side, Step, WorkspaceSeed,
 };
 use super::validation::{self, Spans, StepSpan};
 
@@ -271,6 +271,7 @@ enum RawStep {
     ApiResult(ApiResultStep),
     Crash(Empty),
     Terminate(Empty),
+    WriteWorkspace(WorkspaceSeed),
     ExpectExit(RawExit),
 }
 
@@ -723,6 +724,7 @@ impl Converter<'_> {
             RawStep::ApiResult(v) => Step::ApiResult(v),
             RawStep::Crash(Empty {}) => Step::Crash,
             RawStep::Terminate(Empty {}) => Step::Terminate,
+            RawStep::WriteWorkspace(seed) => Step::WriteWorkspace(seed),
             RawStep::ExpectExit(e) => Step::ExpectExit {
                 code: e.code.map(|c| c.0),
                 stderr: e.stderr.map(|s| s.0).unwrap_or_default(),
@@ -1665,12 +1667,14 @@ steps:
                 GeneratedFile {
                     path: "big.bin".into(),
                     size: 2_097_152,
-                    seed: 7
+                    seed: 7,
+                    text: None,
                 },
                 GeneratedFile {
                     path: "d/empty".into(),
                     size: 0,
-                    seed: 0
+                    seed: 0,
+                    text: None,
                 },
             ]
         );
@@ -1693,6 +1697,26 @@ steps:
             &format!("{head}config:\n  workspace:\n    generated: [ {five} ]\n{steps}"),
         );
         assert!(err.contains("335544320 bytes in all exceed"), "{err}");
+        // A text takes no seed, one printable ASCII fill, and a prefix within the size.
+        for bad in [
+            "{ path: t, size: 9, seed: 1, text: {} }",
+            "{ path: t, size: 9, text: { fill: xy } }",
+            "{ path: t, size: 2, text: { prefix: abc } }",
+        ] {
+            let err = load_err(
+                "x",
+                &format!("{head}config:\n  workspace:\n    generated: [ {bad} ]\n{steps}"),
+            );
+            assert!(err.contains("a `text` takes no `seed`"), "{bad}: {err}");
+        }
+        let (_dir, result) = load(
+            "x",
+            &format!(
+                "{head}config:\n  workspace:\n    generated: [ {{ path: t, size: 9, text: {{ prefix: ab }} }} ]\n{steps}"
+            ),
+        );
+        let text = &result.unwrap().config.workspace.unwrap().generated[0].text;
+        assert_eq!(text.as_ref().map(|t| t.fill.as_str()), Some("x"));
         let err = load_err(
             "x",
             &format!(

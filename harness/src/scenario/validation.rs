@@ -423,6 +423,7 @@ impl Checker<'_> {
                     "crash restarts the target Core, engine daemon, engine client or worker host: it needs `sides: [core]`, `sides: [daemon]`, `sides: [client]` or (family worker) `sides: [host]`",
                 )
             }
+            Step::WriteWorkspace(seed) => self.workspace(Some(location), "write_workspace", seed),
             Step::ExpectExit { code, stderr } => {
                 if let Some(ExitCodeSpec::Exact(code)) = code
                     && !(0..=255).contains(code)
@@ -452,10 +453,17 @@ impl Checker<'_> {
         }
     }
 
-    fn workspace(&mut self, location: Option<Location>, ws: &WorkspaceSeed) {
+    fn workspace(&mut self, location: Option<Location>, what: &str, ws: &WorkspaceSeed) {
         let mut seeded = BTreeSet::new();
         let generated = ws.generated.iter().map(|g| &g.path);
-        for p in ws.files.keys().chain(ws.dirs.iter()).chain(generated) {
+        let links = ws.symlinks.keys();
+        for p in ws
+            .files
+            .keys()
+            .chain(ws.dirs.iter())
+            .chain(generated)
+            .chain(links)
+        {
             let path = std::path::Path::new(p);
             let escapes = path.is_absolute()
                 || path
@@ -464,11 +472,21 @@ impl Checker<'_> {
             if p.is_empty() || escapes {
                 self.issue(
                     location,
-                    format!("config.workspace: `{p}` must be a relative path inside the workspace"),
+                    format!("{what}: `{p}` must be a relative path inside the workspace"),
                 );
             }
             if !seeded.insert(p.trim_end_matches('/')) {
-                self.issue(location, format!("config.workspace: `{p}` is seeded twice"));
+                self.issue(location, format!("{what}: `{p}` is seeded twice"));
+            }
+        }
+        for (link, target) in &ws.symlinks {
+            if !symlink_stays_inside(link, target) {
+                self.issue(
+                    location,
+                    format!(
+                        "{what}.symlinks: `{link}` → `{target}` must be a relative target that stays inside the workspace"
+                    ),
+                );
             }
         }
         let mut total: u64 = 0;
@@ -477,10 +495,23 @@ impl Checker<'_> {
                 self.issue(
                     location,
                     format!(
-                        "config.workspace.generated[{i}] (`{}`): size {} exceeds the {GENERATED_FILE_MAX_BYTES}-byte bound of one generated file",
+                        "{what}.generated[{i}] (`{}`): size {} exceeds the {GENERATED_FILE_MAX_BYTES}-byte bound of one generated file",
                         file.path, file.size
                     ),
                 );
+            }
+            if let Some(text) = &file.text {
+                let fill_ok = text.fill.len() == 1
+                    && text.fill.bytes().all(|b| b.is_ascii_graphic() || b == b' ');
+                if !fill_ok || file.seed != 0 || text.prefix.len() as u64 > file.size {
+                    self.issue(
+                        location,
+                        format!(
+                            "{what}.generated[{i}] (`{}`): a `text` takes no `seed`, its `fill` is one printable ASCII character and its `prefix` fits the size",
+                            file.path
+                        ),
+                    );
+                }
             }
             total = total.saturating_add(file.size);
         }
@@ -488,7 +519,7 @@ impl Checker<'_> {
             self.issue(
                 location,
                 format!(
-                    "config.workspace.generated: {total} bytes in all exceed the {GENERATED_TOTAL_MAX_BYTES}-byte bound"
+                    "{what}.generated: {total} bytes in all exceed the {GENERATED_TOTAL_MAX_BYTES}-byte bound"
                 ),
             );
         }
@@ -735,6 +766,32 @@ fn sight_step(
         }
         _ => {}
     }
+}
+
+/// Whether the symlink `link` → `target` (a seed path and its target) points inside the
+/// workspace: `target` is relative, and resolving it lexically from the link's directory
+/// never climbs above the workspace root.
+pub fn symlink_stays_inside(link: &str, target: &str) -> bool {
+    use std::path::Component;
+    let target = std::path::Path::new(target);
+    if target.as_os_str().is_empty() || target.is_absolute() {
+        return false;
+    }
+    let mut depth = std::path::Path::new(link).parent().map_or(0, |p| {
+        p.components()
+            .filter(|c| matches!(c, Component::Normal(_)))
+            .count()
+    });
+    for component in target.components() {
+        match component {
+            Component::Normal(_) => depth += 1,
+            Component::ParentDir if depth == 0 => return false,
+            Component::ParentDir => depth -= 1,
+            Component::CurDir => {}
+            Component::RootDir | Component::Prefix(_) => return false,
+        }
+    }
+    true
 }
 
 /// Flags placeholder typos: a named placeholder written exactly once in the whole
@@ -996,7 +1053,7 @@ pub fn validate(scenario: &Scenario, spans: &Spans) -> Vec<Issue> {
         }
     }
     if let Some(ws) = &scenario.config.workspace {
-        c.workspace(spans.config, ws);
+        c.workspace(spans.config, "config.workspace", ws);
     }
     for (side, reason) in &scenario.pending {
         if c.table.is_some_and(|t| !t.sides.contains(side)) {

@@ -18,6 +18,8 @@
 //!   the chain `runtime.instructions` resolves.
 //! * [`controlled`]: the host driven over a control channel (`contract-impl worker host`).
 //! * [`source`]: the source identity of a hook snapshot.
+//! * [`skills`]: the two skill roots, their index, `skills.index`/`skills.load`, and the
+//!   set a workbench is given at spawn.
 //! * [`supervise`]: the process the host spawns around a worker so that no process of
 //!   it outlives the host (`contract-impl worker supervise`).
 //! * [`usage`]: the cache measurements read from a route's usage, and the cache options a
@@ -35,6 +37,7 @@ pub mod instructions;
 pub mod lane;
 pub mod policy;
 pub mod python;
+pub mod skills;
 pub mod source;
 pub mod supervise;
 pub mod turns;

@@ -24,10 +24,14 @@ pub fn interpreter() -> OsString {
 pub const PROFILE_ENV: &str = "CONTRACT_WORKER_PROFILE";
 
 /// Replaces this process with the Python worker (`different`: with the profile that
-/// makes the spec's free choices otherwise). Returns only when the exec failed.
-pub fn exec(different: bool) -> std::io::Error {
+/// makes the spec's free choices otherwise; `skills`: the materialized skills set, passed
+/// on as `--skills <path>`). Returns only when the exec failed.
+pub fn exec(different: bool, skills: Option<&std::path::Path>) -> std::io::Error {
     let mut command = Command::new(interpreter());
     command.arg("-B").arg("-c").arg(SOURCE);
+    if let Some(path) = skills {
+        command.arg(super::skills::set::SKILLS_ARG).arg(path);
+    }
     if different {
         command.env(PROFILE_ENV, "different");
     } else {

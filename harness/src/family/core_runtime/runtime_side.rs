@@ -88,12 +88,7 @@ pub async fn start(
 ) -> Result<Started<ScriptedCorePeer>, String> {
     let run_dir = RunDir::new().map_err(|e| e.to_string())?;
     if let Some(seed) = &scenario.config.workspace {
-        run_dir
-            .seed_workspace(seed.files.iter(), seed.dirs.iter())
-            .map_err(|e| e.to_string())?;
-        run_dir
-            .seed_generated(&seed.generated)
-            .map_err(|e| e.to_string())?;
+        run_dir.seed(seed).map_err(|e| e.to_string())?;
     }
     let config = launch_config_for(&opts.features, scenario.config.runtime.as_ref());
     let config_text = serde_json::to_string_pretty(&config).map_err(|e| e.to_string())?;

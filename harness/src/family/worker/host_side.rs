@@ -11,12 +11,18 @@
 //! | step | what the harness does |
 //! |---|---|
 //! | `native: {op: args}` | one control request; `expect:` matches its result |
-//! | `launch: {role, token, revision}` | awaits the host's next worker launch, checks its private directory (no group/other access) and socket (a socket, no group/other access, path within the address bound), a fresh token, the role; dials the socket; binds `token` (default `$token`) and, for `revision`, the snapshot's source identity |
+//! | `launch: {role, token, revision, skills}` | awaits the host's next worker launch, checks its private directory (no group/other access) and socket (a socket, no group/other access, path within the address bound), a fresh token, the role; dials the socket; binds `token` (default `$token`) and, for `revision`, the snapshot's source identity; with `skills` (a pattern), the launch must carry `--skills <path>`, a regular file of this user's beside the socket with no group/other access, whose JSON matches the pattern (a launch without `--skills` is matched as `null`: `skills: null` requires none) |
 //! | `worker:` | sent as that worker: `hello` to the launched worker that has not said hello, `completed`/`host_request` to the worker whose operation or execution it names, else the last worker the host spoke to; the envelope carries that worker's `session_id`/`generation` |
 //! | `host:` | the next frame of any worker the host runs (its envelope identity checked against that worker's launch environment) |
 //! | `send_bytes` | raw to the last worker the host spoke to |
 //! | `half_close` | ends that worker's write side; `disconnect`: that worker process exits (it dies) |
 //! | `crash` | SIGKILL of the host's process group, then the same launch again (same working directory, so the same data); the control channel reconnects, workers of the new host connect back through the same relay listener |
+//! | `write_workspace: {files, dirs, generated, symlinks}` | written into the host's workspace now (its skill roots: "Skills") |
+//!
+//! The host is given the run's workspace (`config.workspace` seeded into it first):
+//! `CONTRACT_WORKSPACE` names it, `KLBR_SKILLS_DIR` its `skills/` (the builtin skill root)
+//! and `CONTRACT_HOST_DATA_DIR` its `data/` (the host's data directory, so the managed
+//! skill root `data/skills/` is seeded the same way).
 //!
 //! The end of a connection is an event only for the worker the harness last spoke with
 //! (sent to or heard from); the end of another one (a retired hook generation the host
@@ -50,6 +56,16 @@ const CHANNEL: u32 = 1;
 /// Bound of one relay write.
 const RELAY_SEND_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// The builtin skill root under the workspace (`KLBR_SKILLS_DIR`, "Skills").
+const BUILTIN_SKILLS: &str = "skills";
+
+/// The host's data directory under the workspace (`CONTRACT_HOST_DATA_DIR`; its
+/// `skills/` is the managed root, "Skills").
+const HOST_DATA: &str = "data";
+
+/// The argument that passes a workbench its materialized skills set ("Skills").
+const SKILLS_ARG: &str = "--skills";
+
 /// What the relay tasks report.
 enum Inbound {
     /// A worker the host started connected back.
@@ -66,6 +82,8 @@ enum Inbound {
 struct WorkerConn {
     tx: mpsc::Sender<RelayMsg>,
     env: HashMap<String, String>,
+    /// The launched process's arguments.
+    argv: Vec<String>,
     decoder: FrameDecoder,
     /// `Some(Ok)`: the socket is connected; `Some(Err)`: dialling failed.
     opened: Option<Result<(), String>>,
@@ -164,6 +182,10 @@ pub async fn start(
 ) -> Result<Started<ScriptedWorkerPeer>, String> {
     let run_dir = RunDir::new().map_err(|e| e.to_string())?;
     let prebound = write_snapshots(scenario, &run_dir)?;
+    if let Some(seed) = &scenario.config.workspace {
+        run_dir.seed(seed).map_err(|e| e.to_string())?;
+    }
+    let workspace = run_dir.workspace();
     let relay_path = run_dir.path().join("relay.sock");
     let relays = RelayListener::bind(&relay_path).map_err(|e| e.to_string())?;
     let exe = match &opts.peer_exe {
@@ -187,6 +209,18 @@ pub async fn start(
             (
                 contract_impl::worker::controlled::PROGRAM_ENV.to_string(),
                 program.to_string(),
+            ),
+            (
+                "CONTRACT_WORKSPACE".to_string(),
+                workspace.display().to_string(),
+            ),
+            (
+                "KLBR_SKILLS_DIR".to_string(),
+                workspace.join(BUILTIN_SKILLS).display().to_string(),
+            ),
+            (
+                "CONTRACT_HOST_DATA_DIR".to_string(),
+                workspace.join(HOST_DATA).display().to_string(),
             ),
         ],
         cwd: run_dir.cwd(),
@@ -315,6 +349,7 @@ impl ScriptedWorkerPeer {
                 self.conns.push(WorkerConn {
                     tx,
                     env,
+                    argv: hello.argv,
                     decoder: FrameDecoder::new(FRAME_MAX_BYTES),
                     opened: None,
                     ended: false,
@@ -611,6 +646,27 @@ impl ScriptedWorkerPeer {
                 .map_err(|e| fail::bind(e, "the launch"))
         };
         bind(run, "token", "token", Value::String(token))?;
+        if let Some(pattern) = args.get("skills") {
+            // A launch without `--skills` is matched as `null` (`skills: null`: no set).
+            let set = skills_set(&self.conns[idx].argv, &socket)?;
+            let value = set.clone().unwrap_or(Value::Null);
+            crate::matcher::match_frame(pattern, &value, &mut run.bindings).map_err(|m| {
+                let e = fail::mismatch(match &set {
+                    Some(set) => format!(
+                        "the materialized skills set does not match: {m}\n  set: {}",
+                        crate::drive::show(set)
+                    ),
+                    None => format!(
+                        "the host launched the workbench without `{SKILLS_ARG} <path>` (arguments: {:?}): {m}",
+                        self.conns[idx].argv
+                    ),
+                });
+                match &m.reference {
+                    Some(requirement) => e.in_reference(requirement),
+                    None => e,
+                }
+            })?;
+        }
         if args.contains_key("revision") {
             let dir = hooks_dir.ok_or_else(|| {
                 fail::mismatch(
@@ -655,6 +711,54 @@ impl ScriptedWorkerPeer {
         }
         Ok(())
     }
+}
+
+/// The skills set a launch was given ("A local spawn also materializes the whole validated
+/// set beside the control socket and passes it as `--skills <path>`"): the file after
+/// `--skills` in `argv`, a regular file of this user's in the socket's directory with no
+/// group or other access, read as JSON (the worker reads it before it connects, so it is
+/// there now); `None` when the launch carries no `--skills`.
+fn skills_set(argv: &[String], socket: &Path) -> StepResult<Option<Value>> {
+    let Some(at) = argv.iter().position(|a| a == SKILLS_ARG) else {
+        return Ok(None);
+    };
+    let path = argv.get(at + 1).map(PathBuf::from).ok_or_else(|| {
+        fail::mismatch(format!(
+            "the host launched the workbench with `{SKILLS_ARG}` and no path (arguments: {argv:?})"
+        ))
+    })?;
+    if path.parent() != socket.parent() {
+        return Err(fail::mismatch(format!(
+            "the skills set {} is not beside the socket {}",
+            path.display(),
+            socket.display()
+        )));
+    }
+    let meta = std::fs::symlink_metadata(&path)
+        .map_err(|e| fail::mismatch(format!("the skills set {}: {e}", path.display())))?;
+    let mode = meta.permissions().mode() & 0o777;
+    if !meta.is_file() || meta.uid() != nix::unistd::getuid().as_raw() || mode & 0o077 != 0 {
+        return Err(fail::mismatch(format!(
+            "the skills set {} is not a private regular file (mode {mode:03o})",
+            path.display()
+        )));
+    }
+    let bytes = std::fs::read(&path)
+        .map_err(|e| fail::mismatch(format!("the skills set {}: {e}", path.display())))?;
+    let set = contract_impl::wire::parse_strict_with_nulls(&bytes).map_err(|e| {
+        fail::mismatch(format!(
+            "the skills set {} is not JSON: {e}",
+            path.display()
+        ))
+    })?;
+    if set.is_null() {
+        // `null` stands for "no set" in a `skills:` pattern.
+        return Err(fail::mismatch(format!(
+            "the skills set {} is JSON `null`",
+            path.display()
+        )));
+    }
+    Ok(Some(set))
 }
 
 fn not_connected(what: &str) -> StepError {
@@ -820,6 +924,10 @@ impl Peer for ScriptedWorkerPeer {
                 self.launch(run, args).await
             }
             Step::WorkerStdio { args } => self.stdio(args).await,
+            Step::WriteWorkspace(seed) => self
+                .run_dir
+                .seed(seed)
+                .map_err(|e| fail::scenario(e.to_string())),
             other => Err(fail::unsupported(format!(
                 "`{}` is not a step of the worker family",
                 other.keyword()

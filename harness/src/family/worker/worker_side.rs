@@ -12,11 +12,17 @@
 //! | `half_close` / end of run | the harness closes its write side (the worker reads the end of the stream) |
 //! | `native:` / `launch:` | nothing: they are the host's actions, and the harness is the host |
 //!
+//! With `config.worker.skills` (a JSON value: the skills set a host materialized,
+//! "Skills"), the harness writes it to a private file (0600) beside the socket and appends
+//! `--skills <path>` to the target's command; it removes the file as soon as the worker
+//! connected ("The worker reads it before it connects, so the payload file cannot outlive
+//! the handshake").
+//!
 //! The startup token is bound as `$token` before the first step. The socket, token and
 //! environment are the host's choices of our reference; the spec fixes only that the
 //! socket is private and the token binds the subprocess ("Transport and bounds").
 
-use std::os::unix::fs::PermissionsExt;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -97,21 +103,39 @@ impl Connection for FramedLink {
 /// Hook source files: relative path and content.
 type SourceFiles = Vec<(String, String)>;
 
-/// Settings of `config.worker`: `role` (`workbench`, default, or `hooks`) and `hooks`
-/// (`{files: {relative path: content}}`, the hook source snapshot).
-fn worker_config(scenario: &Scenario) -> Result<(String, Option<SourceFiles>), String> {
+/// Settings of `config.worker`.
+struct WorkerConfig {
+    /// `workbench` (default) or `hooks`.
+    role: String,
+    /// The hook source snapshot.
+    hooks: Option<SourceFiles>,
+    /// The materialized skills set, written as JSON.
+    skills: Option<Value>,
+}
+
+/// Settings of `config.worker`: `role` (`workbench`, default, or `hooks`), `hooks`
+/// (`{files: {relative path: content}}`, the hook source snapshot) and `skills` (the
+/// skills set file's JSON).
+fn worker_config(scenario: &Scenario) -> Result<WorkerConfig, String> {
+    if scenario.config.workspace.is_some() {
+        return Err("config.workspace is a setting of side host (the host's skill roots)".into());
+    }
     let Some(config) = &scenario.config.worker else {
-        return Ok(("workbench".into(), None));
+        return Ok(WorkerConfig {
+            role: "workbench".into(),
+            hooks: None,
+            skills: None,
+        });
     };
     let Value::Object(map) = config else {
         return Err("config.worker must be a mapping".into());
     };
     if let Some(key) = map
         .keys()
-        .find(|k| !["role", "hooks"].contains(&k.as_str()))
+        .find(|k| !["role", "hooks", "skills"].contains(&k.as_str()))
     {
         return Err(format!(
-            "config.worker: unknown key `{key}` (keys: role, hooks)"
+            "config.worker: unknown key `{key}` (keys: role, hooks, skills)"
         ));
     }
     let role = match map.get("role") {
@@ -145,7 +169,11 @@ fn worker_config(scenario: &Scenario) -> Result<(String, Option<SourceFiles>), S
             ));
         }
     };
-    Ok((role, hooks))
+    Ok(WorkerConfig {
+        role,
+        hooks,
+        skills: map.get("skills").cloned(),
+    })
 }
 
 /// Prepares the private directory and socket, launches the worker and accepts its
@@ -159,7 +187,11 @@ pub async fn start(
     opts: &DriveOptions,
     exit_allowed: bool,
 ) -> Result<Started<ScriptedHostPeer>, String> {
-    let (role, hooks) = worker_config(scenario)?;
+    let WorkerConfig {
+        role,
+        hooks,
+        skills,
+    } = worker_config(scenario)?;
     let run_dir = RunDir::new().map_err(|e| e.to_string())?;
     let socket = run_dir.path().join("worker.sock");
     check_socket_path(&socket).map_err(|e| e.to_string())?;
@@ -199,8 +231,28 @@ pub async fn start(
             dir.display().to_string(),
         ));
     }
+    let mut command = opts.target_cmd.clone();
+    let skills_file = match skills {
+        Some(set) => {
+            let path = run_dir.path().join("skills.json");
+            let mut file = std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .open(&path)
+                .map_err(|e| format!("{}: {e}", path.display()))?;
+            std::io::Write::write_all(&mut file, set.to_string().as_bytes())
+                .map_err(|e| format!("{}: {e}", path.display()))?;
+            command.push_str(&format!(
+                " --skills {}",
+                shell_words::quote(&path.display().to_string())
+            ));
+            Some(path)
+        }
+        None => None,
+    };
     let spec = LaunchSpec {
-        command: opts.target_cmd.clone(),
+        command,
         env,
         cwd: run_dir.cwd(),
         secret: String::new(),
@@ -224,6 +276,10 @@ pub async fn start(
             .await
             .map(Startup::Ready)
     };
+    if let Some(path) = skills_file {
+        // Read before the worker connected: nothing may need it from here on.
+        let _ = std::fs::remove_file(path);
+    }
     let conn = match started {
         Ok(Startup::Ready(conn)) => Some(conn),
         Ok(Startup::Exited(_)) => None,

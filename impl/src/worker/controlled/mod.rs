@@ -16,14 +16,18 @@
 //! * A data directory whose epoch names a revision (a restart) starts that revision's
 //!   hook worker while the host says hello; the first request applies once it is up (or
 //!   failed), so requests never race it.
+//! * Its skill roots ([`super::skills::SkillRoots`]): builtin from `KLBR_SKILLS_DIR`, else
+//!   `<workspace>/skills` (`--workspace`/`CONTRACT_WORKSPACE`, default the working
+//!   directory); managed `<data>/skills` (`--data-dir`/`CONTRACT_HOST_DATA_DIR`), created
+//!   at start. Each workbench is given the index scanned when it starts.
 //! * SIGTERM or the end of the control channel stops every worker (a running cell is
 //!   stopped hard) and ends the process.
 //!
 //! The framing, the request checks, the outcome registry and `await` are the shared
 //! [`crate::control`]'s. This module owns the mapping of the host's operations (the
 //! private `ops` module) onto [`super::host`], [`super::policy`], [`super::activation`],
-//! [`super::lane`] and [`super::instructions`] (the private `instructions` module); it
-//! never speaks the worker wire itself.
+//! [`super::lane`], [`super::skills`] and [`super::instructions`] (the private
+//! `instructions` module); it never speaks the worker wire itself.
 
 mod instructions;
 mod ops;
@@ -39,6 +43,7 @@ use super::activation::Policies;
 use super::host::{CellRecord, Choices};
 use super::lane::OperatorLane;
 use super::policy::INVOKE_BUDGET;
+use super::skills::SkillRoots;
 use super::turns::TurnBoundary;
 pub use crate::control::{AWAIT_MAX, AWAITS_MAX, CONTROL_LINE_MAX_BYTES, OUTCOMES_MAX};
 use ops::Host;
@@ -76,11 +81,14 @@ pub fn program_from_env() -> Result<Vec<OsString>, String> {
 /// Runs the controlled host until the control channel ends or SIGTERM; stops every
 /// worker before it returns. Returns the process exit code (0; 2 when it cannot start).
 ///
+/// `data_dir` holds the activation epoch, the operator lane and the managed skills;
+/// `workspace` is where the builtin skills default to (`<workspace>/skills`).
+///
 /// `different`: the host makes every choice the spec leaves free otherwise
 /// ([`Choices::DIFFERENT`], another session and generation naming, other outcome codes,
 /// another wake priority of its own plans), for the vendor-mode trial of the suite.
-pub async fn run(data_dir: &Path, different: bool) -> i32 {
-    match serve(data_dir, different).await {
+pub async fn run(data_dir: &Path, workspace: &Path, different: bool) -> i32 {
+    match serve(data_dir, workspace, different).await {
         Ok(()) => 0,
         Err(e) => {
             eprintln!("contract-impl worker host: {e}");
@@ -89,7 +97,7 @@ pub async fn run(data_dir: &Path, different: bool) -> i32 {
     }
 }
 
-async fn serve(data_dir: &Path, different: bool) -> Result<(), String> {
+async fn serve(data_dir: &Path, workspace: &Path, different: bool) -> Result<(), String> {
     let socket = std::env::var(CONTROL_ENV).map_err(|_| format!("{CONTROL_ENV} is not set"))?;
     let program = program_from_env()?;
     let choices = if different {
@@ -100,6 +108,8 @@ async fn serve(data_dir: &Path, different: bool) -> Result<(), String> {
     let policies = Policies::open_idle(data_dir, program.clone(), INVOKE_BUDGET, choices)
         .map_err(|e| e.to_string())?;
     let lane = OperatorLane::open(data_dir)?;
+    let skills = SkillRoots::resolve(workspace, data_dir);
+    skills.prepare()?;
     let turns = TurnBoundary::open(data_dir)?;
     let instructions =
         instructions::Instructions::open(data_dir, ops::session(different).as_str())?;
@@ -107,6 +117,7 @@ async fn serve(data_dir: &Path, different: bool) -> Result<(), String> {
         program,
         Arc::new(policies),
         Arc::new(lane),
+        skills,
         Arc::new(turns),
         Arc::new(instructions),
         different,

@@ -28,6 +28,7 @@ use crate::worker::host::{
 };
 use crate::worker::lane::OperatorLane;
 use crate::worker::policy::Policy;
+use crate::worker::skills::{SkillIndex, SkillRequests, SkillRoots};
 use crate::worker::turns::TurnBoundary;
 use crate::worker::wire::Identifier;
 
@@ -52,6 +53,8 @@ pub(super) struct Host {
     program: Vec<OsString>,
     policies: Arc<Policies>,
     lane: Arc<OperatorLane>,
+    /// The skill roots each workbench's index is scanned from when it starts.
+    skills: SkillRoots,
     turns: Arc<TurnBoundary>,
     instructions: Arc<Instructions>,
     workbench: Arc<Mutex<Option<Worker>>>,
@@ -275,6 +278,7 @@ impl Host {
         program: Vec<OsString>,
         policies: Arc<Policies>,
         lane: Arc<OperatorLane>,
+        skills: SkillRoots,
         turns: Arc<TurnBoundary>,
         instructions: Arc<Instructions>,
         different: bool,
@@ -283,6 +287,7 @@ impl Host {
             program,
             policies,
             lane,
+            skills,
             turns,
             instructions,
             workbench: Arc::new(Mutex::new(None)),
@@ -341,6 +346,13 @@ impl Host {
             config.handshake_timeout = t.handshake;
             config.send_timeout = t.send;
         }
+        // The index of this generation: what it is given, and what `skills.index` and
+        // `skills.load` answer for its whole life.
+        let roots = self.skills.clone();
+        config.skills = tokio::task::spawn_blocking(move || SkillIndex::scan(&roots))
+            .await
+            .ok()
+            .map(Arc::new);
         let mut slot = self.workbench.lock().await;
         match Worker::spawn(config).await {
             Ok(worker) => {
@@ -389,7 +401,7 @@ impl Host {
                 return json!({"error": {"code": outcome_code(self.different, "store_failed"), "message": e}});
             }
         };
-        let mut services = Services {
+        let services = Services {
             policy,
             lane: self.lane.clone(),
             crash_after_commit: self.crash_after_commit.load(Ordering::SeqCst),
@@ -397,9 +409,10 @@ impl Host {
             session: session.as_str().to_string(),
             generation: worker.generation().as_str().to_string(),
         };
+        let mut rest = SkillRequests::new(worker.skills(), services);
         let mut services = Serving {
             instructions: self.instructions.clone(),
-            rest: &mut services,
+            rest: &mut rest,
         };
         match worker.execute_as(Some(id), &code, &mut services).await {
             Ok(record) => record_json(&record),

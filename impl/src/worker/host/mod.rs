@@ -37,6 +37,8 @@ use tokio::net::UnixListener;
 use tokio::process::{Child, Command};
 use tokio::sync::Notify;
 
+use super::skills::SkillIndex;
+use super::skills::set::{SKILLS_ARG, materialize};
 use super::wire::frame::encode_frame;
 use super::wire::limits::{DIAGNOSTIC_TAIL_BYTES, SOCKET_PATH_MAX_BYTES};
 use super::wire::{
@@ -160,6 +162,10 @@ pub struct HostConfig {
     pub send_timeout: Duration,
     /// The host's free choices: operation IDs and refusal codes.
     pub choices: Choices,
+    /// The skills a workbench is given ("Skills"): when the set holds a skill it is
+    /// materialized beside the socket, passed as `--skills <path>`, its revision is the one
+    /// the hello must echo, and the file is removed once the handshake is done.
+    pub skills: Option<Arc<SkillIndex>>,
 }
 
 /// What the spec leaves to the host: how it names operations and refuses requests.
@@ -215,6 +221,7 @@ impl HostConfig {
             interrupt_grace: INTERRUPT_GRACE,
             send_timeout: SEND_TIMEOUT,
             choices: Choices::REFERENCE,
+            skills: None,
         }
     }
 
@@ -349,7 +356,8 @@ pub struct Worker {
     next_op: u64,
     valid: bool,
     interrupts: Interrupts,
-    /// The hooks revision the worker announced.
+    /// The revision the worker announced: its hook snapshot's source identity, or the
+    /// revision of the skills set a workbench was given.
     pub revision: Option<String>,
 }
 
@@ -635,11 +643,19 @@ impl Worker {
             (Role::Hooks, None) => {
                 return Err(HostError::Snapshot("a hook worker needs a snapshot".into()));
             }
-            _ => None,
+            (Role::Workbench, _) => config.skills.as_ref().and_then(|s| s.loaded_revision()),
         };
         let dir = private_dir()?;
         let socket = dir.0.join("worker.sock");
         let listener = bind_private(&socket)?;
+        // "The worker reads it before it connects, so the payload file cannot outlive the
+        // handshake": written beside the socket, removed once the hello is accepted.
+        let skills_file = match (&config.role, &config.skills) {
+            (Role::Workbench, Some(index)) if !index.skills.is_empty() => {
+                Some(materialize(index, &dir.0).map_err(HostError::Setup)?)
+            }
+            _ => None,
+        };
         let watch_path = dir.0.join("watch.sock");
         let watch_listener = bind_private(&watch_path)?;
         let token = format!("tok-{}", uuid::Uuid::new_v4().simple());
@@ -653,6 +669,11 @@ impl Worker {
             .arg("supervise")
             .arg("--")
             .args(&config.program)
+            .args(
+                skills_file
+                    .iter()
+                    .flat_map(|path| [SKILLS_ARG.as_ref(), path.as_os_str()]),
+            )
             .env(super::supervise::WATCH_ENV, &watch_path)
             .env("CONTRACT_WORKER_SOCKET", &socket)
             .env("CONTRACT_WORKER_TOKEN", &token)
@@ -779,6 +800,11 @@ impl Worker {
                     return Err(HostError::Handshake(problem));
                 }
                 worker.revision = revision.0;
+                if let Some(path) = skills_file {
+                    // The worker read it before it connected; the private directory goes
+                    // with the generation in any case.
+                    let _ = std::fs::remove_file(path);
+                }
                 Ok(worker)
             }
             other => {
@@ -808,6 +834,11 @@ impl Worker {
             stderr: self.stderr.clone(),
             flushers: self.flushers.clone(),
         }
+    }
+
+    /// The skills this generation was given (`None`: none were offered to it).
+    pub fn skills(&self) -> Option<Arc<SkillIndex>> {
+        self.config.skills.clone()
     }
 
     /// The generation's identifier.

@@ -9,6 +9,10 @@ Standard library only. The host starts it with (docs/worker-launch-contract.md):
   CONTRACT_WORKER_ROLE        `workbench` (default) or `hooks`
   CONTRACT_WORKER_HOOKS_DIR   (hooks) the source snapshot holding behavior.json
 
+and, for a workbench given skills, the argument `--skills PATH`: the validated set the host
+materialized ("Skills"), read before the worker connects; each id is then importable as
+`klbr.skills.<id>` and `hello` echoes the set's revision.
+
 Frames are a 4-byte big-endian length (1..1,048,576) and UTF-8 JSON. Decoding is strict:
 duplicate keys at any depth, NaN/Infinity, unknown fields, missing fields, identity
 mismatches and bad identifiers are refused; a refused frame, a bad length or EOF inside a
@@ -16,7 +20,7 @@ frame invalidates the connection: the worker says why on stderr (`invalid frame:
 and exits with status 3, never resuming after a partial payload.
 
 Exit statuses: 0 after `shutdown` (or the host closing the socket between frames), 2 for a
-launch problem (environment, hook sources), 3 for an invalidated connection.
+launch problem (environment, hook sources, skills set), 3 for an invalidated connection.
 """
 
 import ast
@@ -25,9 +29,11 @@ import contextvars
 import dataclasses
 import hashlib
 import importlib
+import importlib.machinery
 import inspect
 import io
 import json
+import keyword
 import math
 import os
 import re
@@ -50,6 +56,8 @@ SOURCE_FILES_MAX = 128
 SOURCE_BYTES_MAX = 2 * 1024 * 1024
 SOURCE_SUFFIXES = (".py", ".json", ".md")
 MANIFEST = "behavior.json"
+SKILL_ID_RE = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,127}")
+SKILLS_SET_VERSION = 1
 WAIT_SECONDS_MAX = 600.0
 DEFER_SECONDS_MAX = 600.0
 
@@ -818,6 +826,61 @@ def decision(slot, value):
     raise ValueError(f"{slot} returned {value!r}, not one of its decisions")
 
 
+# ---------------------------------------------------------------- skills
+
+
+def skills_revision(skills):
+    """SHA-256 fed, per skill in id order, u64BE id length, id, u64BE body length, body."""
+    digest = hashlib.sha256()
+    for skill_id, body in skills:
+        for part in (skill_id.encode("utf-8"), body.encode("utf-8")):
+            digest.update(struct.pack(">Q", len(part)) + part)
+    return digest.hexdigest()
+
+
+class Skills:
+    """The set of `--skills PATH` (`{"version": 1, "revision", "skills": [{"id", "digest",
+    "body"}]}`), checked whole: ids in order, once each, importable; every digest and the
+    revision recomputed. `klbr.skills.<id>` is then a synthetic module whose `__doc__` is
+    the body (`find_spec`: last on sys.meta_path, so a real package of that name wins)."""
+
+    def __init__(self, path):
+        with open(path, "rb") as f:
+            data = parse_json(f.read())
+        if not isinstance(data, dict) or set(data) != {"version", "revision", "skills"} \
+                or data["version"] != SKILLS_SET_VERSION or not isinstance(data["skills"], list):
+            raise ValueError("not {\"version\":1,\"revision\",\"skills\":[...]}")
+        self.bodies = {}
+        for skill in data["skills"]:
+            if not isinstance(skill, dict) or set(skill) != {"id", "digest", "body"} \
+                    or not all(isinstance(v, str) for v in skill.values()):
+                raise ValueError("a skill is not {\"id\",\"digest\",\"body\"}")
+            skill_id, body = skill["id"], skill["body"]
+            if not SKILL_ID_RE.fullmatch(skill_id) or keyword.iskeyword(skill_id):
+                raise ValueError(f"{skill_id!r} is not a skill id")
+            if self.bodies and skill_id <= list(self.bodies)[-1]:
+                raise ValueError(f"{skill_id!r} is out of order or repeated")
+            if hashlib.sha256(body.encode("utf-8")).hexdigest() != skill["digest"]:
+                raise ValueError(f"the body of {skill_id!r} does not have its digest")
+            self.bodies[skill_id] = body
+        self.revision = skills_revision(self.bodies.items())
+        if data["revision"] != self.revision:
+            raise ValueError("the set does not have its revision")
+
+    def find_spec(self, name, path=None, target=None):
+        if name in ("klbr", "klbr.skills"):
+            return importlib.machinery.ModuleSpec(name, self, is_package=True)
+        if name.startswith("klbr.skills.") and name[len("klbr.skills."):] in self.bodies:
+            return importlib.machinery.ModuleSpec(name, self)
+        return None
+
+    def create_module(self, spec):
+        return None
+
+    def exec_module(self, module):
+        module.__doc__ = self.bodies.get(module.__name__[len("klbr.skills."):])
+
+
 # ---------------------------------------------------------------- main
 
 
@@ -855,6 +918,18 @@ async def amain():
     if role not in ("workbench", "hooks"):
         log(f"unknown role {role!r}")
         return EXIT_LAUNCH
+    args = sys.argv[1:]
+    skills = None
+    if args:
+        if len(args) != 2 or args[0] != "--skills" or role != "workbench":
+            log(f"unknown arguments {args!r} (a workbench takes --skills PATH)")
+            return EXIT_LAUNCH
+        try:
+            skills = Skills(args[1])
+        except BaseException as e:
+            log(f"skills set refused: {type(e).__name__}: {e}")
+            return EXIT_LAUNCH
+        sys.meta_path.append(skills)
     hooks = None
     if role == "hooks":
         try:
@@ -872,7 +947,7 @@ async def amain():
     worker = Worker(sock, session_id, generation)
     worker.hooks = hooks
     await worker.send({"kind": "hello", "token": token, "role": role,
-                       "revision": hooks.revision if hooks else None,
+                       "revision": hooks.revision if hooks else skills.revision if skills else None,
                        "slots": SLOTS if hooks else []})
     try:
         status = await worker.serve()

@@ -68,7 +68,10 @@ pub enum Message {
         token: Identifier,
         /// The worker's role.
         role: Role,
-        /// The hook source revision (SHA-256 hex); `null` for a workbench.
+        /// The hook source revision (SHA-256 hex); for a workbench, the revision of the
+        /// skills set it was started with ("Skills": it "echoes the set's revision in
+        /// `hello`"), `null` when it was started without one (our reading of "null for
+        /// workbench", `WK-SKILL-016`).
         revision: Nullable<String>,
         /// The slots the worker implements.
         slots: Vec<Slot>,
@@ -438,9 +441,10 @@ pub fn check_bounds(message: &Message) -> Result<(), WorkerWireError> {
             slots,
             ..
         } => match role {
-            Role::Workbench if revision.as_ref().is_some() || !slots.is_empty() => bound(
-                "a workbench hello has revision null and no slots".into(),
-            ),
+            // A workbench's revision is its skills set's, or null ("Skills").
+            Role::Workbench if !slots.is_empty() => {
+                bound("a workbench hello has no slots".into())
+            }
             Role::Hooks if revision.as_ref().is_none() || slots.as_slice() != Slot::ALL => bound(
                 "a hooks hello has a revision and exactly the slots attention.plan, delivery.review"
                     .into(),

@@ -40,13 +40,17 @@ fn hello_per_role() {
         json!({"kind": "hello", "token": "t0k", "role": "workbench", "revision": null, "slots": []}),
     );
     assert!(decode_envelope(&wb, Some(&WORKER)).is_ok());
+    // A workbench started with a skills set echoes its revision ("Skills").
+    let skilled = frame(
+        json!({"kind": "hello", "token": "t0k", "role": "workbench", "revision": "abc", "slots": []}),
+    );
+    assert!(decode_envelope(&skilled, Some(&WORKER)).is_ok());
     let hooks = frame(
         json!({"kind": "hello", "token": "t0k", "role": "hooks", "revision": "abc",
                               "slots": ["attention.plan", "delivery.review"]}),
     );
     assert!(decode_envelope(&hooks, Some(&WORKER)).is_ok());
     for bad in [
-        json!({"kind": "hello", "token": "t0k", "role": "workbench", "revision": "abc", "slots": []}),
         json!({"kind": "hello", "token": "t0k", "role": "workbench", "revision": null, "slots": ["attention.plan"]}),
         json!({"kind": "hello", "token": "t0k", "role": "hooks", "revision": null, "slots": ["attention.plan", "delivery.review"]}),
         json!({"kind": "hello", "token": "t0k", "role": "hooks", "revision": "abc", "slots": ["delivery.review"]}),
