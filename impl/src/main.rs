@@ -11,7 +11,7 @@
 //! contract-impl worker python              (see docs/worker-launch-contract.md)
 //! contract-impl worker run [--file CELLS] [--json] [-- PROGRAM…]
 //! contract-impl worker supervise -- PROGRAM…
-//! contract-impl worker host [--data-dir DIR]   (see docs/worker-host-control.md)
+//! contract-impl worker host [--data-dir DIR] [--workspace DIR]   (see docs/worker-host-control.md)
 //! contract-impl engine serve --socket PATH --data-dir DIR
 //! contract-impl engine initialize|health --socket PATH --token-file FILE [--json]
 //! contract-impl engine controlled        (see docs/engine-client-control.md)
@@ -166,6 +166,10 @@ enum WorkerCommand {
         /// Where the activation epoch and the operator lane live (made 0700).
         #[arg(long, default_value = "worker-host-data")]
         data_dir: PathBuf,
+        /// The workspace of the cells' source work (`workspace.run`; made 0700 when
+        /// missing); default `workspace` under the data directory.
+        #[arg(long)]
+        workspace: Option<PathBuf>,
         /// `different`: every choice the spec leaves free made otherwise (operation IDs,
         /// codes, session and generation names), for vendor-mode trials.
         #[arg(long, value_enum, default_value_t = WireProfileArg::Reference)]
@@ -308,8 +312,17 @@ fn main() -> ExitCode {
         Command::Engine(args) => contract_impl::engine::cli::run(args),
         Command::Plugin(args) => contract_impl::plugin::cli::run(args),
         Command::Worker {
-            what: WorkerCommand::Host { data_dir, profile },
-        } => worker_host(&data_dir, matches!(profile, WireProfileArg::Different)),
+            what:
+                WorkerCommand::Host {
+                    data_dir,
+                    workspace,
+                    profile,
+                },
+        } => worker_host(
+            &data_dir,
+            workspace.as_deref(),
+            matches!(profile, WireProfileArg::Different),
+        ),
         Command::Worker {
             what: WorkerCommand::Python { profile },
         } => {
@@ -335,7 +348,11 @@ fn async_runtime() -> Result<tokio::runtime::Runtime, ExitCode> {
 }
 
 /// `worker host`: the controlled host until its control channel ends or SIGTERM.
-fn worker_host(data_dir: &std::path::Path, different: bool) -> ExitCode {
+fn worker_host(
+    data_dir: &std::path::Path,
+    workspace: Option<&std::path::Path>,
+    different: bool,
+) -> ExitCode {
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt,
         Err(e) => {
@@ -343,7 +360,9 @@ fn worker_host(data_dir: &std::path::Path, different: bool) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let code = runtime.block_on(contract_impl::worker::controlled::run(data_dir, different));
+    let code = runtime.block_on(contract_impl::worker::controlled::run(
+        data_dir, workspace, different,
+    ));
     ExitCode::from(u8::try_from(code).unwrap_or(1))
 }
 

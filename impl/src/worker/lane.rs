@@ -6,8 +6,10 @@
 //!
 //! One SQLite table keyed by the effect ID (which the caller derives from the
 //! generation, execution and request identity): a receipt is written once, in the same
-//! transaction as its event, and read back on a retry. This module never reviews a send
-//! (that is [`super::policy`]'s) and never delivers one anywhere else.
+//! transaction as its event, and read back on a retry; an event is read back by its ID
+//! for `evidence.resolve` ([`OperatorLane::event`]). This module never reviews a send
+//! (that is [`super::policy`]'s), never delivers one anywhere else and never changes or
+//! deletes an event once written.
 
 use std::path::Path;
 use std::sync::Mutex;
@@ -37,6 +39,17 @@ pub enum ReceiptStatus {
     /// Not sent ("Held is not approval, queue-success or proof anyone received the
     /// message").
     Held,
+}
+
+/// One durable operator-lane event, as `evidence.resolve` reads it back.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct LaneEvent {
+    /// The event's ID (`event:<event_id>` names it).
+    pub event_id: u64,
+    /// The effect whose confirmed send wrote it.
+    pub effect_id: String,
+    /// The text sent, exactly as it arrived.
+    pub text: String,
 }
 
 /// The lane's database (in the host's data directory, beside the activation epoch).
@@ -92,6 +105,31 @@ impl OperatorLane {
                     },
                     event_id: event.map(|e| e as u64),
                     reason,
+                })
+            },
+        )
+        .optional()
+        .map_err(|e| e.to_string())
+    }
+
+    /// The durable event `event_id`, if the lane holds one (an ID past `i64::MAX`, which
+    /// SQLite cannot hold, is none).
+    ///
+    /// # Errors
+    /// The SQLite error, as text.
+    pub fn event(&self, event_id: u64) -> Result<Option<LaneEvent>, String> {
+        let Ok(key) = i64::try_from(event_id) else {
+            return Ok(None);
+        };
+        let conn = self.conn.lock().map_err(|_| "poisoned".to_string())?;
+        conn.query_row(
+            "SELECT effect_id, text FROM operator_events WHERE event_id = ?1",
+            params![key],
+            |row| {
+                Ok(LaneEvent {
+                    event_id,
+                    effect_id: row.get(0)?,
+                    text: row.get(1)?,
                 })
             },
         )
@@ -156,5 +194,26 @@ mod tests {
             (held.status, held.event_id, held.reason.as_deref()),
             (ReceiptStatus::Held, None, Some("policy"))
         );
+    }
+
+    #[test]
+    fn events_are_read_back_by_id_and_a_held_send_has_none() {
+        let dir = tempfile::tempdir().unwrap();
+        let lane = OperatorLane::open(dir.path()).unwrap();
+        lane.record("g.c1.r1", "first", None).unwrap();
+        lane.record("g.c1.r2", "held", Some("policy")).unwrap();
+        lane.record("g.c1.r3", "second", None).unwrap();
+        let event = lane.event(2).unwrap().unwrap();
+        assert_eq!(
+            (
+                event.event_id,
+                event.effect_id.as_str(),
+                event.text.as_str()
+            ),
+            (2, "g.c1.r3", "second")
+        );
+        assert_eq!(lane.event(3).unwrap(), None);
+        assert_eq!(lane.event(0).unwrap(), None);
+        assert_eq!(lane.event(u64::MAX).unwrap(), None);
     }
 }

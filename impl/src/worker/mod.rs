@@ -17,6 +17,8 @@
 //! * [`source`]: the source identity of a hook snapshot.
 //! * [`supervise`]: the process the host spawns around a worker so that no process of
 //!   it outlives the host (`contract-impl worker supervise`).
+//! * [`workspace`]: the host's source work: `workspace.info`, `workspace.run` (a program
+//!   in its own process group, bounded in time and output) and `evidence.resolve`.
 //! * [`usage`]: the cache measurements read from a route's usage, and the cache options a
 //!   route may carry ("What the request costs: cache reporting").
 //!
@@ -35,3 +37,4 @@ pub mod source;
 pub mod supervise;
 pub mod usage;
 pub mod wire;
+pub mod workspace;

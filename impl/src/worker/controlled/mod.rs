@@ -13,8 +13,11 @@
 //! * Every worker it starts runs `CONTRACT_WORKER_PROGRAM` (a JSON array: the program and
 //!   its arguments; default our Python worker) under the supervisor, with the launch
 //!   environment of `docs/worker-launch-contract.md`.
+//! * A cell's source work (`workspace.info`, `workspace.run`, `evidence.resolve`) is
+//!   served in one workspace directory ([`super::workspace`]): `--workspace DIR`, by
+//!   default [`WORKSPACE_DIR`] under the data directory (made 0700).
 //! * SIGTERM or the end of the control channel stops every worker (a running cell is
-//!   stopped hard) and ends the process.
+//!   stopped hard) and every workspace run, and ends the process.
 //!
 //! The framing, the request checks, the outcome registry and `await` are the shared
 //! [`crate::control`]'s. This module owns the mapping of the host's operations (the
@@ -34,6 +37,7 @@ use super::activation::Policies;
 use super::host::{CellRecord, Choices};
 use super::lane::OperatorLane;
 use super::policy::INVOKE_BUDGET;
+use super::workspace::Workspace;
 pub use crate::control::{AWAIT_MAX, AWAITS_MAX, CONTROL_LINE_MAX_BYTES, OUTCOMES_MAX};
 use ops::Host;
 
@@ -42,6 +46,9 @@ pub const HELLO_LINE: &str = r#"{"hello":{"adapter":"worker-host","protocol":1}}
 
 /// The variable naming the control socket.
 pub const CONTROL_ENV: &str = "CONTRACT_HOST_CONTROL_SOCKET";
+
+/// The workspace directory under the data directory, when `--workspace` names none.
+pub const WORKSPACE_DIR: &str = "workspace";
 
 /// The variable naming the worker program (a JSON array of strings).
 pub const PROGRAM_ENV: &str = "CONTRACT_WORKER_PROGRAM";
@@ -68,13 +75,17 @@ pub fn program_from_env() -> Result<Vec<OsString>, String> {
 }
 
 /// Runs the controlled host until the control channel ends or SIGTERM; stops every
-/// worker before it returns. Returns the process exit code (0; 2 when it cannot start).
+/// worker and every workspace run before it returns. Returns the process exit code (0;
+/// 2 when it cannot start).
+///
+/// `workspace`: the directory of its source work (created 0700 when missing); `None`:
+/// [`WORKSPACE_DIR`] under `data_dir`.
 ///
 /// `different`: the host makes every choice the spec leaves free otherwise
 /// ([`Choices::DIFFERENT`], another session and generation naming, other outcome codes,
 /// another wake priority of its own plans), for the vendor-mode trial of the suite.
-pub async fn run(data_dir: &Path, different: bool) -> i32 {
-    match serve(data_dir, different).await {
+pub async fn run(data_dir: &Path, workspace: Option<&Path>, different: bool) -> i32 {
+    match serve(data_dir, workspace, different).await {
         Ok(()) => 0,
         Err(e) => {
             eprintln!("contract-impl worker host: {e}");
@@ -83,7 +94,7 @@ pub async fn run(data_dir: &Path, different: bool) -> i32 {
     }
 }
 
-async fn serve(data_dir: &Path, different: bool) -> Result<(), String> {
+async fn serve(data_dir: &Path, workspace: Option<&Path>, different: bool) -> Result<(), String> {
     let socket = std::env::var(CONTROL_ENV).map_err(|_| format!("{CONTROL_ENV} is not set"))?;
     let program = program_from_env()?;
     let choices = if different {
@@ -97,11 +108,15 @@ async fn serve(data_dir: &Path, different: bool) -> Result<(), String> {
     if let Some(problem) = &problem {
         eprintln!("contract-impl worker host: the recorded policy did not start: {problem}");
     }
-    let lane = OperatorLane::open(data_dir)?;
+    let lane = Arc::new(OperatorLane::open(data_dir)?);
+    let workspace_dir = workspace.map_or_else(|| data_dir.join(WORKSPACE_DIR), Path::to_path_buf);
+    let workspace =
+        Workspace::open(&workspace_dir, lane.clone(), different).map_err(|e| e.to_string())?;
     let host = Arc::new(Host::new(
         program,
         Arc::new(policies),
-        Arc::new(lane),
+        lane,
+        Arc::new(workspace),
         different,
     ));
     crate::control::serve(Path::new(&socket), HELLO_LINE, host).await

@@ -27,6 +27,7 @@ use crate::worker::host::{
 use crate::worker::lane::OperatorLane;
 use crate::worker::policy::Policy;
 use crate::worker::wire::Identifier;
+use crate::worker::workspace::Workspace;
 
 /// Handles on the running workbench that never wait for its cell.
 #[derive(Clone)]
@@ -49,6 +50,7 @@ pub(super) struct Host {
     program: Vec<OsString>,
     policies: Arc<Policies>,
     lane: Arc<OperatorLane>,
+    workspace: Arc<Workspace>,
     workbench: Arc<Mutex<Option<Worker>>>,
     handles: std::sync::Mutex<Option<WorkbenchHandles>>,
     outcomes: Outcomes,
@@ -224,12 +226,14 @@ impl Host {
         program: Vec<OsString>,
         policies: Arc<Policies>,
         lane: Arc<OperatorLane>,
+        workspace: Arc<Workspace>,
         different: bool,
     ) -> Self {
         Self {
             program,
             policies,
             lane,
+            workspace,
             workbench: Arc::new(Mutex::new(None)),
             handles: std::sync::Mutex::new(None),
             outcomes: Outcomes::new(),
@@ -299,6 +303,7 @@ impl Host {
             policy,
             lane: self.lane.clone(),
             generation: worker.generation().as_str().to_string(),
+            workspace: self.workspace.clone(),
         };
         match worker.execute(&code, &mut services).await {
             Ok(record) => record_json(&record),
@@ -308,9 +313,10 @@ impl Host {
         }
     }
 
-    /// Stops everything: a running cell's generation hard (it does not wait for the
-    /// cell), then the workbench and the hook generation.
+    /// Stops everything: every workspace run and a running cell's generation hard (it
+    /// does not wait for the cell), then the workbench and the hook generation.
     async fn stop_all(&self) {
+        self.workspace.stop_runs();
         let handles = self.handles.lock().ok().and_then(|h| h.clone());
         let graceful =
             tokio::time::timeout(Duration::from_millis(200), self.workbench.lock()).await;

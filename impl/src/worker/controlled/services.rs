@@ -2,6 +2,9 @@
 //! receipts"): `runtime.inspect`, and `local.send` reviewed by the cell's pinned policy
 //! into the durable operator lane. Other methods are the host-services layer's and are
 //! answered `unsupported_method`. This module never touches the worker connection.
+//!
+//! Source work (`workspace.info`, `workspace.run`, `evidence.resolve`) is delegated to
+//! [`crate::worker::workspace`].
 
 use std::sync::Arc;
 
@@ -12,13 +15,16 @@ use crate::worker::host::{BasicServices, RequestHandler};
 use crate::worker::lane::OperatorLane;
 use crate::worker::policy::Policy;
 use crate::worker::wire::{HostRequest, Identifier, Reply};
+use crate::worker::workspace::Workspace;
 
 /// What a cell of the controlled host may ask: `runtime.inspect`, and `local.send`
 /// reviewed by the cell's pinned policy into the operator lane.
+/// Source work (`workspace.*`, `evidence.resolve`) is answered by its [`Workspace`].
 pub(super) struct Services {
     pub(super) policy: Option<Arc<Policy>>,
     pub(super) lane: Arc<OperatorLane>,
     pub(super) generation: String,
+    pub(super) workspace: Arc<Workspace>,
 }
 
 #[async_trait]
@@ -29,6 +35,23 @@ impl RequestHandler for Services {
         request_id: &Identifier,
         request: &HostRequest,
     ) -> Reply {
+        match request {
+            HostRequest::WorkspaceInfo {} => return self.workspace.info(),
+            HostRequest::WorkspaceRun {
+                argv,
+                cwd,
+                env,
+                timeout_ms,
+                max_output_bytes,
+            } => {
+                return self
+                    .workspace
+                    .run(argv, cwd, env, *timeout_ms, *max_output_bytes)
+                    .await;
+            }
+            HostRequest::EvidenceResolve { refs } => return self.workspace.resolve(refs),
+            _ => {}
+        }
         let HostRequest::LocalSend { text } = request else {
             return BasicServices
                 .handle(execution_id, request_id, request)
