@@ -98,7 +98,7 @@ pub struct Bound {
     pub name: String,
     /// The limit, in `unit`s.
     pub value: u64,
-    /// `bytes`, `entries`, `count`, `ms`, `status` or `integer`.
+    /// `bytes`, `entries`, `count`, `ms`, `seconds`, `status` or `integer`.
     pub unit: BoundUnit,
 }
 
@@ -114,6 +114,8 @@ pub enum BoundUnit {
     Count,
     /// Milliseconds (a timer, shortened through configuration in scenarios).
     Ms,
+    /// Seconds (a duration a message asks for, such as a wait).
+    Seconds,
     /// An HTTP status number.
     Status,
     /// The value of an integer field (the largest an unsigned field accepts).
@@ -128,6 +130,7 @@ impl BoundUnit {
             BoundUnit::Entries => "entries",
             BoundUnit::Count => "count",
             BoundUnit::Ms => "ms",
+            BoundUnit::Seconds => "seconds",
             BoundUnit::Status => "status",
             BoundUnit::Integer => "integer",
         }

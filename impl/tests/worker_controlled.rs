@@ -7,6 +7,10 @@
 //!   again on the same data directory reports the same epoch and revision and serves
 //!   reviews from the recorded revision; a stale activation after the restart is
 //!   refused;
+//! * a `local.send` committed before a SIGKILL of the host and never answered is
+//!   answered by its receipt when the same execution runs again in a new generation of a
+//!   restarted host ("A retry with the same execution/request identity returns the
+//!   existing receipt"), with one lane event; a new request sends the same text again;
 //! * requests take effect in order (an `await` pipelined right behind its op finds it),
 //!   unknown arguments and unreadable requests are refused typed, `diagnostics` answers
 //!   while a cell runs, and SIGTERM stops the host while a cell runs.
@@ -278,4 +282,85 @@ fn requests_take_effect_in_order_and_bad_ones_are_refused_typed() {
     .unwrap();
     let status = host.child.wait().unwrap();
     assert_eq!(status.code(), Some(0), "{status}");
+}
+
+/// The first cell result of a cell record.
+fn result_text(record: &Value) -> String {
+    assert_eq!(record["status"], "ok", "{record}");
+    record["output"]
+        .as_array()
+        .and_then(|o| o.iter().find(|r| r["stream"] == "result"))
+        .and_then(|r| r["text"].as_str())
+        .unwrap_or_default()
+        .to_string()
+}
+
+#[test]
+fn a_send_committed_before_a_crash_is_answered_by_its_receipt_on_retry() {
+    use std::os::unix::process::ExitStatusExt;
+    let run = tempfile::tempdir().unwrap();
+    let data = run.path().join("data");
+    let snapshot = run.path().join("releases").join("allow");
+    std::fs::create_dir_all(&snapshot).unwrap();
+    std::fs::write(snapshot.join("behavior.json"), MANIFEST).unwrap();
+    std::fs::write(
+        snapshot.join("policy.py"),
+        "from contract_hooks import Allow\n\n\ndef attention(request, context):\n    return Allow()\n\n\ndef delivery(request, context):\n    return Allow()\n",
+    )
+    .unwrap();
+
+    let mut host = Host::start(run.path(), &data);
+    let activated = host.call(
+        "activate",
+        json!({"path": snapshot.display().to_string(), "expected_epoch": 0}),
+    );
+    assert_eq!(activated["status"], "activated", "{activated}");
+    assert_eq!(host.call("start_workbench", json!({}))["status"], "ready");
+    // An execution ID that is not an identifier is refused.
+    host.send_line(r#"{"seq": 100, "op": "execute", "code": "1", "execution_id": "e 1"}"#);
+    let r = host.read_response();
+    assert_eq!(r["error"]["code"], "bad_request", "{r}");
+    let host_pid = i32::try_from(host.child.id()).unwrap();
+    let supervisors = children_naming(host_pid, "worker\0supervise");
+    assert_eq!(supervisors.len(), 2, "a hook worker and a workbench run");
+    host.request("configure", json!({"crash_after_commit": true}));
+    host.request(
+        "execute",
+        json!({"code": "await runtime.send('hi')", "execution_id": "e1"}),
+    );
+    // The send is committed, and the host dies before its reply, as SIGKILL kills it.
+    let status = host.child.wait().unwrap();
+    assert_eq!(status.signal(), Some(9), "{status}");
+    let killed = Instant::now();
+    while supervisors.iter().any(|p| alive(*p)) {
+        assert!(
+            killed.elapsed() < Duration::from_secs(5),
+            "a worker outlived its host"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+
+    let mut host = Host::start(run.path(), &data);
+    let events = host.request("lane", json!({}))["events"].clone();
+    assert_eq!(
+        events,
+        json!([{"event_id": 1, "effect_id": "root/e1/r-1", "text": "hi"}])
+    );
+    assert_eq!(host.call("start_workbench", json!({}))["status"], "ready");
+    // The same execution again: its first request is the one committed before the crash.
+    let retry = host.call(
+        "execute",
+        json!({"code": "r = await runtime.send('hi')\n(r['status'], r['event_id'], r['effect_id'])", "execution_id": "e1"}),
+    );
+    assert_eq!(result_text(&retry), "('confirmed', 1, 'root/e1/r-1')");
+    // A new execution (the host names it) sends the same text again.
+    let again = host.call(
+        "execute",
+        json!({"code": "r = await runtime.send('hi')\n(r['status'], r['event_id'])"}),
+    );
+    assert_eq!(result_text(&again), "('confirmed', 2)");
+    let events = host.request("lane", json!({}))["events"].clone();
+    assert_eq!(events.as_array().map(Vec::len), Some(2), "{events}");
+    let _ = host.child.kill();
+    let _ = host.child.wait();
 }

@@ -1264,9 +1264,30 @@ steps:
         assert_eq!(s.steps[0], Step::Crash);
         let err = load_err("x", &format!("{head}steps:\n  - crash: {{}}\n"));
         assert!(
-            err.contains("crash restarts the target Core, engine daemon or engine client"),
+            err.contains(
+                "crash restarts the target Core, engine daemon, engine client or worker host"
+            ),
             "{err}"
         );
+        // The worker host restarts (same working directory); the plugin host does not.
+        let crash_on = |family: &str, side: &str| {
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join(family).join("x.yaml");
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(
+                &path,
+                format!(
+                    "family: {family}\nname: x\nsummary: s\ncovers: [X-001]\nsides: [{side}]\nsteps:\n  - crash: {{}}\n"
+                ),
+            )
+            .unwrap();
+            load_scenario(&path).map_err(|e| e.to_string())
+        };
+        assert_eq!(crash_on("worker", "host").unwrap().steps[0], Step::Crash);
+        for (family, side) in [("worker", "worker"), ("plugin", "host")] {
+            let err = crash_on(family, side).unwrap_err();
+            assert!(err.contains("crash restarts"), "{family}/{side}: {err}");
+        }
         let err = load_err(
             "x",
             &format!(

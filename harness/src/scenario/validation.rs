@@ -409,16 +409,18 @@ impl Checker<'_> {
             }
             Step::Api(api) => self.api(location, api),
             // The sides whose launch contract restarts the target: Core and the engine
-            // daemon (same data directory), the engine client (same state directory).
+            // daemon (same data directory), the engine client (same state directory), the
+            // worker host (same working directory).
             Step::Crash
-                if !matches!(
+                if !(matches!(
                     self.scenario.sides.as_deref(),
                     Some([Side::Core]) | Some([Side::Daemon]) | Some([Side::Client])
-                ) =>
+                ) || (self.scenario.family == "worker"
+                    && self.scenario.sides.as_deref() == Some(&[Side::Host]))) =>
             {
                 self.issue(
                     Some(location),
-                    "crash restarts the target Core, engine daemon or engine client: it needs `sides: [core]`, `sides: [daemon]` or `sides: [client]`",
+                    "crash restarts the target Core, engine daemon, engine client or worker host: it needs `sides: [core]`, `sides: [daemon]`, `sides: [client]` or (family worker) `sides: [host]`",
                 )
             }
             Step::ExpectExit { code, stderr } => {

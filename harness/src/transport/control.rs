@@ -422,6 +422,30 @@ fn parse_response(line: &[u8], nulls: bool) -> Result<(u64, Result<Value, Contro
     Ok((seq, outcome))
 }
 
+/// Starts `spec` with a fresh control listener at `control_socket` (a restart's last
+/// listener is gone with its socket file) and waits, within `timeout`, for the target to
+/// connect and send `flavor`'s hello line. A target that does not is stopped.
+///
+/// # Errors
+/// The listener, spawn or readiness failure, as text.
+pub async fn launch_controlled(
+    spec: &crate::target::LaunchSpec,
+    control_socket: &Path,
+    flavor: Flavor,
+    timeout: Duration,
+) -> Result<(crate::target::Target, ControlChannel), String> {
+    let _ = std::fs::remove_file(control_socket);
+    let control = ControlListener::bind(control_socket).map_err(|e| e.to_string())?;
+    let mut target = crate::target::Target::spawn(spec).map_err(|e| e.to_string())?;
+    match target.await_ready(control.accept(flavor), timeout).await {
+        Ok(channel) => Ok((target, channel)),
+        Err(e) => {
+            target.shutdown().await;
+            Err(e.to_string())
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

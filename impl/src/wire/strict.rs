@@ -338,9 +338,6 @@ impl<'de> Visitor<'de> for StrictVisitor<'_> {
     fn visit_str<E>(self, v: &str) -> Result<Value, E> {
         Ok(Value::String(v.to_string()))
     }
-    fn visit_string<E>(self, v: String) -> Result<Value, E> {
-        Ok(Value::String(v))
-    }
     fn visit_unit<E: de::Error>(self) -> Result<Value, E> {
         if self.nulls {
             return Ok(Value::Null);

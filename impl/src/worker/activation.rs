@@ -12,8 +12,9 @@
 //!   its handshake, and only then swaps the epoch; a failed candidate never changes it.
 //!   [`Policies::pin`] is what a cell holds for its whole run. A retired generation stops
 //!   when its last pin is dropped (its supervisor's watch connection closes).
-//! * [`Policies::open`] after a restart (SIGKILL included) starts the recorded
-//!   revision again, after checking that the snapshot still hashes to it.
+//! * [`Policies::open`] (or [`Policies::restore`] after [`Policies::open_idle`]) after a
+//!   restart (SIGKILL included) starts the recorded revision again, after checking that
+//!   the snapshot still hashes to it.
 //!
 //! This module never touches the workbench.
 
@@ -208,9 +209,8 @@ pub struct Policies {
 
 impl Policies {
     /// Opens the store in `data_dir` and starts the recorded revision, if any, with
-    /// `program` as the hook worker. A recorded snapshot that no longer hashes to its
-    /// revision, or whose worker does not start, leaves no active policy (every review
-    /// then holds); the epoch is unchanged.
+    /// `program` as the hook worker ([`Policies::open_idle`], then
+    /// [`Policies::restore`]).
     ///
     /// # Errors
     /// [`ActivationError::Store`].
@@ -220,9 +220,25 @@ impl Policies {
         budget: Duration,
         choices: super::host::Choices,
     ) -> Result<(Self, Option<String>), ActivationError> {
+        let policies = Self::open_idle(data_dir, program, budget, choices)?;
+        let problem = policies.restore().await;
+        Ok((policies, problem))
+    }
+
+    /// Opens the store in `data_dir` with no policy running yet: the recorded revision
+    /// is started by [`Policies::restore`] (a host that must be reachable while its
+    /// recorded hook worker starts).
+    ///
+    /// # Errors
+    /// [`ActivationError::Store`].
+    pub fn open_idle(
+        data_dir: &Path,
+        program: Vec<OsString>,
+        budget: Duration,
+        choices: super::host::Choices,
+    ) -> Result<Self, ActivationError> {
         let store = ActivationStore::open(data_dir)?;
-        let current = store.current()?;
-        let policies = Self {
+        Ok(Self {
             store,
             program,
             budget_ms: std::sync::atomic::AtomicU64::new(
@@ -231,24 +247,36 @@ impl Policies {
             active: Mutex::new(None),
             activating: tokio::sync::Mutex::new(()),
             choices,
+        })
+    }
+
+    /// Starts the recorded revision, if any (after a restart, SIGKILL included). A
+    /// recorded snapshot that no longer hashes to its revision, or whose worker does not
+    /// start, leaves no active policy (every review then holds) and is returned as the
+    /// problem; the epoch is unchanged.
+    pub async fn restore(&self) -> Option<String> {
+        let current = match self.store.current() {
+            Ok(current) => current,
+            Err(e) => return Some(e.to_string()),
         };
-        let mut problem = None;
-        if let (Some(revision), Some(snapshot)) = (&current.revision, &current.snapshot) {
-            match source_identity(snapshot) {
-                Ok(digest) if &digest == revision => match policies.candidate(snapshot).await {
-                    Ok(policy) => policies.set(Some(policy)),
-                    Err(e) => problem = Some(e.to_string()),
-                },
-                Ok(digest) => {
-                    problem = Some(format!(
-                        "the active snapshot {} now hashes to {digest}, not {revision}",
-                        snapshot.display()
-                    ));
+        let (Some(revision), Some(snapshot)) = (&current.revision, &current.snapshot) else {
+            return None;
+        };
+        let _activating = self.activating.lock().await;
+        match source_identity(snapshot) {
+            Ok(digest) if &digest == revision => match self.candidate(snapshot).await {
+                Ok(policy) => {
+                    self.set(Some(policy));
+                    None
                 }
-                Err(e) => problem = Some(e.to_string()),
-            }
+                Err(e) => Some(e.to_string()),
+            },
+            Ok(digest) => Some(format!(
+                "the active snapshot {} now hashes to {digest}, not {revision}",
+                snapshot.display()
+            )),
+            Err(e) => Some(e.to_string()),
         }
-        Ok((policies, problem))
     }
 
     fn set(&self, policy: Option<Arc<Policy>>) {

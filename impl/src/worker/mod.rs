@@ -13,6 +13,9 @@
 //! * [`policy`]: the host's side of the decision slots (budget, operator rule, holds).
 //! * [`activation`]: the SQLite epoch and the active hook generation.
 //! * [`lane`]: the operator lane reviewed sends land in, with their receipts.
+//! * [`turns`]: the turn boundary: pending inputs and the waits the host accepted.
+//! * [`instructions`]: the instruction header a transcript pinned, its revisions, and
+//!   the chain `runtime.instructions` resolves.
 //! * [`controlled`]: the host driven over a control channel (`contract-impl worker host`).
 //! * [`source`]: the source identity of a hook snapshot.
 //! * [`supervise`]: the process the host spawns around a worker so that no process of
@@ -30,11 +33,13 @@ pub mod bench;
 pub mod controlled;
 pub mod framing;
 pub mod host;
+pub mod instructions;
 pub mod lane;
 pub mod policy;
 pub mod python;
 pub mod source;
 pub mod supervise;
+pub mod turns;
 pub mod usage;
 pub mod wire;
 pub mod workspace;

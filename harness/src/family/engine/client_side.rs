@@ -29,8 +29,8 @@ use crate::drive::{
     StepResult, fail,
 };
 use crate::scenario::model::Step;
-use crate::target::{LaunchSpec, RunDir, Target, check_socket_path};
-use crate::transport::control::{ControlChannel, ControlListener, Flavor};
+use crate::target::{LaunchSpec, RunDir, check_socket_path};
+use crate::transport::control::{ControlChannel, Flavor, launch_controlled};
 use crate::transport::grpc_server::{GrpcServer, IncomingCall};
 
 /// The daemon's socket in the run directory.
@@ -137,27 +137,6 @@ fn private_file(path: &std::path::Path, contents: &str) -> Result<(), String> {
         .map_err(|e| format!("{}: {e}", path.display()))
 }
 
-async fn launch(
-    spec: &LaunchSpec,
-    control_socket: &std::path::Path,
-    timeout: Duration,
-) -> Result<(Target, ControlChannel), String> {
-    // A restart: the last launch's listener is gone with its socket file.
-    let _ = std::fs::remove_file(control_socket);
-    let control = ControlListener::bind(control_socket).map_err(|e| e.to_string())?;
-    let mut target = Target::spawn(spec).map_err(|e| e.to_string())?;
-    match target
-        .await_ready(control.accept(ENGINE_CLIENT), timeout)
-        .await
-    {
-        Ok(channel) => Ok((target, channel)),
-        Err(e) => {
-            target.shutdown().await;
-            Err(e.to_string())
-        }
-    }
-}
-
 /// Listens as the daemon in a private run directory, writes the token file, launches the
 /// client with the launch contract's environment and waits for its hello.
 ///
@@ -194,7 +173,13 @@ pub async fn start(opts: &DriveOptions) -> Result<Started<ScriptedDaemonPeer>, S
         capture_stdout: false,
         stdin_pipe: false,
     };
-    let (target, control) = launch(&spec, &run_dir.control_socket(), opts.startup_timeout).await?;
+    let (target, control) = launch_controlled(
+        &spec,
+        &run_dir.control_socket(),
+        ENGINE_CLIENT,
+        opts.startup_timeout,
+    )
+    .await?;
     Ok(Started {
         ready: true,
         peer: ScriptedDaemonPeer {
@@ -306,8 +291,13 @@ impl Peer for ScriptedDaemonPeer {
     }
 
     async fn relaunch(&mut self, startup_timeout: Duration) -> Result<Box<dyn Process>, String> {
-        let (target, control) =
-            launch(&self.spec, &self.run_dir.control_socket(), startup_timeout).await?;
+        let (target, control) = launch_controlled(
+            &self.spec,
+            &self.run_dir.control_socket(),
+            ENGINE_CLIENT,
+            startup_timeout,
+        )
+        .await?;
         self.control = Some(control);
         Ok(Box::new(target))
     }

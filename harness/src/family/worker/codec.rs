@@ -118,7 +118,7 @@ pub static WORKER_ROLE: Role = Role {
     target_name: "the worker",
     refuses: &[(
         "crash",
-        "crash restarts a target Core; the worker is the target here",
+        "crash restarts a target host (side host); on side worker the harness is the host",
     )],
 };
 
@@ -129,10 +129,7 @@ pub static HOST_ROLE: Role = Role {
     plays: &[Party::Worker],
     emitted_label: "host message",
     target_name: "the host",
-    refuses: &[(
-        "crash",
-        "crash restarts a target Core; the host is the target here",
-    )],
+    refuses: &[],
 };
 
 #[cfg(test)]

@@ -16,6 +16,7 @@
 //! | `host:` | the next frame of any worker the host runs (its envelope identity checked against that worker's launch environment) |
 //! | `send_bytes` | raw to the last worker the host spoke to |
 //! | `half_close` | ends that worker's write side; `disconnect`: that worker process exits (it dies) |
+//! | `crash` | SIGKILL of the host's process group, then the same launch again (same working directory, so the same data); the control channel reconnects, workers of the new host connect back through the same relay listener |
 //!
 //! The end of a connection is an event only for the worker the harness last spoke with
 //! (sent to or heard from); the end of another one (a retired hook generation the host
@@ -35,12 +36,12 @@ use tokio::sync::mpsc;
 use super::codec::HOST_ROLE;
 use super::{GENERATION, SESSION_ID};
 use crate::drive::{
-    Connection, DriveOptions, Event, FailureCode, NoOther, Outgoing, Peer, Role, Run, Started,
-    StepError, StepResult, fail,
+    Connection, DriveOptions, Event, FailureCode, NoOther, Outgoing, Peer, Process, Role, Run,
+    Started, StepError, StepResult, fail,
 };
 use crate::scenario::model::{Scenario, Step};
-use crate::target::{LaunchSpec, RunDir, Target};
-use crate::transport::control::{ControlChannel, ControlListener, WORKER_HOST};
+use crate::target::{LaunchSpec, RunDir};
+use crate::transport::control::{ControlChannel, WORKER_HOST, launch_controlled};
 use crate::transport::relay::{Hello, RelayEvent, RelayListener, RelayMsg};
 
 /// The channel of every worker's protocol socket on its relay.
@@ -93,7 +94,12 @@ pub struct ScriptedWorkerPeer {
     ready: VecDeque<Event<NoOther>>,
     tokens: HashSet<String>,
     accept_task: tokio::task::JoinHandle<()>,
-    _run_dir: RunDir,
+    /// The launch, again after a `crash` (same working directory: the host's data).
+    spec: LaunchSpec,
+    /// Workers below this index were a killed host's (`crash`): what their relays still
+    /// report is no event.
+    retired: usize,
+    run_dir: RunDir,
 }
 
 impl Drop for ScriptedWorkerPeer {
@@ -158,7 +164,6 @@ pub async fn start(
 ) -> Result<Started<ScriptedWorkerPeer>, String> {
     let run_dir = RunDir::new().map_err(|e| e.to_string())?;
     let prebound = write_snapshots(scenario, &run_dir)?;
-    let control = ControlListener::bind(&run_dir.control_socket()).map_err(|e| e.to_string())?;
     let relay_path = run_dir.path().join("relay.sock");
     let relays = RelayListener::bind(&relay_path).map_err(|e| e.to_string())?;
     let exe = match &opts.peer_exe {
@@ -189,23 +194,36 @@ pub async fn start(
         capture_stdout: false,
         stdin_pipe: false,
     };
-    let mut target = Target::spawn(&spec).map_err(|e| e.to_string())?;
-    let channel = match target
-        .await_ready(control.accept(WORKER_HOST), opts.startup_timeout)
-        .await
-    {
-        Ok(channel) => channel,
-        Err(e) => {
-            target.shutdown().await;
-            return Err(e.to_string());
-        }
-    };
+    let (target, channel) = launch_controlled(
+        &spec,
+        &run_dir.control_socket(),
+        WORKER_HOST,
+        opts.startup_timeout,
+    )
+    .await?;
     let (events_tx, events) = mpsc::channel(256);
     let accept_task = tokio::spawn(accept_relays(relays, events_tx));
     Ok(Started {
         ready: true,
-        peer: ScriptedWorkerPeer {
-            control: Some(channel),
+        peer: ScriptedWorkerPeer::new(Some(channel), events, accept_task, spec, run_dir),
+        process: Box::new(target),
+        secret: String::new(),
+        normalize: mask_clock,
+        prebound,
+    })
+}
+
+impl ScriptedWorkerPeer {
+    /// A peer on `control` (none in unit tests) with no worker launched yet.
+    fn new(
+        control: Option<ControlChannel>,
+        events: mpsc::Receiver<Inbound>,
+        accept_task: tokio::task::JoinHandle<()>,
+        spec: LaunchSpec,
+        run_dir: RunDir,
+    ) -> Self {
+        Self {
+            control,
             events,
             conns: Vec::new(),
             launched: VecDeque::new(),
@@ -214,17 +232,16 @@ pub async fn start(
             ready: VecDeque::new(),
             tokens: HashSet::new(),
             accept_task,
-            _run_dir: run_dir,
-        },
-        process: Box::new(target),
-        secret: String::new(),
-        normalize: mask_clock,
-        prebound,
-    })
+            spec,
+            retired: 0,
+            run_dir,
+        }
+    }
 }
 
 /// Masks the host's clock in goldens: `now`/`now_ms` of a `host_reply` value (what
-/// `runtime.inspect` answers) are the time of the run.
+/// `runtime.inspect` answers) and a wait's `deadline_ms` (a time of the run when it is
+/// a number) are the time of the run.
 fn mask_clock(body: &Value) -> Value {
     let mut body = body.clone();
     if body.get("kind").and_then(Value::as_str) == Some("host_reply")
@@ -234,6 +251,9 @@ fn mask_clock(body: &Value) -> Value {
             if let Some(v) = value.get_mut(key) {
                 *v = Value::String(mask.into());
             }
+        }
+        if let Some(v) = value.get_mut("deadline_ms").filter(|v| v.is_number()) {
+            *v = Value::String("<deadline_ms>".into());
         }
     }
     body
@@ -307,6 +327,9 @@ impl ScriptedWorkerPeer {
     }
 
     fn relay_event(&mut self, idx: usize, event: RelayEvent) {
+        if idx < self.retired {
+            return;
+        }
         let Some(conn) = self.conns.get_mut(idx) else {
             return;
         };
@@ -823,9 +846,105 @@ impl Peer for ScriptedWorkerPeer {
         }
     }
 
+    /// `crash`: the control channel and every worker connection of the killed host are
+    /// gone (its workers die with it: their supervisors stop them). What they still
+    /// report is no event; the relay listener stays, for the workers of the next launch.
+    fn crashed(&mut self) {
+        self.control = None;
+        for conn in &mut self.conns {
+            conn.ended = true;
+        }
+        self.retired = self.conns.len();
+        self.ready.clear();
+        self.current = None;
+    }
+
+    async fn relaunch(&mut self, startup_timeout: Duration) -> Result<Box<dyn Process>, String> {
+        let (target, control) = launch_controlled(
+            &self.spec,
+            &self.run_dir.control_socket(),
+            WORKER_HOST,
+            startup_timeout,
+        )
+        .await?;
+        self.control = Some(control);
+        Ok(Box::new(target))
+    }
+
     fn release(&mut self) {
         self.conns.clear();
         self.current = None;
         self.control = None;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A peer with no target and no relay listener: inbound events are fed by hand.
+    fn peer() -> ScriptedWorkerPeer {
+        let (_tx, events) = mpsc::channel(8);
+        let run_dir = RunDir::new().unwrap();
+        let spec = LaunchSpec {
+            command: "unused".into(),
+            env: Vec::new(),
+            cwd: run_dir.cwd(),
+            secret: String::new(),
+            capture_stdout: false,
+            stdin_pipe: false,
+        };
+        ScriptedWorkerPeer::new(None, events, tokio::spawn(async {}), spec, run_dir)
+    }
+
+    fn launched(peer: &mut ScriptedWorkerPeer) -> usize {
+        let (tx, _rx) = mpsc::channel(8);
+        let idx = peer.conns.len();
+        peer.absorb(Inbound::Launched {
+            idx,
+            hello: Hello {
+                argv: Vec::new(),
+                env: vec![
+                    ("CONTRACT_WORKER_SESSION_ID".into(), SESSION_ID.into()),
+                    ("CONTRACT_WORKER_GENERATION".into(), GENERATION.into()),
+                ],
+                cwd: String::new(),
+                pid: 1,
+            },
+            tx,
+        });
+        peer.relay_event(idx, RelayEvent::Msg(RelayMsg::Opened(CHANNEL)));
+        peer.current = Some(idx);
+        idx
+    }
+
+    fn frame(message: Value) -> RelayEvent {
+        let envelope = json!({"version": 1, "session_id": SESSION_ID, "generation": GENERATION, "message": message});
+        RelayEvent::Msg(RelayMsg::Data {
+            channel: CHANNEL,
+            bytes: framed(envelope.to_string().as_bytes()),
+        })
+    }
+
+    #[tokio::test]
+    async fn after_a_crash_the_killed_hosts_workers_are_no_events_and_new_ones_are() {
+        let mut peer = peer();
+        let old = launched(&mut peer);
+        peer.relay_event(old, frame(json!({"kind": "shutdown"})));
+        assert_eq!(peer.ready.len(), 1);
+        peer.crashed();
+        // Queued frames of the killed host are gone, and what its relays still report
+        // (a late frame, the end of the connection) is no event.
+        assert!(peer.ready.is_empty() && !peer.is_open());
+        peer.relay_event(old, frame(json!({"kind": "shutdown"})));
+        peer.relay_event(old, RelayEvent::Gone);
+        assert!(peer.ready.is_empty());
+        // A worker of the new host is heard, and its end is an event.
+        let new = launched(&mut peer);
+        assert!(peer.is_open());
+        peer.relay_event(new, frame(json!({"kind": "shutdown"})));
+        peer.relay_event(new, RelayEvent::Gone);
+        assert!(matches!(peer.ready.pop_front(), Some(Event::Text(_))));
+        assert!(matches!(peer.ready.pop_front(), Some(Event::Eof)));
     }
 }

@@ -8,19 +8,19 @@
 use std::sync::Arc;
 
 use axum::Json;
-use axum::Router;
 use axum::body::Bytes;
 use axum::extract::{DefaultBodyLimit, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
+use axum::{Extension, Router};
 use base64::Engine as _;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::admission::AgentDefinition;
 use super::env_files::{self, TransferError};
-use super::extract::{ApiBody, ApiPath, ApiQuery};
+use super::extract::{ApiBody, ApiPath, ApiQuery, BodyBound};
 use super::files::{self, FilesError};
 use super::files_export::{self, ExportError};
 use super::files_write::{self, WriteError};
@@ -76,7 +76,7 @@ pub const EVENTS_PAGE_RESERVE_BYTES: usize = EVENTS_PAGE_BYTES_MAX + 64 * 1024;
 /// A typed API error.
 #[derive(Debug)]
 pub struct ApiError {
-    status: StatusCode,
+    pub(super) status: StatusCode,
     code: &'static str,
     message: String,
     /// Extra members of the error object (e.g. `write_id`).
@@ -234,7 +234,10 @@ pub fn routes() -> Router<Arc<Core>> {
         .route("/v1/environments/{id}/resume", post(resume_environment))
         .route(
             "/v1/environments/{id}/files",
-            post(install_environment_file).layer(DefaultBodyLimit::max(ENV_FILES_BODY_MAX_BYTES)),
+            post(install_environment_file).layer((
+                DefaultBodyLimit::max(ENV_FILES_BODY_MAX_BYTES),
+                Extension(BodyBound(ENV_FILES_BODY_MAX_BYTES)),
+            )),
         )
         .route("/v1/sessions", post(create_session))
         .route("/v1/sessions/{id}", get(get_session))
@@ -242,9 +245,10 @@ pub fn routes() -> Router<Arc<Core>> {
         .route("/v1/sessions/{id}/files", get(list_files))
         .route(
             "/v1/sessions/{id}/files/content",
-            get(read_file)
-                .put(write_file)
-                .layer(DefaultBodyLimit::max(WRITE_BODY_MAX_BYTES)),
+            get(read_file).put(write_file).layer((
+                DefaultBodyLimit::max(WRITE_BODY_MAX_BYTES),
+                Extension(BodyBound(WRITE_BODY_MAX_BYTES)),
+            )),
         )
         .route("/v1/sessions/{id}/files/writes/{write_id}", get(get_write))
         .route("/v1/sessions/{id}/files/export", get(export_files))
@@ -268,6 +272,7 @@ pub fn routes() -> Router<Arc<Core>> {
         // Every other body is bounded by one transport frame (the file routes above set
         // their own, larger bound); past it the body is refused unread.
         .layer(DefaultBodyLimit::max(BODY_MAX_BYTES))
+        .layer(Extension(BodyBound(BODY_MAX_BYTES)))
         .layer(axum::middleware::map_response(close_after_refused_body))
 }
 

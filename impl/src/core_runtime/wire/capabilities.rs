@@ -180,7 +180,9 @@ impl AgentKindCapabilities {
         })
     }
 
-    /// Sets the capability named `field`; returns `false` if no such field exists.
+    /// Sets the capability named `field`; returns `false` if no such field exists (the
+    /// unit tests' way to turn one capability off; no wire path sets capabilities by name).
+    #[cfg(test)]
     pub fn set(&mut self, field: &str, value: bool) -> bool {
         match field {
             "streaming" => self.streaming = value,

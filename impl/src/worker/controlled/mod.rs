@@ -16,14 +16,19 @@
 //! * A cell's source work (`workspace.info`, `workspace.run`, `evidence.resolve`) is
 //!   served in one workspace directory ([`super::workspace`]): `--workspace DIR`, by
 //!   default [`WORKSPACE_DIR`] under the data directory (made 0700).
+//! * A data directory whose epoch names a revision (a restart) starts that revision's
+//!   hook worker while the host says hello; the first request applies once it is up (or
+//!   failed), so requests never race it.
 //! * SIGTERM or the end of the control channel stops every worker (a running cell is
 //!   stopped hard) and every workspace run, and ends the process.
 //!
 //! The framing, the request checks, the outcome registry and `await` are the shared
 //! [`crate::control`]'s. This module owns the mapping of the host's operations (the
-//! private `ops` module) onto [`super::host`], [`super::policy`], [`super::activation`]
-//! and [`super::lane`]; it never speaks the worker wire itself.
+//! private `ops` module) onto [`super::host`], [`super::policy`], [`super::activation`],
+//! [`super::lane`] and [`super::instructions`] (the private `instructions` module); it
+//! never speaks the worker wire itself.
 
+mod instructions;
 mod ops;
 mod services;
 
@@ -37,6 +42,7 @@ use super::activation::Policies;
 use super::host::{CellRecord, Choices};
 use super::lane::OperatorLane;
 use super::policy::INVOKE_BUDGET;
+use super::turns::TurnBoundary;
 use super::workspace::Workspace;
 pub use crate::control::{AWAIT_MAX, AWAITS_MAX, CONTROL_LINE_MAX_BYTES, OUTCOMES_MAX};
 use ops::Host;
@@ -102,23 +108,26 @@ async fn serve(data_dir: &Path, workspace: Option<&Path>, different: bool) -> Re
     } else {
         Choices::REFERENCE
     };
-    let (policies, problem) = Policies::open(data_dir, program.clone(), INVOKE_BUDGET, choices)
-        .await
+    let policies = Policies::open_idle(data_dir, program.clone(), INVOKE_BUDGET, choices)
         .map_err(|e| e.to_string())?;
-    if let Some(problem) = &problem {
-        eprintln!("contract-impl worker host: the recorded policy did not start: {problem}");
-    }
     let lane = Arc::new(OperatorLane::open(data_dir)?);
     let workspace_dir = workspace.map_or_else(|| data_dir.join(WORKSPACE_DIR), Path::to_path_buf);
     let workspace =
         Workspace::open(&workspace_dir, lane.clone(), different).map_err(|e| e.to_string())?;
+    let turns = TurnBoundary::open(data_dir)?;
+    let instructions =
+        instructions::Instructions::open(data_dir, ops::session(different).as_str())?;
     let host = Arc::new(Host::new(
         program,
         Arc::new(policies),
         lane,
         Arc::new(workspace),
+        Arc::new(turns),
+        Arc::new(instructions),
         different,
     ));
+    // The recorded revision starts beside the hello, before the first request applies.
+    host.restore().await;
     crate::control::serve(Path::new(&socket), HELLO_LINE, host).await
 }
 

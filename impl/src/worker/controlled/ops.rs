@@ -11,14 +11,16 @@
 use std::ffi::OsString;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use serde_json::{Map, Value, json};
 use tokio::sync::Mutex;
 
+use super::instructions::{Instructions, Serving};
 use super::record_json;
 use super::services::Services;
-use crate::control::{OpError, Ops, Outcomes, bad, ms_arg, required, str_arg, uint_arg};
+use crate::control::{OpError, Ops, Outcomes, bad, bool_arg, ms_arg, required, str_arg, uint_arg};
 use crate::worker::activation::Policies;
 use crate::worker::host::{
     Choices, HANDSHAKE_TIMEOUT, HostConfig, INTERRUPT_GRACE, Interrupter, Killer, SEND_TIMEOUT,
@@ -26,6 +28,7 @@ use crate::worker::host::{
 };
 use crate::worker::lane::OperatorLane;
 use crate::worker::policy::Policy;
+use crate::worker::turns::TurnBoundary;
 use crate::worker::wire::Identifier;
 use crate::worker::workspace::Workspace;
 
@@ -51,12 +54,21 @@ pub(super) struct Host {
     policies: Arc<Policies>,
     lane: Arc<OperatorLane>,
     workspace: Arc<Workspace>,
+    turns: Arc<TurnBoundary>,
+    instructions: Arc<Instructions>,
     workbench: Arc<Mutex<Option<Worker>>>,
     handles: std::sync::Mutex<Option<WorkbenchHandles>>,
     outcomes: Outcomes,
     timers: std::sync::Mutex<Timers>,
+    /// `configure`'s test hook: die between the lane's commit of a send and its reply.
+    crash_after_commit: AtomicBool,
+    /// Held while the recorded revision starts ([`Host::restore`]): no op applies before.
+    restoring: Arc<Mutex<()>>,
     different: bool,
 }
+
+/// At most this many of the lane's last events are listed by `lane`.
+pub(super) const LANE_EVENTS_MAX: usize = 256;
 
 /// The arguments each op takes (besides `as` for the long ones).
 fn allowed(op: &str) -> Option<&'static [&'static str]> {
@@ -66,18 +78,20 @@ fn allowed(op: &str) -> Option<&'static [&'static str]> {
             "interrupt_grace_ms",
             "handshake_timeout_ms",
             "send_timeout_ms",
+            "crash_after_commit",
         ],
         "start_workbench" | "shutdown" => &["as"],
-        "execute" => &["code", "as"],
+        "execute" => &["code", "execution_id", "as"],
         "attention" | "review" => &["input", "as"],
         "activate" => &["path", "expected_epoch", "as"],
-        "interrupt" | "epoch" | "diagnostics" => &[],
-        _ => return None,
+        "interrupt" | "epoch" | "diagnostics" | "lane" => &[],
+        "input" => &["text", "source"],
+        _ => return super::instructions::allowed(op),
     })
 }
 
 /// The session every connection of the controlled host carries.
-fn session(different: bool) -> Identifier {
+pub(super) fn session(different: bool) -> Identifier {
     Identifier::new(if different { "main-session" } else { "root" }).expect("a valid identifier")
 }
 
@@ -105,6 +119,8 @@ impl Ops for Host {
         name: String,
         args: &Map<String, Value>,
     ) -> Result<Value, OpError> {
+        // What the recorded revision's start left is what every op sees.
+        drop(self.restoring.lock().await);
         let different = self.different;
         match op {
             "configure" => {
@@ -112,6 +128,9 @@ impl Ops for Host {
                 let grace = ms_arg(args, "interrupt_grace_ms")?;
                 let handshake = ms_arg(args, "handshake_timeout_ms")?;
                 let send = ms_arg(args, "send_timeout_ms")?;
+                if let Some(crash) = bool_arg(args, "crash_after_commit")? {
+                    self.crash_after_commit.store(crash, Ordering::SeqCst);
+                }
                 if let Some(budget) = budget {
                     self.policies.set_budget(budget);
                 }
@@ -133,11 +152,31 @@ impl Ops for Host {
                 self.outcomes
                     .spawn(name, async move { host.start_workbench().await })
             }
+            "input" => {
+                let text = str_arg(args, "text")?;
+                let source = match args.get("source") {
+                    Some(_) => str_arg(args, "source")?,
+                    None => "operator",
+                };
+                let now_ms = crate::worker::host::now_since_epoch().as_millis() as u64;
+                let session = session(different);
+                self.turns
+                    .deliver(session.as_str(), source, text, now_ms)
+                    .map(|input_id| json!({"input_id": input_id}))
+                    .map_err(|e| OpError::new(e.code(), e.to_string()))
+            }
             "execute" => {
                 let code = str_arg(args, "code")?.to_string();
+                let execution_id = match args.get("execution_id") {
+                    Some(_) => Some(
+                        Identifier::new(str_arg(args, "execution_id")?)
+                            .map_err(|e| bad(format!("`execution_id`: {e}")))?,
+                    ),
+                    None => None,
+                };
                 let host = self.clone();
                 self.outcomes
-                    .spawn(name, async move { host.execute(code).await })
+                    .spawn(name, async move { host.execute(code, execution_id).await })
             }
             "interrupt" => {
                 let handles = self.handles.lock().ok().and_then(|h| h.clone());
@@ -184,6 +223,11 @@ impl Ops for Host {
                     }
                 })
             }
+            "instructions" | "assemble" | "fold" => {
+                let handles = self.handles.lock().ok().and_then(|h| h.clone());
+                let running = handles.and_then(|h| h.interrupter.running());
+                self.instructions.apply(op, args, running)
+            }
             "diagnostics" => {
                 let handles = self.handles.lock().ok().and_then(|h| h.clone());
                 let handles = handles
@@ -201,6 +245,13 @@ impl Ops for Host {
                 Ok(
                     json!({"epoch": current.epoch, "revision": current.revision, "serving": serving}),
                 )
+            }
+            "lane" => {
+                let events = self
+                    .lane
+                    .events(LANE_EVENTS_MAX)
+                    .map_err(|e| OpError::new("store_failed", e))?;
+                Ok(json!({"events": events}))
             }
             "shutdown" => {
                 let host = self.clone();
@@ -227,6 +278,8 @@ impl Host {
         policies: Arc<Policies>,
         lane: Arc<OperatorLane>,
         workspace: Arc<Workspace>,
+        turns: Arc<TurnBoundary>,
+        instructions: Arc<Instructions>,
         different: bool,
     ) -> Self {
         Self {
@@ -234,6 +287,8 @@ impl Host {
             policies,
             lane,
             workspace,
+            turns,
+            instructions,
             workbench: Arc::new(Mutex::new(None)),
             handles: std::sync::Mutex::new(None),
             outcomes: Outcomes::new(),
@@ -242,8 +297,25 @@ impl Host {
                 handshake: HANDSHAKE_TIMEOUT,
                 send: SEND_TIMEOUT,
             }),
+            crash_after_commit: AtomicBool::new(false),
+            restoring: Arc::new(Mutex::new(())),
             different,
         }
+    }
+
+    /// Starts the recorded revision (a restart) in the background; ops apply once it is
+    /// up or failed (the problem is told on stderr; reviews then hold).
+    pub(super) async fn restore(self: &Arc<Self>) {
+        let guard = self.restoring.clone().lock_owned().await;
+        let policies = self.policies.clone();
+        tokio::spawn(async move {
+            if let Some(problem) = policies.restore().await {
+                eprintln!(
+                    "contract-impl worker host: the recorded policy did not start: {problem}"
+                );
+            }
+            drop(guard);
+        });
     }
 
     fn workbench_running(&self) -> bool {
@@ -292,20 +364,49 @@ impl Host {
         }
     }
 
-    async fn execute(self: &Arc<Self>, code: String) -> Value {
+    /// Runs a cell as execution `execution_id` (the caller's: the same execution run
+    /// again, after a restart say, keeps its receipts), or one the lane mints.
+    async fn execute(self: &Arc<Self>, code: String, execution_id: Option<Identifier>) -> Value {
         // "Each executing cell pins its policy object."
         let policy = self.policies.pin();
         let mut guard = self.workbench.lock().await;
         let Some(worker) = guard.as_mut() else {
             return json!({"error": {"code": outcome_code(self.different, "no_workbench"), "message": "no workbench is running"}});
         };
+        let session = session(self.different);
+        let prefix = if self.different {
+            Choices::DIFFERENT.cell_prefix
+        } else {
+            Choices::REFERENCE.cell_prefix
+        };
+        let id = self
+            .lane
+            .begin_execution(
+                session.as_str(),
+                execution_id.as_ref().map(Identifier::as_str),
+                prefix,
+            )
+            .and_then(|id| Identifier::new(id).map_err(|e| e.to_string()));
+        let id = match id {
+            Ok(id) => id,
+            Err(e) => {
+                return json!({"error": {"code": outcome_code(self.different, "store_failed"), "message": e}});
+            }
+        };
         let mut services = Services {
             policy,
             lane: self.lane.clone(),
+            crash_after_commit: self.crash_after_commit.load(Ordering::SeqCst),
+            turns: self.turns.clone(),
+            session: session.as_str().to_string(),
             generation: worker.generation().as_str().to_string(),
             workspace: self.workspace.clone(),
         };
-        match worker.execute(&code, &mut services).await {
+        let mut services = Serving {
+            instructions: self.instructions.clone(),
+            rest: &mut services,
+        };
+        match worker.execute_as(Some(id), &code, &mut services).await {
             Ok(record) => record_json(&record),
             Err(e) => {
                 json!({"error": {"code": outcome_code(self.different, e.code()), "message": e.to_string()}})

@@ -1,6 +1,6 @@
 //! What a cell of the controlled host may ask ("Message vocabulary", "Scope, waiting and
-//! receipts"): `runtime.inspect`, and `local.send` reviewed by the cell's pinned policy
-//! into the durable operator lane. Other methods are the host-services layer's and are
+//! receipts"): `runtime.inspect`, `runtime.wait` recorded by the turn boundary, and
+//! `local.send` reviewed by the cell's pinned policy into the durable operator lane. Other methods are the host-services layer's and are
 //! answered `unsupported_method`. This module never touches the worker connection.
 //!
 //! Source work (`workspace.info`, `workspace.run`, `evidence.resolve`) is delegated to
@@ -14,6 +14,7 @@ use serde_json::json;
 use crate::worker::host::{BasicServices, RequestHandler};
 use crate::worker::lane::OperatorLane;
 use crate::worker::policy::Policy;
+use crate::worker::turns::TurnBoundary;
 use crate::worker::wire::{HostRequest, Identifier, Reply};
 use crate::worker::workspace::Workspace;
 
@@ -23,6 +24,11 @@ use crate::worker::workspace::Workspace;
 pub(super) struct Services {
     pub(super) policy: Option<Arc<Policy>>,
     pub(super) lane: Arc<OperatorLane>,
+    /// The test hook of `configure` (`crash_after_commit`): the host dies as SIGKILL
+    /// would between the lane's commit of a send and its reply.
+    pub(super) crash_after_commit: bool,
+    pub(super) turns: Arc<TurnBoundary>,
+    pub(super) session: String,
     pub(super) generation: String,
     pub(super) workspace: Arc<Workspace>,
 }
@@ -35,7 +41,11 @@ impl RequestHandler for Services {
         request_id: &Identifier,
         request: &HostRequest,
     ) -> Reply {
-        match request {
+        let text = match request {
+            HostRequest::LocalSend { text } => text,
+            HostRequest::RuntimeWait { seconds, reason } => {
+                return self.wait(execution_id, request_id, seconds.0, reason);
+            }
             HostRequest::WorkspaceInfo {} => return self.workspace.info(),
             HostRequest::WorkspaceRun {
                 argv,
@@ -50,19 +60,18 @@ impl RequestHandler for Services {
                     .await;
             }
             HostRequest::EvidenceResolve { refs } => return self.workspace.resolve(refs),
-            _ => {}
-        }
-        let HostRequest::LocalSend { text } = request else {
-            return BasicServices
-                .handle(execution_id, request_id, request)
-                .await;
+            _ => {
+                return BasicServices
+                    .handle(execution_id, request_id, request)
+                    .await;
+            }
         };
-        // The effect is the request's identity: a retry of it returns its receipt.
-        let effect_id = format!(
-            "{}.{}.{}",
-            self.generation,
+        // The effect is the request's identity (not the generation's): a retry of it
+        // returns its receipt, also from the same execution run again after a restart.
+        let effect_id = crate::worker::lane::effect_id(
+            &self.session,
             execution_id.as_str(),
-            request_id.as_str()
+            request_id.as_str(),
         );
         let lane_error = |e: String| Reply::Error {
             code: "lane_failed".into(),
@@ -86,10 +95,51 @@ impl RequestHandler for Services {
             Err(e) => Some(format!("review unavailable: {}", e.code())),
         };
         match self.lane.record(&effect_id, text, held.as_deref()) {
+            Ok(_) if self.crash_after_commit => crash_now(),
             Ok(receipt) => Reply::Ok {
                 value: serde_json::to_value(receipt).unwrap_or_default(),
             },
             Err(e) => lane_error(e),
         }
     }
+}
+
+impl Services {
+    /// `runtime.wait`: the turn boundary records the wait (or refuses it over pending
+    /// input) in one transaction; an accepted wait is what lets the cell end yielded.
+    fn wait(
+        &self,
+        execution_id: &Identifier,
+        request_id: &Identifier,
+        seconds: Option<f64>,
+        reason: &str,
+    ) -> Reply {
+        let identity = format!(
+            "{}.{}.{}",
+            self.generation,
+            execution_id.as_str(),
+            request_id.as_str()
+        );
+        let now_ms = crate::worker::host::now_since_epoch().as_millis() as u64;
+        match self
+            .turns
+            .wait(&self.session, &identity, seconds, reason, now_ms)
+        {
+            Ok(wait) => Reply::Ok {
+                value: serde_json::to_value(wait).unwrap_or_default(),
+            },
+            Err(e) => Reply::Error {
+                code: e.code().into(),
+                message: e.to_string(),
+            },
+        }
+    }
+}
+
+/// The host dies at once, as SIGKILL would (no destructor, no reply, no flush): the
+/// `crash_after_commit` test hook, so that a scenario sees a send committed and never
+/// answered. The supervisor of each worker stops it when the host's watch connection ends.
+fn crash_now() -> ! {
+    let _ = nix::sys::signal::raise(nix::sys::signal::Signal::SIGKILL);
+    std::process::abort()
 }

@@ -25,15 +25,36 @@ impl Worker {
         code: &str,
         handler: &mut (dyn RequestHandler + Send),
     ) -> Result<CellRecord, HostError> {
+        self.execute_as(None, code, handler).await
+    }
+
+    /// [`Worker::execute`] under operation ID `id`, the execution's identity the caller
+    /// keeps (an execution the host runs again after a restart keeps it, so a retried
+    /// request of it is the same request); `None`: this generation's next
+    /// `<cell_prefix><n>`.
+    ///
+    /// # Errors
+    /// As [`Worker::execute`].
+    pub async fn execute_as(
+        &mut self,
+        id: Option<Identifier>,
+        code: &str,
+        handler: &mut (dyn RequestHandler + Send),
+    ) -> Result<CellRecord, HostError> {
         if !self.is_valid() {
             return Err(HostError::Invalidated);
         }
-        self.next_op += 1;
-        let id = Identifier::new(format!(
-            "{}{}",
-            self.config.choices.cell_prefix, self.next_op
-        ))
-        .expect("a valid identifier");
+        let id = match id {
+            Some(id) => id,
+            None => {
+                self.next_op += 1;
+                Identifier::new(format!(
+                    "{}{}",
+                    self.config.choices.cell_prefix, self.next_op
+                ))
+                .expect("a valid identifier")
+            }
+        };
         self.interrupts.begin(&id);
         let record = self.run_cell(id.clone(), code, handler).await;
         self.interrupts.end();
@@ -110,7 +131,14 @@ impl Worker {
                     request,
                 } if execution_id == id => {
                     requests += 1;
-                    let reply = if requests > REQUESTS_PER_CELL_MAX {
+                    let reply = if wait_accepted {
+                        // "The host also rejects further requests from a yielded
+                        // execution": an accepted wait ends the execution's authority.
+                        Reply::Error {
+                            code: self.config.choices.no_scope.into(),
+                            message: "the execution yielded to an accepted wait".into(),
+                        }
+                    } else if requests > REQUESTS_PER_CELL_MAX {
                         Reply::Error {
                             code: self.config.choices.request_limit.into(),
                             message: format!(

@@ -255,11 +255,10 @@ impl RequestHandler for BasicServices {
     ) -> Reply {
         match request {
             HostRequest::RuntimeInspect {} => {
-                let now = std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .unwrap_or_default();
+                let now = now_since_epoch();
                 Reply::Ok {
-                    value: json!({"now": rfc3339_utc(now), "now_ms": now.as_millis() as u64}),
+                    // "`now` uses the same `Z` shape as these stamps" (whole seconds).
+                    value: json!({"now": rfc3339_utc_seconds(now), "now_ms": now.as_millis() as u64}),
                 }
             }
             other => Reply::Error {
@@ -268,6 +267,13 @@ impl RequestHandler for BasicServices {
             },
         }
     }
+}
+
+/// The host clock: the time since the Unix epoch (zero before it).
+pub fn now_since_epoch() -> Duration {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
 }
 
 /// `YYYY-MM-DDTHH:MM:SS.mmmZ` for a time since the Unix epoch (the `Z` shape).
@@ -405,6 +411,11 @@ impl Interrupter {
         };
         self.0.notify.notify_one();
         Some(running)
+    }
+
+    /// The operation ID of the cell running now, if any (nothing is sent).
+    pub fn running(&self) -> Option<Identifier> {
+        self.0.state.lock().ok()?.running.clone()
     }
 }
 
@@ -950,6 +961,26 @@ impl Worker {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn inspect_states_now_in_the_stamp_shape_and_now_ms() {
+        let id = |s: &str| Identifier::new(s).unwrap();
+        let reply = BasicServices
+            .handle(&id("c1"), &id("r1"), &HostRequest::RuntimeInspect {})
+            .await;
+        let Reply::Ok { value } = reply else {
+            panic!("{reply:?}")
+        };
+        let now_ms = value["now_ms"].as_u64().unwrap();
+        // The same instant, in whole seconds of the `Z` shape (`2026-09-13T19:54:53Z`).
+        assert_eq!(
+            value["now"],
+            json!(rfc3339_utc_seconds(Duration::from_millis(now_ms)))
+        );
+        let now = value["now"].as_str().unwrap();
+        assert_eq!(now.len(), 20, "{now}");
+        assert!(now.ends_with('Z') && now.as_bytes()[10] == b'T', "{now}");
+    }
 
     #[tokio::test(flavor = "current_thread")]
     async fn a_flush_puts_what_the_pipe_holds_into_the_tail_before_the_answer() {
