@@ -11,6 +11,7 @@
 //! * [`host`]: the worker host: private directory and socket, token, handshake, cells,
 //!   request routing, invalidation, hard stop.
 //! * [`policy`]: the host's side of the decision slots (budget, operator rule, holds).
+//! * [`slots`]: what a cell reads of the decision slots (`hooks.list`, `hooks.describe`).
 //! * [`activation`]: the SQLite epoch and the active hook generation.
 //! * [`lane`]: the operator lane reviewed sends land in, with their receipts.
 //! * [`turns`]: the turn boundary: pending inputs and the waits the host accepted.
@@ -37,6 +38,7 @@ pub mod instructions;
 pub mod lane;
 pub mod policy;
 pub mod python;
+pub mod slots;
 pub mod source;
 pub mod supervise;
 pub mod turns;

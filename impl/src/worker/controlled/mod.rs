@@ -108,6 +108,14 @@ async fn serve(data_dir: &Path, workspace: Option<&Path>, different: bool) -> Re
     } else {
         Choices::REFERENCE
     };
+    // A workspace run's program is killed with its whole group; a member whose parent
+    // died first is re-parented to the host rather than to init, so that the host reaps
+    // it before it answers the run (`ProcessGroup::reap`) and no zombie is left behind.
+    if let Err(e) = crate::process::group::become_subreaper() {
+        eprintln!(
+            "contract-impl worker host: not a child subreaper ({e}); init reaps what a run leaves"
+        );
+    }
     let policies = Policies::open_idle(data_dir, program.clone(), INVOKE_BUDGET, choices)
         .map_err(|e| e.to_string())?;
     let lane = Arc::new(OperatorLane::open(data_dir)?);

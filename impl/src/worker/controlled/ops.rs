@@ -401,6 +401,7 @@ impl Host {
             session: session.as_str().to_string(),
             generation: worker.generation().as_str().to_string(),
             workspace: self.workspace.clone(),
+            host_priority: u32::from(self.different),
         };
         let mut services = Serving {
             instructions: self.instructions.clone(),

@@ -122,6 +122,16 @@ impl Captured {
         String::from_utf8_lossy(&self.stderr.bytes).into_owned()
     }
 
+    /// Bytes the program wrote on stdout (kept or not).
+    pub fn stdout_bytes(&self) -> u64 {
+        self.stdout.bytes.len() as u64 + self.stdout.dropped
+    }
+
+    /// Bytes the program wrote on stderr (kept or not).
+    pub fn stderr_bytes(&self) -> u64 {
+        self.stderr.bytes.len() as u64 + self.stderr.dropped
+    }
+
     /// Bytes of stdout read and not kept.
     pub fn stdout_truncated_bytes(&self) -> u64 {
         self.stdout.dropped
@@ -244,5 +254,7 @@ mod tests {
             c.stdout.bytes.len() as u64 + c.stdout_truncated_bytes(),
             100
         );
+        // What was written stays counted, whatever was cut.
+        assert_eq!((c.stdout_bytes(), c.stderr_bytes()), (100, 5));
     }
 }

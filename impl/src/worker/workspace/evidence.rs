@@ -19,6 +19,7 @@ use serde_json::{Value, json};
 
 use super::WorkspaceError;
 use crate::worker::lane::OperatorLane;
+use crate::worker::wire::limits::RETURNED_TEXT_MAX_BYTES;
 
 /// Most references of one `evidence.resolve`. Our reference choice (the spec names no
 /// bound); it keeps a reply's size bounded with [`EVIDENCE_TEXT_MAX_BYTES`].
@@ -27,7 +28,7 @@ pub const EVIDENCE_REFS_MAX: usize = 64;
 /// Bytes of event text one `evidence.resolve` reply returns, all results together. Our
 /// reference choice: the spec's bound of the text a cell returns ("Transport and
 /// bounds": "returned text <=65,536 bytes").
-pub const EVIDENCE_TEXT_MAX_BYTES: usize = 65_536;
+pub const EVIDENCE_TEXT_MAX_BYTES: usize = RETURNED_TEXT_MAX_BYTES;
 
 /// The prefix of an operator-lane event reference (the spec's example `event:42`).
 pub const EVENT_REF_PREFIX: &str = "event:";

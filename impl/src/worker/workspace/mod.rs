@@ -14,6 +14,10 @@
 //! * `evidence.resolve` (`{"method":"evidence.resolve","refs":["event:42"]}`) resolves
 //!   each reference on its own ([`Workspace::resolve`], the private `evidence` module).
 //!
+//! What each answers is our reading (the spec shows the requests, not their replies):
+//! catalog entries WK-HOST-013 to WK-HOST-018 and `docs/worker-host-control.md`, "Source
+//! work and the slots".
+//!
 //! A refused request is a [`WorkspaceError`] with a stable [`code`](WorkspaceError::code),
 //! answered as a `host_reply` error; a program that ran and failed is an `ok` reply that
 //! says how it ended. This module owns the workspace root, the processes it starts (every
@@ -32,18 +36,20 @@ use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use serde_json::{Value, json};
+use serde_json::json;
 
 use super::lane::OperatorLane;
 use super::wire::Reply;
+use super::wire::limits::WAIT_SECONDS_MAX;
 pub use evidence::{EVENT_REF_PREFIX, EVIDENCE_REFS_MAX, EVIDENCE_TEXT_MAX_BYTES};
 pub use request::{DEFAULT_PATH, INHERITED_ENV};
 pub use run::PIPE_DRAIN_AFTER_EXIT;
 
 /// Longest `timeout_ms` of `workspace.run`, in milliseconds. Our reference choice: the
 /// spec's example asks for 120,000 ("Message vocabulary") and names no maximum; ours is
-/// the longest `runtime.wait` ("Wait seconds are null or finite >0 and <=600").
-pub const RUN_TIMEOUT_MS_MAX: u64 = 600_000;
+/// the longest `runtime.wait` ("Scope, waiting and receipts": "Wait seconds are null or
+/// finite >0 and <=600"), [`WAIT_SECONDS_MAX`] in milliseconds.
+pub const RUN_TIMEOUT_MS_MAX: u64 = WAIT_SECONDS_MAX as u64 * 1000;
 
 /// Largest `max_output_bytes` of `workspace.run` (stdout and stderr together). Our
 /// reference choice: the spec's example asks for 750,000 ("Message vocabulary") and
@@ -241,9 +247,11 @@ impl Workspace {
         }
     }
 
-    /// `workspace.run`: checks the request, runs the program and answers how it ended
-    /// (`ok` also for a non-zero exit, a signal or a timeout; see [`run::Outcome`] for
-    /// the shape), or the refusal.
+    /// `workspace.run`: checks the request, runs the program and answers how it ended,
+    /// `ok` also for a non-zero exit, a signal or a timeout: `{exit_code, signal,
+    /// timed_out, elapsed_ms, stdout, stderr, stdout_bytes, stderr_bytes,
+    /// stdout_truncated_bytes, stderr_truncated_bytes, truncated}`; or the refusal. The
+    /// future owns the run: dropped before it ends, it kills the program's group.
     pub async fn run(
         &self,
         argv: &[String],
@@ -295,7 +303,7 @@ impl Workspace {
 
 /// The reply value of `value` for tests: `Ok` value or `(code, message)`.
 #[cfg(test)]
-fn split(reply: Reply) -> Result<Value, (String, String)> {
+fn split(reply: Reply) -> Result<serde_json::Value, (String, String)> {
     match reply {
         Reply::Ok { value } => Ok(value),
         Reply::Error { code, message } => Err((code, message)),

@@ -20,7 +20,7 @@ use std::time::Duration;
 use nix::sys::signal::Signal;
 use serde_json::{Value, json};
 use tokio::io::AsyncReadExt;
-use tokio::process::Command;
+use tokio::process::{Child, Command};
 use tokio::time::Instant;
 
 use super::capture::{Capture, Captured, Stream};
@@ -50,9 +50,9 @@ struct RunsState {
 }
 
 impl Runs {
-    /// Registers `group` (here and with the watchdog) for as long as the guard lives; a
-    /// group registered after [`Runs::stop`] is killed at once.
-    fn enter(&self, group: ProcessGroup) -> GroupGuard {
+    /// Registers the group `child` leads (here and with the watchdog) for as long as the
+    /// returned run lives; a group registered after [`Runs::stop`] is killed at once.
+    fn enter(&self, child: Child, group: ProcessGroup) -> LiveRun {
         watchdog::register(group);
         let mut state = self
             .0
@@ -64,11 +64,11 @@ impl Runs {
         if state.stopped {
             group.signal(Signal::SIGKILL);
         }
-        GroupGuard {
+        LiveRun {
             runs: self.clone(),
             key,
             group,
-            armed: true,
+            child: Some(child),
         }
     }
 
@@ -85,19 +85,24 @@ impl Runs {
     }
 }
 
-/// One run's group: while armed, dropping it SIGKILLs the group (an abandoned run).
-struct GroupGuard {
+/// One run's program and its group. Dropped before [`LiveRun::finish`] (an abandoned
+/// run: the cell's scope ended, the host stops), it SIGKILLs the group at once and reaps
+/// the program and what was left of its group in the background.
+struct LiveRun {
     runs: Runs,
     key: u64,
     group: ProcessGroup,
-    armed: bool,
+    /// The program until it was reaped by [`LiveRun::finish`].
+    child: Option<Child>,
 }
 
-impl GroupGuard {
-    /// Kills what is left of the group, waits until it is empty (zombies reaped by their
-    /// parents) and unregisters it. A group that does not empty stays registered with
-    /// the watchdog, so that it dies with the host at the latest.
+impl LiveRun {
+    /// With the program reaped: kills what is left of the group, waits until it is empty
+    /// (members re-parented to the host are reaped, [`ProcessGroup::reap`]) and
+    /// unregisters it. A group that does not empty stays registered with the watchdog,
+    /// so that it dies with the host at the latest.
     async fn finish(mut self) {
+        self.child = None;
         self.group.signal(Signal::SIGKILL);
         if self
             .group
@@ -108,22 +113,35 @@ impl GroupGuard {
         } else {
             tracing::warn!(pgid = %self.group, "a workspace run's process group survived SIGKILL");
         }
-        self.armed = false;
     }
 }
 
-impl Drop for GroupGuard {
+impl Drop for LiveRun {
     fn drop(&mut self) {
-        if self.armed {
-            self.group.signal(Signal::SIGKILL);
-            watchdog::unregister(self.group);
+        {
+            let mut state = self
+                .runs
+                .0
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            state.live.remove(&self.key);
         }
-        let mut state = self
-            .runs
-            .0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        state.live.remove(&self.key);
+        let Some(mut child) = self.child.take() else {
+            return;
+        };
+        let group = self.group;
+        group.signal(Signal::SIGKILL);
+        // Reaping needs the runtime; without one the program is killed on drop and
+        // Tokio's orphan queue reaps it, and the group stays registered with the
+        // watchdog.
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                let _ = child.wait().await;
+                if group.wait_gone(Instant::now() + KILL_CONFIRM_TIMEOUT).await {
+                    watchdog::unregister(group);
+                }
+            });
+        }
     }
 }
 
@@ -144,21 +162,27 @@ pub(super) struct Outcome {
 
 impl Outcome {
     fn value(&self) -> Value {
+        let captured = &self.captured;
         json!({
             "exit_code": self.exit_code,
             "signal": self.signal,
             "timed_out": self.timed_out,
-            "stdout": self.captured.stdout(),
-            "stderr": self.captured.stderr(),
-            "stdout_truncated_bytes": self.captured.stdout_truncated_bytes(),
-            "stderr_truncated_bytes": self.captured.stderr_truncated_bytes(),
             "elapsed_ms": self.elapsed_ms,
+            "stdout": captured.stdout(),
+            "stderr": captured.stderr(),
+            "stdout_bytes": captured.stdout_bytes(),
+            "stderr_bytes": captured.stderr_bytes(),
+            "stdout_truncated_bytes": captured.stdout_truncated_bytes(),
+            "stderr_truncated_bytes": captured.stderr_truncated_bytes(),
+            "truncated": captured.stdout_truncated_bytes() + captured.stderr_truncated_bytes() > 0,
         })
     }
 
-    /// The reply value `{exit_code, signal, timed_out, stdout, stderr,
-    /// stdout_truncated_bytes, stderr_truncated_bytes, elapsed_ms}`, its texts cut (and
-    /// counted as truncated) where the reply would not fit one frame.
+    /// The reply value `{exit_code, signal, timed_out, elapsed_ms, stdout, stderr,
+    /// stdout_bytes, stderr_bytes, stdout_truncated_bytes, stderr_truncated_bytes,
+    /// truncated}`: `*_bytes` what the program wrote on the stream, `*_truncated_bytes`
+    /// what of it the reply does not hold (past `max_output_bytes`, or cut where the
+    /// reply would not fit one frame), `truncated` whether any byte is missing.
     pub(super) fn into_value(mut self) -> Value {
         let budget = FRAME_MAX_BYTES - REPLY_ENVELOPE_MARGIN_BYTES;
         let (exit_code, signal, timed_out, elapsed_ms) =
@@ -203,9 +227,14 @@ pub(super) async fn run(spec: RunSpec, runs: &Runs) -> Result<Outcome, Workspace
     let pid = child
         .id()
         .ok_or_else(|| WorkspaceError::Run("the program has no process ID".into()))?;
-    let guard = runs.enter(ProcessGroup::of_leader(pid));
     let mut stdout = child.stdout.take();
     let mut stderr = child.stderr.take();
+    let mut live = runs.enter(child, ProcessGroup::of_leader(pid));
+    let group = live.group;
+    let child = live
+        .child
+        .as_mut()
+        .ok_or_else(|| WorkspaceError::Run("the program is gone".into()))?;
     let mut capture = Capture::new(spec.max_output);
     let (mut out_buf, mut err_buf) = (vec![0u8; READ_CHUNK_BYTES], vec![0u8; READ_CHUNK_BYTES]);
     let deadline = started + spec.timeout;
@@ -230,18 +259,18 @@ pub(super) async fn run(spec: RunSpec, runs: &Runs) -> Result<Outcome, Workspace
                 let status = status.map_err(|e| WorkspaceError::Run(e.to_string()))?;
                 // What the program left running in its group ends with it, so that its
                 // pipes close and nothing of the run outlives the reply.
-                guard.group.signal(Signal::SIGKILL);
+                group.signal(Signal::SIGKILL);
                 exited = Some((status, Instant::now()));
             }
             () = tokio::time::sleep_until(deadline), if exited.is_none() && !timed_out => {
                 timed_out = true;
-                guard.group.signal(Signal::SIGKILL);
+                group.signal(Signal::SIGKILL);
             }
             () = sleep_until_some(drain_until), if exited.is_some() => break,
         }
     }
     let (status, ended) = exited.ok_or_else(|| WorkspaceError::Run("no exit status".into()))?;
-    guard.finish().await;
+    live.finish().await;
     use std::os::unix::process::ExitStatusExt;
     Ok(Outcome {
         exit_code: status.code(),

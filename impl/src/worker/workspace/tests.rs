@@ -98,13 +98,33 @@ async fn the_output_bound_is_exact_at_the_bound_and_counts_the_excess() {
     let (_dir, ws) = workspace();
     let at = sh(&ws, "printf 0123456789abcdef", 10_000, 16).await;
     assert_eq!(
-        (&at["stdout"], &at["stdout_truncated_bytes"]),
-        (&json!("0123456789abcdef"), &json!(0))
+        (
+            &at["stdout"],
+            &at["stdout_bytes"],
+            &at["stdout_truncated_bytes"],
+            &at["truncated"]
+        ),
+        (
+            &json!("0123456789abcdef"),
+            &json!(16),
+            &json!(0),
+            &json!(false)
+        )
     );
     let past = sh(&ws, "printf 0123456789abcdefX", 10_000, 16).await;
     assert_eq!(
-        (&past["stdout"], &past["stdout_truncated_bytes"]),
-        (&json!("0123456789abcdef"), &json!(1))
+        (
+            &past["stdout"],
+            &past["stdout_bytes"],
+            &past["stdout_truncated_bytes"],
+            &past["truncated"]
+        ),
+        (
+            &json!("0123456789abcdef"),
+            &json!(17),
+            &json!(1),
+            &json!(true)
+        )
     );
     // Far past it: everything is read (the program never blocks) and counted.
     let big = sh(
@@ -117,6 +137,10 @@ async fn the_output_bound_is_exact_at_the_bound_and_counts_the_excess() {
     assert_eq!(big["exit_code"], 0);
     assert_eq!(big["stdout"].as_str().unwrap().len(), 1000);
     assert_eq!(big["stdout_truncated_bytes"], 3_000_000 - 1000);
+    assert_eq!(
+        (&big["stdout_bytes"], &big["stderr_bytes"]),
+        (&json!(3_000_000), &json!(1))
+    );
     assert_eq!(
         (&big["stderr"], &big["stderr_truncated_bytes"]),
         (&json!(""), &json!(1))
