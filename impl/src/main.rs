@@ -174,10 +174,11 @@ enum WorkerCommand {
             default_value = "worker-host-data"
         )]
         data_dir: PathBuf,
-        /// The workspace (the builtin skills default to `<workspace>/skills` unless
-        /// `KLBR_SKILLS_DIR` names them); default the working directory.
-        #[arg(long, env = "CONTRACT_WORKSPACE", default_value = ".")]
-        workspace: PathBuf,
+        /// The workspace: the cells' source work (`workspace.run`; made 0700 when
+        /// missing) and the builtin skills (`<workspace>/skills` unless
+        /// `KLBR_SKILLS_DIR` names them); default `workspace` under the data directory.
+        #[arg(long, env = "CONTRACT_WORKSPACE")]
+        workspace: Option<PathBuf>,
         /// `different`: every choice the spec leaves free made otherwise (operation IDs,
         /// codes, session and generation names), for vendor-mode trials.
         #[arg(long, value_enum, default_value_t = WireProfileArg::Reference)]
@@ -328,7 +329,7 @@ fn main() -> ExitCode {
                 },
         } => worker_host(
             &data_dir,
-            &workspace,
+            workspace.as_deref(),
             matches!(profile, WireProfileArg::Different),
         ),
         Command::Worker {
@@ -360,7 +361,7 @@ fn async_runtime() -> Result<tokio::runtime::Runtime, ExitCode> {
 /// `worker host`: the controlled host until its control channel ends or SIGTERM.
 fn worker_host(
     data_dir: &std::path::Path,
-    workspace: &std::path::Path,
+    workspace: Option<&std::path::Path>,
     different: bool,
 ) -> ExitCode {
     let runtime = match tokio::runtime::Runtime::new() {

@@ -267,3 +267,106 @@ async fn killing_the_supervisor_stops_the_worker() {
     assert!(r.observed_by_host, "{r:?}");
     assert_eq!(r.status, None);
 }
+
+/// Answers `workspace.info` beside the exchange (`RequestHandler::start`): after a pause,
+/// or never (a future that only records that it was dropped); everything else as
+/// [`BasicServices`].
+struct Detached {
+    pause: Option<Duration>,
+    dropped: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+struct OnDrop(std::sync::Arc<std::sync::atomic::AtomicBool>);
+
+impl Drop for OnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+#[async_trait::async_trait]
+impl contract_impl::worker::host::RequestHandler for Detached {
+    async fn handle(
+        &mut self,
+        execution_id: &contract_impl::worker::wire::Identifier,
+        request_id: &contract_impl::worker::wire::Identifier,
+        request: &contract_impl::worker::wire::HostRequest,
+    ) -> contract_impl::worker::wire::Reply {
+        BasicServices
+            .handle(execution_id, request_id, request)
+            .await
+    }
+
+    fn start(
+        &mut self,
+        _execution_id: &contract_impl::worker::wire::Identifier,
+        _request_id: &contract_impl::worker::wire::Identifier,
+        request: &contract_impl::worker::wire::HostRequest,
+    ) -> Option<contract_impl::worker::host::PendingReply> {
+        if !matches!(
+            request,
+            contract_impl::worker::wire::HostRequest::WorkspaceInfo {}
+        ) {
+            return None;
+        }
+        let pause = self.pause;
+        let guard = OnDrop(self.dropped.clone());
+        Some(Box::pin(async move {
+            let _guard = guard;
+            match pause {
+                Some(pause) => tokio::time::sleep(pause).await,
+                None => std::future::pending::<()>().await,
+            }
+            contract_impl::worker::wire::Reply::Ok {
+                value: serde_json::json!({"slow": true}),
+            }
+        }))
+    }
+}
+
+#[tokio::test]
+async fn a_reply_made_beside_the_exchange_lets_later_requests_pass_and_dies_with_the_cell() {
+    use contract_impl::worker::host::RequestHandler as _;
+    let mut worker = Worker::spawn(python_worker()).await.unwrap();
+    let dropped = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut slow = Detached {
+        pause: Some(Duration::from_millis(500)),
+        dropped: dropped.clone(),
+    };
+    // The slow request is sent first; the inspect behind it is answered first.
+    let code = "import asyncio\norder = []\nasync def slow():\n    v = await runtime.workspace_info()\n    order.append(('slow', v['slow']))\nasync def fast():\n    await runtime.inspect()\n    order.append('fast')\nawait asyncio.gather(slow(), fast())\norder";
+    let r = worker.execute(code, &mut slow).await.unwrap();
+    assert_eq!(result_text(&r), "['fast', ('slow', True)]", "{r:?}");
+    // A reply never made: the cell completes with it pending (a background task's), and
+    // the host drops it.
+    dropped.store(false, std::sync::atomic::Ordering::SeqCst);
+    let mut never = Detached {
+        pause: None,
+        dropped: dropped.clone(),
+    };
+    let code =
+        "t = asyncio.create_task(runtime.workspace_info())\nawait asyncio.sleep(0.2)\n'done'";
+    let r = worker.execute(code, &mut never).await.unwrap();
+    assert_eq!(result_text(&r), "'done'", "{r:?}");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !dropped.load(std::sync::atomic::Ordering::SeqCst) {
+        assert!(
+            Instant::now() < deadline,
+            "the pending reply outlived its cell"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // The same request answered in line by `handle` when no `start` takes it.
+    let reply = never
+        .handle(
+            &contract_impl::worker::wire::Identifier::new("c").unwrap(),
+            &contract_impl::worker::wire::Identifier::new("r").unwrap(),
+            &contract_impl::worker::wire::HostRequest::RuntimeInspect {},
+        )
+        .await;
+    assert!(matches!(
+        reply,
+        contract_impl::worker::wire::Reply::Ok { .. }
+    ));
+    worker.shutdown(Duration::from_secs(5)).await;
+}

@@ -7,8 +7,10 @@
 //! One SQLite table keyed by the effect ID ([`effect_id`]: the session, execution and
 //! request identity, never the generation, so that the same execution run again in a
 //! new generation after a host restart finds its receipt): a receipt is written once, in
-//! the same transaction as its event, and read back on a retry. This module never reviews
-//! a send (that is [`super::policy`]'s) and never delivers one anywhere else.
+//! the same transaction as its event, and read back on a retry; an event is read back by
+//! its ID for `evidence.resolve` ([`OperatorLane::event`]). This module never reviews a
+//! send (that is [`super::policy`]'s), never delivers one anywhere else and never changes
+//! or deletes an event once written.
 //!
 //! The lane also mints the execution IDs of a host that does not name one
 //! ([`OperatorLane::begin_execution`]): they are kept where the receipts are, so an ID
@@ -126,6 +128,31 @@ impl OperatorLane {
                     },
                     event_id: event.map(|e| e as u64),
                     reason,
+                })
+            },
+        )
+        .optional()
+        .map_err(|e| e.to_string())
+    }
+
+    /// The durable event `event_id`, if the lane holds one (an ID past `i64::MAX`, which
+    /// SQLite cannot hold, is none).
+    ///
+    /// # Errors
+    /// The SQLite error, as text.
+    pub fn event(&self, event_id: u64) -> Result<Option<LaneEvent>, String> {
+        let Ok(key) = i64::try_from(event_id) else {
+            return Ok(None);
+        };
+        let conn = self.conn.lock().map_err(|_| "poisoned".to_string())?;
+        conn.query_row(
+            "SELECT effect_id, text FROM operator_events WHERE event_id = ?1",
+            params![key],
+            |row| {
+                Ok(LaneEvent {
+                    event_id,
+                    effect_id: row.get(0)?,
+                    text: row.get(1)?,
                 })
             },
         )
@@ -267,6 +294,27 @@ mod tests {
             (held.status, held.event_id, held.reason.as_deref()),
             (ReceiptStatus::Held, None, Some("policy"))
         );
+    }
+
+    #[test]
+    fn events_are_read_back_by_id_and_a_held_send_has_none() {
+        let dir = tempfile::tempdir().unwrap();
+        let lane = OperatorLane::open(dir.path()).unwrap();
+        lane.record("g.c1.r1", "first", None).unwrap();
+        lane.record("g.c1.r2", "held", Some("policy")).unwrap();
+        lane.record("g.c1.r3", "second", None).unwrap();
+        let event = lane.event(2).unwrap().unwrap();
+        assert_eq!(
+            (
+                event.event_id,
+                event.effect_id.as_str(),
+                event.text.as_str()
+            ),
+            (2, "g.c1.r3", "second")
+        );
+        assert_eq!(lane.event(3).unwrap(), None);
+        assert_eq!(lane.event(0).unwrap(), None);
+        assert_eq!(lane.event(u64::MAX).unwrap(), None);
     }
 
     #[test]

@@ -11,6 +11,7 @@
 //! * [`host`]: the worker host: private directory and socket, token, handshake, cells,
 //!   request routing, invalidation, hard stop.
 //! * [`policy`]: the host's side of the decision slots (budget, operator rule, holds).
+//! * [`slots`]: what a cell reads of the decision slots (`hooks.list`, `hooks.describe`).
 //! * [`activation`]: the SQLite epoch and the active hook generation.
 //! * [`lane`]: the operator lane reviewed sends land in, with their receipts.
 //! * [`turns`]: the turn boundary: pending inputs and the waits the host accepted.
@@ -22,6 +23,8 @@
 //!   set a workbench is given at spawn.
 //! * [`supervise`]: the process the host spawns around a worker so that no process of
 //!   it outlives the host (`contract-impl worker supervise`).
+//! * [`workspace`]: the host's source work: `workspace.info`, `workspace.run` (a program
+//!   in its own process group, bounded in time and output) and `evidence.resolve`.
 //! * [`usage`]: the cache measurements read from a route's usage, and the cache options a
 //!   route may carry ("What the request costs: cache reporting").
 //!
@@ -38,8 +41,10 @@ pub mod lane;
 pub mod policy;
 pub mod python;
 pub mod skills;
+pub mod slots;
 pub mod source;
 pub mod supervise;
 pub mod turns;
 pub mod usage;
 pub mod wire;
+pub mod workspace;

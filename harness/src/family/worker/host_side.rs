@@ -273,9 +273,10 @@ impl ScriptedWorkerPeer {
     }
 }
 
-/// Masks the host's clock in goldens: `now`/`now_ms` of a `host_reply` value (what
-/// `runtime.inspect` answers) and a wait's `deadline_ms` (a time of the run when it is
-/// a number) are the time of the run.
+/// Masks what differs from run to run in goldens: `now`/`now_ms` of a `host_reply` value
+/// (what `runtime.inspect` answers), a wait's `deadline_ms` (a time of the run when it is
+/// a number), a program run's `elapsed_ms` (`workspace.run`) and the workspace's `root`
+/// (`workspace.info`: a path under the run's own directory).
 fn mask_clock(body: &Value) -> Value {
     let mut body = body.clone();
     if body.get("kind").and_then(Value::as_str) == Some("host_reply")
@@ -286,8 +287,16 @@ fn mask_clock(body: &Value) -> Value {
                 *v = Value::String(mask.into());
             }
         }
-        if let Some(v) = value.get_mut("deadline_ms").filter(|v| v.is_number()) {
-            *v = Value::String("<deadline_ms>".into());
+        for (key, mask) in [
+            ("deadline_ms", "<deadline_ms>"),
+            ("elapsed_ms", "<elapsed_ms>"),
+        ] {
+            if let Some(v) = value.get_mut(key).filter(|v| v.is_number()) {
+                *v = Value::String(mask.into());
+            }
+        }
+        if let Some(v) = value.get_mut("root").filter(|v| v.is_string()) {
+            *v = Value::String("<root>".into());
         }
     }
     body
@@ -1032,6 +1041,22 @@ mod tests {
             channel: CHANNEL,
             bytes: framed(envelope.to_string().as_bytes()),
         })
+    }
+
+    #[test]
+    fn run_dependent_reply_values_are_masked_and_nothing_else() {
+        let reply = |value: Value| json!({"kind": "host_reply", "id": "r", "execution_id": "c", "reply": {"kind": "ok", "value": value}});
+        assert_eq!(
+            mask_clock(&reply(
+                json!({"exit_code": 0, "elapsed_ms": 12, "root": "/tmp/x/ws", "deadline_ms": null})
+            )),
+            reply(
+                json!({"exit_code": 0, "elapsed_ms": "<elapsed_ms>", "root": "<root>", "deadline_ms": null})
+            )
+        );
+        // Not a host reply: recorded as it is.
+        let other = json!({"kind": "execute", "id": "c", "code": "1", "root": "/x"});
+        assert_eq!(mask_clock(&other), other);
     }
 
     #[tokio::test]

@@ -299,6 +299,18 @@ impl RequestHandler for Serving<'_> {
             _ => self.rest.handle(execution_id, request_id, request).await,
         }
     }
+
+    fn start(
+        &mut self,
+        execution_id: &Identifier,
+        request_id: &Identifier,
+        request: &HostRequest,
+    ) -> Option<crate::worker::host::PendingReply> {
+        match request {
+            HostRequest::RuntimeInstructions {} => None,
+            _ => self.rest.start(execution_id, request_id, request),
+        }
+    }
 }
 
 #[cfg(test)]

@@ -13,15 +13,18 @@
 //! * Every worker it starts runs `CONTRACT_WORKER_PROGRAM` (a JSON array: the program and
 //!   its arguments; default our Python worker) under the supervisor, with the launch
 //!   environment of `docs/worker-launch-contract.md`.
+//! * A cell's source work (`workspace.info`, `workspace.run`, `evidence.resolve`) is
+//!   served in one workspace directory ([`super::workspace`]): `--workspace DIR` (or
+//!   `CONTRACT_WORKSPACE`), by default [`WORKSPACE_DIR`] under the data directory (made
+//!   0700).
 //! * A data directory whose epoch names a revision (a restart) starts that revision's
 //!   hook worker while the host says hello; the first request applies once it is up (or
 //!   failed), so requests never race it.
 //! * Its skill roots ([`super::skills::SkillRoots`]): builtin from `KLBR_SKILLS_DIR`, else
-//!   `<workspace>/skills` (`--workspace`/`CONTRACT_WORKSPACE`, default the working
-//!   directory); managed `<data>/skills` (`--data-dir`/`CONTRACT_HOST_DATA_DIR`), created
+//!   `<workspace>/skills` (the same workspace); managed `<data>/skills` (`--data-dir`/`CONTRACT_HOST_DATA_DIR`), created
 //!   at start. Each workbench is given the index scanned when it starts.
 //! * SIGTERM or the end of the control channel stops every worker (a running cell is
-//!   stopped hard) and ends the process.
+//!   stopped hard) and every workspace run, and ends the process.
 //!
 //! The framing, the request checks, the outcome registry and `await` are the shared
 //! [`crate::control`]'s. This module owns the mapping of the host's operations (the
@@ -45,6 +48,7 @@ use super::lane::OperatorLane;
 use super::policy::INVOKE_BUDGET;
 use super::skills::SkillRoots;
 use super::turns::TurnBoundary;
+use super::workspace::Workspace;
 pub use crate::control::{AWAIT_MAX, AWAITS_MAX, CONTROL_LINE_MAX_BYTES, OUTCOMES_MAX};
 use ops::Host;
 
@@ -53,6 +57,9 @@ pub const HELLO_LINE: &str = r#"{"hello":{"adapter":"worker-host","protocol":1}}
 
 /// The variable naming the control socket.
 pub const CONTROL_ENV: &str = "CONTRACT_HOST_CONTROL_SOCKET";
+
+/// The workspace directory under the data directory, when `--workspace` names none.
+pub const WORKSPACE_DIR: &str = "workspace";
 
 /// The variable naming the worker program (a JSON array of strings).
 pub const PROGRAM_ENV: &str = "CONTRACT_WORKER_PROGRAM";
@@ -79,7 +86,11 @@ pub fn program_from_env() -> Result<Vec<OsString>, String> {
 }
 
 /// Runs the controlled host until the control channel ends or SIGTERM; stops every
-/// worker before it returns. Returns the process exit code (0; 2 when it cannot start).
+/// worker and every workspace run before it returns. Returns the process exit code (0;
+/// 2 when it cannot start).
+///
+/// `workspace`: the directory of its source work (created 0700 when missing); `None`:
+/// [`WORKSPACE_DIR`] under `data_dir`.
 ///
 /// `data_dir` holds the activation epoch, the operator lane and the managed skills;
 /// `workspace` is where the builtin skills default to (`<workspace>/skills`).
@@ -87,7 +98,7 @@ pub fn program_from_env() -> Result<Vec<OsString>, String> {
 /// `different`: the host makes every choice the spec leaves free otherwise
 /// ([`Choices::DIFFERENT`], another session and generation naming, other outcome codes,
 /// another wake priority of its own plans), for the vendor-mode trial of the suite.
-pub async fn run(data_dir: &Path, workspace: &Path, different: bool) -> i32 {
+pub async fn run(data_dir: &Path, workspace: Option<&Path>, different: bool) -> i32 {
     match serve(data_dir, workspace, different).await {
         Ok(()) => 0,
         Err(e) => {
@@ -97,7 +108,7 @@ pub async fn run(data_dir: &Path, workspace: &Path, different: bool) -> i32 {
     }
 }
 
-async fn serve(data_dir: &Path, workspace: &Path, different: bool) -> Result<(), String> {
+async fn serve(data_dir: &Path, workspace: Option<&Path>, different: bool) -> Result<(), String> {
     let socket = std::env::var(CONTROL_ENV).map_err(|_| format!("{CONTROL_ENV} is not set"))?;
     let program = program_from_env()?;
     let choices = if different {
@@ -105,10 +116,21 @@ async fn serve(data_dir: &Path, workspace: &Path, different: bool) -> Result<(),
     } else {
         Choices::REFERENCE
     };
+    // A workspace run's program is killed with its whole group; a member whose parent
+    // died first is re-parented to the host rather than to init, so that the host reaps
+    // it before it answers the run (`ProcessGroup::reap`) and no zombie is left behind.
+    if let Err(e) = crate::process::group::become_subreaper() {
+        eprintln!(
+            "contract-impl worker host: not a child subreaper ({e}); init reaps what a run leaves"
+        );
+    }
     let policies = Policies::open_idle(data_dir, program.clone(), INVOKE_BUDGET, choices)
         .map_err(|e| e.to_string())?;
-    let lane = OperatorLane::open(data_dir)?;
-    let skills = SkillRoots::resolve(workspace, data_dir);
+    let lane = Arc::new(OperatorLane::open(data_dir)?);
+    let workspace_dir = workspace.map_or_else(|| data_dir.join(WORKSPACE_DIR), Path::to_path_buf);
+    let workspace =
+        Workspace::open(&workspace_dir, lane.clone(), different).map_err(|e| e.to_string())?;
+    let skills = SkillRoots::resolve(&workspace_dir, data_dir);
     skills.prepare()?;
     let turns = TurnBoundary::open(data_dir)?;
     let instructions =
@@ -116,10 +138,13 @@ async fn serve(data_dir: &Path, workspace: &Path, different: bool) -> Result<(),
     let host = Arc::new(Host::new(
         program,
         Arc::new(policies),
-        Arc::new(lane),
-        skills,
-        Arc::new(turns),
-        Arc::new(instructions),
+        ops::Stores {
+            lane,
+            skills,
+            workspace: Arc::new(workspace),
+            turns: Arc::new(turns),
+            instructions: Arc::new(instructions),
+        },
         different,
     ));
     // The recorded revision starts beside the hello, before the first request applies.

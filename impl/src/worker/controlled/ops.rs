@@ -31,6 +31,7 @@ use crate::worker::policy::Policy;
 use crate::worker::skills::{SkillIndex, SkillRequests, SkillRoots};
 use crate::worker::turns::TurnBoundary;
 use crate::worker::wire::Identifier;
+use crate::worker::workspace::Workspace;
 
 /// Handles on the running workbench that never wait for its cell.
 #[derive(Clone)]
@@ -55,6 +56,7 @@ pub(super) struct Host {
     lane: Arc<OperatorLane>,
     /// The skill roots each workbench's index is scanned from when it starts.
     skills: SkillRoots,
+    workspace: Arc<Workspace>,
     turns: Arc<TurnBoundary>,
     instructions: Arc<Instructions>,
     workbench: Arc<Mutex<Option<Worker>>>,
@@ -273,21 +275,40 @@ impl Ops for Host {
     }
 }
 
+/// The durable stores and roots a host answers its cells' requests from.
+pub(super) struct Stores {
+    /// The operator lane (`local.send` receipts, `evidence.resolve`).
+    pub(super) lane: Arc<OperatorLane>,
+    /// The skill roots each workbench's index is scanned from when it starts.
+    pub(super) skills: SkillRoots,
+    /// The workspace of the cells' source work.
+    pub(super) workspace: Arc<Workspace>,
+    /// The turn boundary (`runtime.wait`, pending input).
+    pub(super) turns: Arc<TurnBoundary>,
+    /// The session's instruction header.
+    pub(super) instructions: Arc<Instructions>,
+}
+
 impl Host {
     pub(super) fn new(
         program: Vec<OsString>,
         policies: Arc<Policies>,
-        lane: Arc<OperatorLane>,
-        skills: SkillRoots,
-        turns: Arc<TurnBoundary>,
-        instructions: Arc<Instructions>,
+        stores: Stores,
         different: bool,
     ) -> Self {
+        let Stores {
+            lane,
+            skills,
+            workspace,
+            turns,
+            instructions,
+        } = stores;
         Self {
             program,
             policies,
             lane,
             skills,
+            workspace,
             turns,
             instructions,
             workbench: Arc::new(Mutex::new(None)),
@@ -408,6 +429,8 @@ impl Host {
             turns: self.turns.clone(),
             session: session.as_str().to_string(),
             generation: worker.generation().as_str().to_string(),
+            workspace: self.workspace.clone(),
+            host_priority: u32::from(self.different),
         };
         let mut rest = SkillRequests::new(worker.skills(), services);
         let mut services = Serving {
@@ -422,9 +445,10 @@ impl Host {
         }
     }
 
-    /// Stops everything: a running cell's generation hard (it does not wait for the
-    /// cell), then the workbench and the hook generation.
+    /// Stops everything: every workspace run and a running cell's generation hard (it
+    /// does not wait for the cell), then the workbench and the hook generation.
     async fn stop_all(&self) {
+        self.workspace.stop_runs();
         let handles = self.handles.lock().ok().and_then(|h| h.clone());
         let graceful =
             tokio::time::timeout(Duration::from_millis(200), self.workbench.lock()).await;

@@ -1,21 +1,26 @@
 //! What a cell of the controlled host may ask ("Message vocabulary", "Scope, waiting and
-//! receipts"): `runtime.inspect`, `runtime.wait` recorded by the turn boundary, and
-//! `local.send` reviewed by the cell's pinned policy into the durable operator lane. Other methods are the host-services layer's and are
-//! answered `unsupported_method`. This module never touches the worker connection.
+//! receipts"): `runtime.inspect`, `runtime.wait` recorded by the turn boundary,
+//! `local.send` reviewed by the cell's pinned policy into the durable operator lane,
+//! `hooks.list` and `hooks.describe` of that pinned policy ([`crate::worker::slots`]), and
+//! the source work (`workspace.info`, `workspace.run`, `evidence.resolve`) of
+//! [`crate::worker::workspace`]; a `workspace.run` is answered beside the cell's exchange
+//! ([`RequestHandler::start`]), so that a long program never holds up the cell's other
+//! requests, its interrupt or its end. Other methods are the host-services layer's and
+//! are answered `unsupported_method`. This module never touches the worker connection.
 
 use std::sync::Arc;
 
 use async_trait::async_trait;
 use serde_json::json;
 
-use crate::worker::host::{BasicServices, RequestHandler};
+use crate::worker::host::{BasicServices, PendingReply, RequestHandler};
 use crate::worker::lane::OperatorLane;
 use crate::worker::policy::Policy;
 use crate::worker::turns::TurnBoundary;
 use crate::worker::wire::{HostRequest, Identifier, Reply};
+use crate::worker::workspace::Workspace;
 
-/// What a cell of the controlled host may ask: `runtime.inspect`, and `local.send`
-/// reviewed by the cell's pinned policy into the operator lane.
+/// What a cell of the controlled host may ask (see the module docs).
 pub(super) struct Services {
     pub(super) policy: Option<Arc<Policy>>,
     pub(super) lane: Arc<OperatorLane>,
@@ -25,6 +30,9 @@ pub(super) struct Services {
     pub(super) turns: Arc<TurnBoundary>,
     pub(super) session: String,
     pub(super) generation: String,
+    pub(super) workspace: Arc<Workspace>,
+    /// The priority the host wakes at where the attention hook does not decide.
+    pub(super) host_priority: u32,
 }
 
 #[async_trait]
@@ -40,6 +48,36 @@ impl RequestHandler for Services {
             HostRequest::RuntimeWait { seconds, reason } => {
                 return self.wait(execution_id, request_id, seconds.0, reason);
             }
+            HostRequest::HooksList {} => {
+                return Reply::Ok {
+                    value: crate::worker::slots::list(self.policy.as_deref()).await,
+                };
+            }
+            HostRequest::HooksDescribe { slot } => {
+                let value = crate::worker::slots::describe(
+                    self.policy.as_deref(),
+                    *slot,
+                    self.host_priority,
+                )
+                .await;
+                return Reply::Ok { value };
+            }
+            HostRequest::WorkspaceInfo {} => return self.workspace.info(),
+            // The cell's exchange takes a run through `start`; this is the same run
+            // answered in line.
+            HostRequest::WorkspaceRun {
+                argv,
+                cwd,
+                env,
+                timeout_ms,
+                max_output_bytes,
+            } => {
+                return self
+                    .workspace
+                    .run(argv, cwd, env, *timeout_ms, *max_output_bytes)
+                    .await;
+            }
+            HostRequest::EvidenceResolve { refs } => return self.workspace.resolve(refs),
             _ => {
                 return BasicServices
                     .handle(execution_id, request_id, request)
@@ -81,6 +119,32 @@ impl RequestHandler for Services {
             },
             Err(e) => lane_error(e),
         }
+    }
+
+    fn start(
+        &mut self,
+        _execution_id: &Identifier,
+        _request_id: &Identifier,
+        request: &HostRequest,
+    ) -> Option<PendingReply> {
+        let HostRequest::WorkspaceRun {
+            argv,
+            cwd,
+            env,
+            timeout_ms,
+            max_output_bytes,
+        } = request
+        else {
+            return None;
+        };
+        let workspace = self.workspace.clone();
+        let (argv, cwd, env) = (argv.clone(), cwd.clone(), env.clone());
+        let (timeout_ms, max_output_bytes) = (*timeout_ms, *max_output_bytes);
+        Some(Box::pin(async move {
+            workspace
+                .run(&argv, &cwd, &env, timeout_ms, max_output_bytes)
+                .await
+        }))
     }
 }
 

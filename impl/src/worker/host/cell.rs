@@ -2,9 +2,11 @@
 //! its host requests, `interrupt`, its `completed`) or a hook call (`invoke`). The
 //! connection, the handshake and the hard stop are [`super`]'s.
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use serde_json::Value;
+use tokio::task::JoinSet;
 
 use super::{CellRecord, HostError, RequestHandler, Worker};
 use crate::worker::wire::limits::REQUESTS_PER_CELL_MAX;
@@ -79,6 +81,11 @@ impl Worker {
             return self.lost(&id, &e).await;
         }
         let mut requests = 0usize;
+        // Requests answered beside the exchange (`RequestHandler::start`), with the
+        // identity each reply repeats. Dropped when the cell ends, which abandons them:
+        // "that scope expires when the foreground cell ends".
+        let mut pending: JoinSet<Reply> = JoinSet::new();
+        let mut pending_ids: HashMap<tokio::task::Id, (Identifier, Identifier)> = HashMap::new();
         let mut interrupted_at: Option<tokio::time::Instant> = None;
         // "A worker cannot claim a committed yield without the host having accepted the
         // wait."
@@ -97,6 +104,25 @@ impl Worker {
             };
             let interrupts = self.interrupts.clone();
             let next = tokio::select! {
+                Some(done) = pending.join_next_with_id(), if !pending.is_empty() => {
+                    let (task, reply) = match done {
+                        Ok((task, reply)) => (task, reply),
+                        Err(e) => (e.id(), Reply::Error {
+                            code: "request_failed".into(),
+                            message: format!("the request's reply failed: {e}"),
+                        }),
+                    };
+                    let Some((request_id, execution_id)) = pending_ids.remove(&task) else {
+                        continue;
+                    };
+                    let sent = self
+                        .send(Message::HostReply { id: request_id, execution_id, reply })
+                        .await;
+                    if let Err(e) = sent {
+                        return self.lost(&id, &e).await;
+                    }
+                    continue;
+                }
                 next = tokio::time::timeout_at(bound, self.read_message()) => match next {
                     Ok(next) => next,
                     Err(_) if interrupted_at.is_some() && deadline.is_none_or(|d| d > bound) => {
@@ -145,6 +171,11 @@ impl Worker {
                                 "at most {REQUESTS_PER_CELL_MAX} requests per foreground cell"
                             ),
                         }
+                    } else if let Some(reply) = handler.start(&execution_id, &request_id, &request)
+                    {
+                        let task = pending.spawn(reply);
+                        pending_ids.insert(task.id(), (request_id, execution_id));
+                        continue;
                     } else {
                         handler.handle(&execution_id, &request_id, &request).await
                     };

@@ -235,6 +235,10 @@ impl HostConfig {
     }
 }
 
+/// A reply still being made, borrowing nothing of the handler or the cell: see
+/// [`RequestHandler::start`].
+pub type PendingReply = std::pin::Pin<Box<dyn std::future::Future<Output = Reply> + Send>>;
+
 /// Answers a worker's host requests.
 #[async_trait]
 pub trait RequestHandler: Send {
@@ -245,6 +249,22 @@ pub trait RequestHandler: Send {
         request_id: &Identifier,
         request: &HostRequest,
     ) -> Reply;
+
+    /// A request whose reply takes long to make (a program run): its reply as a future
+    /// that the cell runs beside its exchange, so that the worker's next messages (more
+    /// requests, the cell's completion) and an interrupt are read meanwhile ("The Python
+    /// reader keeps running while a cell awaits an RPC"; "Pending replies are correlated
+    /// by identity, not arrival order"). The cell drops it, abandoning the work, when the
+    /// execution's scope ends first. `None` (the default): the request is answered by
+    /// [`RequestHandler::handle`] before the worker's next message is read.
+    fn start(
+        &mut self,
+        _execution_id: &Identifier,
+        _request_id: &Identifier,
+        _request: &HostRequest,
+    ) -> Option<PendingReply> {
+        None
+    }
 }
 
 /// The services available without the host-services layer: `runtime.inspect` (`now`,

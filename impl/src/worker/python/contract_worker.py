@@ -423,6 +423,23 @@ class Runtime:
     async def send(self, text):
         return await self.request("local.send", text=text)
 
+    async def hooks_list(self):
+        return await self.request("hooks.list")
+
+    async def hooks_describe(self, slot):
+        return await self.request("hooks.describe", slot=slot)
+
+    async def workspace_info(self):
+        return await self.request("workspace.info")
+
+    async def workspace_run(self, argv, *, timeout_ms, max_output_bytes, cwd=".", env=None):
+        return await self.request("workspace.run", argv=list(argv), cwd=cwd,
+                                  env=dict(env or {}), timeout_ms=timeout_ms,
+                                  max_output_bytes=max_output_bytes)
+
+    async def evidence_resolve(self, refs):
+        return await self.request("evidence.resolve", refs=list(refs))
+
     async def wait(self, seconds=None, reason=""):
         if seconds is not None and not (
             isinstance(seconds, (int, float)) and not isinstance(seconds, bool)

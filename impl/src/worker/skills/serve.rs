@@ -20,7 +20,7 @@ use async_trait::async_trait;
 use serde_json::{Map, Value, json};
 
 use super::SkillIndex;
-use crate::worker::host::RequestHandler;
+use crate::worker::host::{PendingReply, RequestHandler};
 use crate::worker::wire::{HostRequest, Identifier, Reply};
 
 /// The `skills.index` value of `index`.
@@ -105,6 +105,22 @@ impl<H: RequestHandler> RequestHandler for SkillRequests<H> {
                     })
             }
             _ => self.inner.handle(execution_id, request_id, request).await,
+        }
+    }
+
+    fn start(
+        &mut self,
+        execution_id: &Identifier,
+        request_id: &Identifier,
+        request: &HostRequest,
+    ) -> Option<PendingReply> {
+        match request {
+            HostRequest::SkillsIndex {} | HostRequest::SkillsLoad { .. }
+                if self.index.is_some() =>
+            {
+                None
+            }
+            _ => self.inner.start(execution_id, request_id, request),
         }
     }
 }
