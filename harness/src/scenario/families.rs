@@ -209,7 +209,13 @@ pub const WORKER: FamilyTable = FamilyTable {
     family: "worker",
     sides: &[Side::Worker, Side::Host],
     parties: &[Party::Host, Party::Worker],
-    steps: &["native", "launch", "worker_stdio", "write_workspace"],
+    steps: &[
+        "native",
+        "launch",
+        "worker_stdio",
+        "received_by",
+        "write_workspace",
+    ],
     // `workspace`: the host's workspace and data directory (side `host`, its skill roots).
     config_keys: &["worker", "workspace"],
     native_ops: &[

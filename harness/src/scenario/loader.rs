@@ -252,6 +252,7 @@ enum RawStep {
     Native(Spanned<Map<String, Value>>),
     Launch(Map<String, Value>),
     WorkerStdio(Map<String, Value>),
+    ReceivedBy(Map<String, Value>),
     PluginProcess(Map<String, Value>),
     Bootstrap(BootstrapStep),
     Connect(ConnectStep),
@@ -655,6 +656,9 @@ impl Converter<'_> {
                 args: Value::Object(args),
             },
             RawStep::WorkerStdio(args) => Step::WorkerStdio {
+                args: Value::Object(args),
+            },
+            RawStep::ReceivedBy(args) => Step::ReceivedBy {
                 args: Value::Object(args),
             },
             RawStep::PluginProcess(args) => Step::PluginProcess {

@@ -542,6 +542,13 @@ pub enum Step {
         /// The step's mapping (`stdout`, `stderr`).
         args: Value,
     },
+    /// `received_by: {id, token}` — the operation `id` (an `execute` or `invoke` the host
+    /// sent; worker family, side `host`) went to the worker launched with startup token
+    /// `token`, not to another generation (both are patterns, placeholders bound).
+    ReceivedBy {
+        /// The step's mapping (`id`, `token`).
+        args: Value,
+    },
     /// `plugin_process:` — a plugin process the harness plays (plugin family, side
     /// `host`) writes `stdout`/`stderr`, exits (`exit`), or its configured executable is
     /// changed (`replace_executable`).
@@ -695,6 +702,7 @@ impl Step {
             Step::Native { .. } => "native",
             Step::Launch { .. } => "launch",
             Step::WorkerStdio { .. } => "worker_stdio",
+            Step::ReceivedBy { .. } => "received_by",
             Step::PluginProcess { .. } => "plugin_process",
             Step::Bootstrap(_) => "bootstrap",
             Step::Connect(_) => "connect",

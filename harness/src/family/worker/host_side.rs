@@ -17,6 +17,7 @@
 //! | `send_bytes` | raw to the last worker the host spoke to |
 //! | `half_close` | ends that worker's write side; `disconnect`: that worker process exits (it dies) |
 //! | `crash` | SIGKILL of the host's process group, then the same launch again (same working directory, so the same data); the control channel reconnects, workers of the new host connect back through the same relay listener |
+//! | `received_by: {id, token}` | the operation `id` the host sent went to the worker launched with `token` |
 //! | `write_workspace: {files, dirs, generated, symlinks}` | written into the host's workspace now (its skill roots: "Skills") |
 //!
 //! The host is given the run's workspace (`config.workspace` seeded into it first):
@@ -693,6 +694,52 @@ impl ScriptedWorkerPeer {
 
 impl ScriptedWorkerPeer {
     /// `worker_stdio`: the last launched worker writes on its stdout/stderr.
+    /// `received_by: {id, token}`: the worker the host sent operation `id` to is the one
+    /// launched with `token` (a cell pinned to a retiring hook generation is reviewed by
+    /// that generation, "Each executing cell pins its policy object").
+    fn received_by(&self, run: &mut Run, args: &Value) -> StepResult {
+        let field = |key: &str| {
+            args.get(key)
+                .ok_or_else(|| fail::scenario(format!("received_by needs `{key}` (a pattern)")))
+        };
+        let (id_pattern, token_pattern) = (field("id")?, field("token")?);
+        // The operation the pattern names (a bound placeholder: exactly one).
+        let named: Vec<(&String, usize)> = self
+            .routes
+            .iter()
+            .filter(|(id, _)| {
+                let mut scratch = run.bindings.clone();
+                crate::matcher::match_frame(id_pattern, &Value::String((*id).clone()), &mut scratch)
+                    .is_ok()
+            })
+            .map(|(id, idx)| (id, *idx))
+            .collect();
+        let (id, idx) = match named.as_slice() {
+            [(id, idx)] => ((*id).clone(), *idx),
+            [] => {
+                return Err(fail::mismatch(format!(
+                    "the host sent no operation {id_pattern} to any worker"
+                )));
+            }
+            _ => {
+                return Err(fail::scenario(
+                    "received_by `id` must name one operation (a bound placeholder)".to_string(),
+                ));
+            }
+        };
+        let token = Value::String(
+            self.conns[idx]
+                .var("CONTRACT_WORKER_TOKEN")
+                .unwrap_or_default()
+                .to_string(),
+        );
+        crate::matcher::match_frame(token_pattern, &token, &mut run.bindings).map_err(|m| {
+            fail::mismatch(format!(
+                "operation `{id}` went to the worker launched with another token: {m}"
+            ))
+        })
+    }
+
     async fn stdio(&mut self, args: &Value) -> StepResult {
         let args = crate::matcher::expand_text(args).map_err(fail::scenario)?;
         let idx = self
@@ -933,6 +980,7 @@ impl Peer for ScriptedWorkerPeer {
                 self.launch(run, args).await
             }
             Step::WorkerStdio { args } => self.stdio(args).await,
+            Step::ReceivedBy { args } => self.received_by(run, args),
             Step::WriteWorkspace(seed) => self
                 .run_dir
                 .seed(seed)

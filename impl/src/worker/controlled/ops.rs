@@ -424,11 +424,11 @@ impl Host {
         };
         let services = Services {
             policy,
+            policies: self.policies.clone(),
             lane: self.lane.clone(),
             crash_after_commit: self.crash_after_commit.load(Ordering::SeqCst),
             turns: self.turns.clone(),
             session: session.as_str().to_string(),
-            generation: worker.generation().as_str().to_string(),
             workspace: self.workspace.clone(),
             host_priority: u32::from(self.different),
         };

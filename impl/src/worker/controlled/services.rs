@@ -3,16 +3,19 @@
 //! `local.send` reviewed by the cell's pinned policy into the durable operator lane,
 //! `hooks.list` and `hooks.describe` of that pinned policy ([`crate::worker::slots`]), and
 //! the source work (`workspace.info`, `workspace.run`, `evidence.resolve`) of
-//! [`crate::worker::workspace`]; a `workspace.run` is answered beside the cell's exchange
-//! ([`RequestHandler::start`]), so that a long program never holds up the cell's other
-//! requests, its interrupt or its end. Other methods are the host-services layer's and
-//! are answered `unsupported_method`. This module never touches the worker connection.
+//! [`crate::worker::workspace`], and `behavior.activate` through the host's activation
+//! authority ([`Policies`]); a `workspace.run` and an activation are answered beside the
+//! cell's exchange ([`RequestHandler::start`]), so that neither holds up the cell's other
+//! requests, its interrupt or its end. `runtime.instructions` and the skills requests are
+//! answered by the handlers in front of this one; every other method is answered
+//! `unsupported_method` naming it. This module never touches the worker connection.
 
 use std::sync::Arc;
 
 use async_trait::async_trait;
 use serde_json::json;
 
+use crate::worker::activation::Policies;
 use crate::worker::host::{BasicServices, PendingReply, RequestHandler};
 use crate::worker::lane::OperatorLane;
 use crate::worker::policy::Policy;
@@ -23,13 +26,14 @@ use crate::worker::workspace::Workspace;
 /// What a cell of the controlled host may ask (see the module docs).
 pub(super) struct Services {
     pub(super) policy: Option<Arc<Policy>>,
+    /// The host's activation authority (`behavior.activate`).
+    pub(super) policies: Arc<Policies>,
     pub(super) lane: Arc<OperatorLane>,
     /// The test hook of `configure` (`crash_after_commit`): the host dies as SIGKILL
     /// would between the lane's commit of a send and its reply.
     pub(super) crash_after_commit: bool,
     pub(super) turns: Arc<TurnBoundary>,
     pub(super) session: String,
-    pub(super) generation: String,
     pub(super) workspace: Arc<Workspace>,
     /// The priority the host wakes at where the attention hook does not decide.
     pub(super) host_priority: u32,
@@ -78,6 +82,12 @@ impl RequestHandler for Services {
                     .await;
             }
             HostRequest::EvidenceResolve { refs } => return self.workspace.resolve(refs),
+            // The cell's exchange takes an activation through `start`; this is the same
+            // activation answered in line.
+            HostRequest::BehaviorActivate {
+                path,
+                expected_epoch,
+            } => return activate(self.policies.clone(), path, *expected_epoch).await,
             _ => {
                 return BasicServices
                     .handle(execution_id, request_id, request)
@@ -127,6 +137,17 @@ impl RequestHandler for Services {
         _request_id: &Identifier,
         request: &HostRequest,
     ) -> Option<PendingReply> {
+        if let HostRequest::BehaviorActivate {
+            path,
+            expected_epoch,
+        } = request
+        {
+            return Some(Box::pin(activate(
+                self.policies.clone(),
+                path,
+                *expected_epoch,
+            )));
+        }
         let HostRequest::WorkspaceRun {
             argv,
             cwd,
@@ -158,11 +179,13 @@ impl Services {
         seconds: Option<f64>,
         reason: &str,
     ) -> Reply {
-        let identity = format!(
-            "{}.{}.{}",
-            self.generation,
+        // Keyed like a send's receipt (the request's identity, not the generation's): the
+        // same request retried, also by the execution run again after a restart, gets the
+        // wait already recorded.
+        let identity = crate::worker::lane::effect_id(
+            &self.session,
             execution_id.as_str(),
-            request_id.as_str()
+            request_id.as_str(),
         );
         let now_ms = crate::worker::host::now_since_epoch().as_millis() as u64;
         match self
@@ -175,6 +198,37 @@ impl Services {
             Err(e) => Reply::Error {
                 code: e.code().into(),
                 message: e.to_string(),
+            },
+        }
+    }
+}
+
+/// `behavior.activate` ("Source revisions and activation"): the same activation as the
+/// control channel's `activate` (source identity, epoch check, candidate handshake, then
+/// the compare-and-swap), answered `{epoch, revision}` or an error with the activation's
+/// code (`not_absolute`, `source_refused`, `stale_epoch`, `candidate_failed`,
+/// `store_failed`). It runs as a task of its own: a cell that ends first abandons the
+/// reply, never an activation half done. The cell that asked keeps the policy it pinned
+/// ("Each executing cell pins its policy object").
+fn activate(
+    policies: Arc<Policies>,
+    path: &str,
+    expected_epoch: u64,
+) -> impl std::future::Future<Output = Reply> + Send + 'static {
+    let path = std::path::PathBuf::from(path);
+    let task = tokio::spawn(async move { policies.activate(&path, expected_epoch).await });
+    async move {
+        match task.await {
+            Ok(Ok(activated)) => Reply::Ok {
+                value: json!({"epoch": activated.epoch, "revision": activated.revision}),
+            },
+            Ok(Err(e)) => Reply::Error {
+                code: e.code().into(),
+                message: e.to_string(),
+            },
+            Err(e) => Reply::Error {
+                code: "store_failed".into(),
+                message: format!("the activation did not finish: {e}"),
             },
         }
     }

@@ -470,7 +470,11 @@ class Worker:
         self.output = None
         self.pending = {}  # (request id, execution id) -> future
         self.yielded = set()
-        self.request_seq = 0
+        # Request numbers per execution: the same execution run again (after a host
+        # restart) numbers its requests the same, so a retry carries the identity the
+        # host's receipt is keyed by ("A retry with the same execution/request identity
+        # returns the existing receipt").
+        self.request_seq = {}  # execution id -> requests sent by that execution
         self.hooks = None
         self.loop = asyncio.get_running_loop()
         self.write_lock = asyncio.Lock()
@@ -575,8 +579,9 @@ class Worker:
             raise HostError("no_scope", "the cell this code runs for has ended")
         if execution_id in self.yielded:
             raise HostError("no_scope", "the execution yielded")
-        self.request_seq += 1
-        request_id = f"r-{self.request_seq}"
+        seq = self.request_seq.get(execution_id, 0) + 1
+        self.request_seq[execution_id] = seq
+        request_id = f"r-{seq}"
         future = self.loop.create_future()
         self.pending[(request_id, execution_id)] = future
         try:
@@ -647,6 +652,7 @@ class Worker:
         return value
 
     def drop_pending(self, execution_id):
+        self.request_seq.pop(execution_id, None)
         for key in [k for k in self.pending if k[1] == execution_id]:
             future = self.pending.pop(key)
             if not future.done():
