@@ -16,6 +16,7 @@ pub mod core_runtime;
 pub mod durable;
 pub mod engine;
 pub mod plugin;
+pub mod private_fs;
 pub mod process;
 pub mod wire;
 pub mod worker;

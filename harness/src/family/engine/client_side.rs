@@ -125,15 +125,7 @@ impl Connection for DaemonLink {
 }
 
 fn private_file(path: &std::path::Path, contents: &str) -> Result<(), String> {
-    use std::io::Write as _;
-    use std::os::unix::fs::OpenOptionsExt as _;
-    let mut file = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(path)
-        .map_err(|e| format!("{}: {e}", path.display()))?;
-    file.write_all(contents.as_bytes())
+    contract_impl::private_fs::create_private(path, contents.as_bytes())
         .map_err(|e| format!("{}: {e}", path.display()))
 }
 

@@ -22,7 +22,7 @@
 //! environment are the host's choices of our reference; the spec fixes only that the
 //! socket is private and the token binds the subprocess ("Transport and bounds").
 
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::PermissionsExt;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -235,13 +235,7 @@ pub async fn start(
     let skills_file = match skills {
         Some(set) => {
             let path = run_dir.path().join("skills.json");
-            let mut file = std::fs::OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .mode(0o600)
-                .open(&path)
-                .map_err(|e| format!("{}: {e}", path.display()))?;
-            std::io::Write::write_all(&mut file, set.to_string().as_bytes())
+            contract_impl::private_fs::create_private(&path, set.to_string().as_bytes())
                 .map_err(|e| format!("{}: {e}", path.display()))?;
             command.push_str(&format!(
                 " --skills {}",

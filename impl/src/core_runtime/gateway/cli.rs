@@ -64,15 +64,8 @@ pub fn api_key(data_dir: &std::path::Path) -> Result<String, String> {
         Err(e) => return Err(format!("{}: {e}", path.display())),
     }
     let key = format!("cpk-{}", uuid::Uuid::new_v4().simple());
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    let mut file = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(&path)
+    crate::private_fs::create_private(&path, format!("{key}\n").as_bytes())
         .map_err(|e| format!("{}: {e}", path.display()))?;
-    writeln!(file, "{key}").map_err(|e| format!("{}: {e}", path.display()))?;
     tracing::info!(path = %path.display(), "minted the Project API key of the public API");
     Ok(key)
 }

@@ -30,7 +30,7 @@ pub mod streams;
 pub use profile::Profile;
 pub use state::Config;
 
-use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use tokio::net::UnixListener;
@@ -144,14 +144,8 @@ pub async fn serve(socket: &Path, data_dir: &Path, config: &Config) -> Result<()
     // Written whole under a temporary name and renamed: a client never reads half a token.
     let partial = data_dir.join(format!("{TOKEN_FILE}.partial"));
     let _ = std::fs::remove_file(&partial);
-    let mut file = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(&partial)
+    crate::private_fs::create_private(&partial, token.as_bytes())
         .map_err(|e| setup(&partial, e))?;
-    std::io::Write::write_all(&mut file, token.as_bytes()).map_err(|e| setup(&partial, e))?;
-    drop(file);
     std::fs::rename(&partial, &token_path).map_err(|e| setup(&token_path, e))?;
     let stopping = daemon.stopping.clone();
     let engine = EngineServiceServer::new(service::Engine::new(daemon))

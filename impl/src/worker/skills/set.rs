@@ -9,8 +9,6 @@
 //! root (the set is a [`SkillIndex`]'s) and never removes the file (the host does, once the
 //! handshake is done).
 
-use std::io::Write;
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 use serde::Serialize;
@@ -68,14 +66,7 @@ pub fn set_bytes(index: &SkillIndex) -> Vec<u8> {
 /// The file cannot be created or written (the text names it).
 pub fn materialize(index: &SkillIndex, dir: &Path) -> Result<PathBuf, String> {
     let path = dir.join(SET_FILE);
-    let mut file = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(&path)
-        .map_err(|e| format!("{}: {e}", path.display()))?;
-    file.write_all(&set_bytes(index))
-        .and_then(|()| file.sync_all())
+    crate::private_fs::create_private(&path, &set_bytes(index))
         .map_err(|e| format!("{}: {e}", path.display()))?;
     Ok(path)
 }
