@@ -710,6 +710,7 @@ fn vendor_trial(
         .map(console::result_line)
         .collect();
     let differ = many.results.iter().filter(|r| r.differs).count();
+    let vendor = many.results.clone();
     if !failed.is_empty() || many.aborted.is_some() || differ == 0 {
         return Err(format!(
             "{} failed, {differ} differ; {:?}\n{}",
@@ -733,11 +734,31 @@ fn vendor_trial(
         .collect();
     let strict_failed = many.results.iter().filter(|r| !r.passed).count();
     if !unnamed.is_empty() || strict_failed != differ {
+        // What the same scenarios did in vendor mode: a scenario that differed there and
+        // not here (or the reverse) has a reference step that depends on the run.
+        let strict_names: std::collections::HashSet<&str> = many
+            .results
+            .iter()
+            .filter(|r| !r.passed)
+            .map(|r| r.scenario.as_str())
+            .collect();
+        let changed: Vec<String> = vendor
+            .iter()
+            .filter(|r| r.differs != strict_names.contains(r.scenario.as_str()))
+            .map(|r| {
+                format!(
+                    "vendor mode: {}: {}",
+                    console::result_line(r),
+                    r.failure.as_deref().unwrap_or("(no difference)")
+                )
+            })
+            .collect();
         return Err(format!(
             "strict mode: {strict_failed} failed ({differ} differ in vendor mode), {} \
-             without a reference requirement:\n{}",
+             without a reference requirement:\n{}\n{}",
             unnamed.len(),
-            unnamed.join("\n")
+            unnamed.join("\n"),
+            changed.join("\n")
         )
         .into());
     }
