@@ -71,7 +71,8 @@ impl ClientLink {
         }
     }
 
-    fn call(&mut self, frame: &Value) -> StepResult {
+    /// Starts or changes a call; a paused call's receiver of [`grpc::GrpcLink::start`].
+    fn call(&mut self, frame: &Value) -> StepResult<Option<tokio::sync::oneshot::Receiver<()>>> {
         let invalid = |m: String| StepError::new(FailureCode::ScenarioInvalid, m);
         let name = frame
             .get("call")
@@ -80,7 +81,7 @@ impl ClientLink {
             .to_string();
         if frame.get("cancel").is_some() {
             self.grpc.cancel(&name);
-            return Ok(());
+            return Ok(None);
         }
         let reading = match frame.get("read").and_then(Value::as_str) {
             None | Some("read") => grpc::Reading::Read,
@@ -91,7 +92,7 @@ impl ClientLink {
         if frame.get("method").is_none() {
             // `{call, read}`: how an in-flight call is read from now on.
             return if self.grpc.set_reading(&name, reading) {
-                Ok(())
+                Ok(None)
             } else {
                 Err(StepError::new(
                     FailureCode::TransportFailed,
@@ -214,13 +215,24 @@ impl Connection for ClientLink {
         self.grpc.abort()
     }
 
-    async fn send(&mut self, message: Outgoing, _timeout: Duration) -> StepResult {
+    async fn send(&mut self, message: Outgoing, timeout: Duration) -> StepResult {
         match message {
             Outgoing::Text(text) => {
                 let frame: Value = serde_json::from_str(&text).map_err(|e| {
                     StepError::new(FailureCode::ScenarioInvalid, format!("a client frame: {e}"))
                 })?;
-                self.call(&frame)
+                let Some(answered) = self.call(&frame)? else {
+                    return Ok(());
+                };
+                // A stalled reader's call is on a connection of its own: the next step
+                // must not reach the target before this request did.
+                match tokio::time::timeout(timeout, answered).await {
+                    Ok(_) => Ok(()),
+                    Err(_) => Err(StepError::new(
+                        FailureCode::Timeout,
+                        "the paused call was not answered (no headers, no status) within the step deadline",
+                    )),
+                }
             }
             Outgoing::Binary(bytes) | Outgoing::TextBytes(bytes) => {
                 let outcome = grpc::poke_raw(&self.socket, &bytes, RAW_WAIT)

@@ -265,17 +265,44 @@ impl std::fmt::Debug for GrpcLink {
 /// # Errors
 /// The endpoint cannot be built.
 pub fn channel(socket: &Path) -> Result<Channel, String> {
-    let socket = socket.to_path_buf();
-    Ok(Endpoint::try_from("http://localhost")
+    connect_lazy(
+        socket,
+        Endpoint::try_from("http://localhost").map_err(|e| e.to_string())?,
+    )
+}
+
+/// The HTTP/2 flow-control window of a stalled reader's connection, in bytes: the
+/// protocol's initial window (RFC 9113, 6.9.2), not the megabytes an ordinary client
+/// grants, so that a reader that reads nothing stops the sender after this much and a
+/// scenario's stall does not depend on how fast the sender's events are small enough
+/// to fit a large window.
+pub const STALLED_WINDOW_BYTES: u32 = 65_535;
+
+/// A channel whose connection and stream windows are [`STALLED_WINDOW_BYTES`] (a
+/// `read: paused` call's connection of its own).
+///
+/// # Errors
+/// The endpoint cannot be built.
+pub fn stalled_channel(socket: &Path) -> Result<Channel, String> {
+    let endpoint = Endpoint::try_from("http://localhost")
         .map_err(|e| e.to_string())?
-        .connect_with_connector_lazy(tower::service_fn(move |_| {
+        .initial_stream_window_size(STALLED_WINDOW_BYTES)
+        .initial_connection_window_size(STALLED_WINDOW_BYTES);
+    connect_lazy(socket, endpoint)
+}
+
+fn connect_lazy(socket: &Path, endpoint: Endpoint) -> Result<Channel, String> {
+    let socket = socket.to_path_buf();
+    Ok(
+        endpoint.connect_with_connector_lazy(tower::service_fn(move |_| {
             let socket = socket.clone();
             async move {
                 tokio::net::UnixStream::connect(socket)
                     .await
                     .map(TokioIo::new)
             }
-        })))
+        })),
+    )
 }
 
 impl GrpcLink {
@@ -348,13 +375,19 @@ impl GrpcLink {
     ///
     /// # Errors
     /// The channel cannot be built, or the call name is in flight already.
-    pub fn start(&mut self, spec: CallSpec) -> Result<(), String> {
+    /// A `read: paused` call also returns a receiver that fires once the target answered
+    /// the call's headers (or the call ended): the target has taken the request, so the
+    /// scenario's next step cannot overtake it on the other connection.
+    pub fn start(
+        &mut self,
+        spec: CallSpec,
+    ) -> Result<Option<tokio::sync::oneshot::Receiver<()>>, String> {
         if self.calls.contains_key(&spec.call) {
             return Err(format!("call `{}` is still in flight", spec.call));
         }
         let channel = if spec.reading == Reading::Paused {
             // Its stalled window must not hold the other calls' connection.
-            channel(&self.socket)?
+            stalled_channel(&self.socket)?
         } else {
             if self.channel.is_none() {
                 self.channel = Some(channel(&self.socket)?);
@@ -363,11 +396,13 @@ impl GrpcLink {
         };
         let tx = self.tx.clone();
         let name = spec.call.clone();
+        let (answered_tx, answered) = tokio::sync::oneshot::channel();
+        let answered = (spec.reading == Reading::Paused).then_some(answered);
         let (reading, mode) = tokio::sync::watch::channel(spec.reading);
-        let task = tokio::spawn(run_call(channel, spec, tx, mode));
+        let task = tokio::spawn(run_call(channel, spec, tx, mode, answered_tx));
         self.calls.insert(name.clone(), task);
         self.readers.insert(name, reading);
-        Ok(())
+        Ok(answered)
     }
 }
 
@@ -401,6 +436,7 @@ async fn run_call(
     spec: CallSpec,
     tx: mpsc::Sender<CallEvent>,
     mut mode: tokio::sync::watch::Receiver<Reading>,
+    answered: tokio::sync::oneshot::Sender<()>,
 ) {
     let call = spec.call.clone();
     let mut grpc = tonic::client::Grpc::new(channel);
@@ -436,7 +472,10 @@ async fn run_call(
         return;
     };
     let output = spec.method.output();
-    let mut stream = match grpc.server_streaming(request, path, RawCodec).await {
+    let response = grpc.server_streaming(request, path, RawCodec).await;
+    // The headers (or the status) came: the target has taken the request.
+    let _ = answered.send(());
+    let mut stream = match response {
         Ok(r) => r.into_inner(),
         Err(status) => {
             let _ = tx.send(status_event(&call, &status)).await;
