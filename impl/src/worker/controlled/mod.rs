@@ -47,6 +47,7 @@ use super::host::{CellRecord, Choices};
 use super::lane::OperatorLane;
 use super::policy::INVOKE_BUDGET;
 use super::skills::SkillRoots;
+use super::stores::HostStores;
 use super::turns::TurnBoundary;
 use super::workspace::Workspace;
 pub use crate::control::{AWAIT_MAX, AWAITS_MAX, CONTROL_LINE_MAX_BYTES, OUTCOMES_MAX};
@@ -144,6 +145,7 @@ async fn serve(data_dir: &Path, workspace: Option<&Path>, different: bool) -> Re
             workspace: Arc::new(workspace),
             turns: Arc::new(turns),
             instructions: Arc::new(instructions),
+            stores: Arc::new(HostStores::open(data_dir, different)?),
         },
         different,
     ));

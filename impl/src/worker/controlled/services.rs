@@ -3,10 +3,12 @@
 //! `local.send` reviewed by the cell's pinned policy into the durable operator lane,
 //! `hooks.list` and `hooks.describe` of that pinned policy ([`crate::worker::slots`]), and
 //! the source work (`workspace.info`, `workspace.run`, `evidence.resolve`) of
-//! [`crate::worker::workspace`]; a `workspace.run` is answered beside the cell's exchange
-//! ([`RequestHandler::start`]), so that a long program never holds up the cell's other
-//! requests, its interrupt or its end. Other methods are the host-services layer's and
-//! are answered `unsupported_method`. This module never touches the worker connection.
+//! [`crate::worker::workspace`], and `maintenance.*`, `orientation.*` and `peer.*` from
+//! the host's durable [`crate::worker::stores`]; a `workspace.run` and a waiting
+//! `peer.result` are answered beside the cell's exchange ([`RequestHandler::start`]), so
+//! that a long program or wait never holds up the cell's other requests, its interrupt or
+//! its end. `frontier.select`, `remote.*` and `behavior.activate` are answered
+//! `unsupported_method` (the message names the method and why). This module never touches the worker connection.
 
 use std::sync::Arc;
 
@@ -16,6 +18,7 @@ use serde_json::json;
 use crate::worker::host::{BasicServices, PendingReply, RequestHandler};
 use crate::worker::lane::OperatorLane;
 use crate::worker::policy::Policy;
+use crate::worker::stores::HostStores;
 use crate::worker::turns::TurnBoundary;
 use crate::worker::wire::{HostRequest, Identifier, Reply};
 use crate::worker::workspace::Workspace;
@@ -33,6 +36,8 @@ pub(super) struct Services {
     pub(super) workspace: Arc<Workspace>,
     /// The priority the host wakes at where the attention hook does not decide.
     pub(super) host_priority: u32,
+    /// The stores of `maintenance.*`, `orientation.*` and `peer.*`.
+    pub(super) stores: Arc<HostStores>,
 }
 
 #[async_trait]
@@ -43,6 +48,12 @@ impl RequestHandler for Services {
         request_id: &Identifier,
         request: &HostRequest,
     ) -> Reply {
+        if let Some(reply) = self
+            .stores
+            .handle(&self.session, execution_id, request_id, request)
+        {
+            return reply;
+        }
         let text = match request {
             HostRequest::LocalSend { text } => text,
             HostRequest::RuntimeWait { seconds, reason } => {
@@ -127,6 +138,9 @@ impl RequestHandler for Services {
         _request_id: &Identifier,
         request: &HostRequest,
     ) -> Option<PendingReply> {
+        if let Some(reply) = self.stores.start(request) {
+            return Some(reply);
+        }
         let HostRequest::WorkspaceRun {
             argv,
             cwd,
