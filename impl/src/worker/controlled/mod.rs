@@ -93,7 +93,8 @@ pub fn program_from_env() -> Result<Vec<OsString>, String> {
 /// `workspace`: the directory of its source work (created 0700 when missing); `None`:
 /// [`WORKSPACE_DIR`] under `data_dir`.
 ///
-/// `data_dir` holds the activation epoch, the operator lane and the managed skills;
+/// `data_dir` holds the activation epoch, the operator lane, the host's stores
+/// (`maintenance.*`, `orientation.*`, `peer.*`) and the managed skills;
 /// `workspace` is where the builtin skills default to (`<workspace>/skills`).
 ///
 /// `different`: the host makes every choice the spec leaves free otherwise
