@@ -23,6 +23,8 @@
 //!   set a workbench is given at spawn.
 //! * [`supervise`]: the process the host spawns around a worker so that no process of
 //!   it outlives the host (`contract-impl worker supervise`).
+//! * [`stores`]: the host's durable stores behind `maintenance.*`, `orientation.*` and
+//!   `peer.*` (work items, orientation candidates and adoptions, the peer registry).
 //! * [`workspace`]: the host's source work: `workspace.info`, `workspace.run` (a program
 //!   in its own process group, bounded in time and output) and `evidence.resolve`.
 //! * [`usage`]: the cache measurements read from a route's usage, and the cache options a
@@ -43,6 +45,7 @@ pub mod python;
 pub mod skills;
 pub mod slots;
 pub mod source;
+pub mod stores;
 pub mod supervise;
 pub mod turns;
 pub mod usage;

@@ -47,6 +47,7 @@ use super::host::{CellRecord, Choices};
 use super::lane::OperatorLane;
 use super::policy::INVOKE_BUDGET;
 use super::skills::SkillRoots;
+use super::stores::HostStores;
 use super::turns::TurnBoundary;
 use super::workspace::Workspace;
 pub use crate::control::{AWAIT_MAX, AWAITS_MAX, CONTROL_LINE_MAX_BYTES, OUTCOMES_MAX};
@@ -92,7 +93,8 @@ pub fn program_from_env() -> Result<Vec<OsString>, String> {
 /// `workspace`: the directory of its source work (created 0700 when missing); `None`:
 /// [`WORKSPACE_DIR`] under `data_dir`.
 ///
-/// `data_dir` holds the activation epoch, the operator lane and the managed skills;
+/// `data_dir` holds the activation epoch, the operator lane, the host's stores
+/// (`maintenance.*`, `orientation.*`, `peer.*`) and the managed skills;
 /// `workspace` is where the builtin skills default to (`<workspace>/skills`).
 ///
 /// `different`: the host makes every choice the spec leaves free otherwise
@@ -144,6 +146,7 @@ async fn serve(data_dir: &Path, workspace: Option<&Path>, different: bool) -> Re
             workspace: Arc::new(workspace),
             turns: Arc::new(turns),
             instructions: Arc::new(instructions),
+            stores: Arc::new(HostStores::open(data_dir, different)?),
         },
         different,
     ));

@@ -29,6 +29,7 @@ use crate::worker::host::{
 use crate::worker::lane::OperatorLane;
 use crate::worker::policy::Policy;
 use crate::worker::skills::{SkillIndex, SkillRequests, SkillRoots};
+use crate::worker::stores::HostStores;
 use crate::worker::turns::TurnBoundary;
 use crate::worker::wire::Identifier;
 use crate::worker::workspace::Workspace;
@@ -59,6 +60,7 @@ pub(super) struct Host {
     workspace: Arc<Workspace>,
     turns: Arc<TurnBoundary>,
     instructions: Arc<Instructions>,
+    stores: Arc<HostStores>,
     workbench: Arc<Mutex<Option<Worker>>>,
     handles: std::sync::Mutex<Option<WorkbenchHandles>>,
     outcomes: Outcomes,
@@ -287,6 +289,8 @@ pub(super) struct Stores {
     pub(super) turns: Arc<TurnBoundary>,
     /// The session's instruction header.
     pub(super) instructions: Arc<Instructions>,
+    /// The stores of `maintenance.*`, `orientation.*` and `peer.*`.
+    pub(super) stores: Arc<HostStores>,
 }
 
 impl Host {
@@ -302,6 +306,7 @@ impl Host {
             workspace,
             turns,
             instructions,
+            stores,
         } = stores;
         Self {
             program,
@@ -311,6 +316,7 @@ impl Host {
             workspace,
             turns,
             instructions,
+            stores,
             workbench: Arc::new(Mutex::new(None)),
             handles: std::sync::Mutex::new(None),
             outcomes: Outcomes::new(),
@@ -431,6 +437,7 @@ impl Host {
             session: session.as_str().to_string(),
             workspace: self.workspace.clone(),
             host_priority: u32::from(self.different),
+            stores: self.stores.clone(),
         };
         let mut rest = SkillRequests::new(worker.skills(), services);
         let mut services = Serving {

@@ -3,12 +3,14 @@
 //! `local.send` reviewed by the cell's pinned policy into the durable operator lane,
 //! `hooks.list` and `hooks.describe` of that pinned policy ([`crate::worker::slots`]), and
 //! the source work (`workspace.info`, `workspace.run`, `evidence.resolve`) of
-//! [`crate::worker::workspace`], and `behavior.activate` through the host's activation
-//! authority ([`Policies`]); a `workspace.run` and an activation are answered beside the
-//! cell's exchange ([`RequestHandler::start`]), so that neither holds up the cell's other
-//! requests, its interrupt or its end. `runtime.instructions` and the skills requests are
-//! answered by the handlers in front of this one; every other method is answered
-//! `unsupported_method` naming it. This module never touches the worker connection.
+//! [`crate::worker::workspace`], `maintenance.*`, `orientation.*` and `peer.*` from the
+//! host's durable [`crate::worker::stores`], and `behavior.activate` through the host's
+//! activation authority ([`Policies`]); a `workspace.run`, a waiting `peer.result` and an
+//! activation are answered beside the cell's exchange ([`RequestHandler::start`]), so
+//! that none of them holds up the cell's other requests, its interrupt or its end.
+//! `runtime.instructions` and the skills requests are answered by the handlers in front
+//! of this one; `frontier.select` and `remote.*` are answered `unsupported_method` (the
+//! message names the method and why). This module never touches the worker connection.
 
 use std::sync::Arc;
 
@@ -19,6 +21,7 @@ use crate::worker::activation::Policies;
 use crate::worker::host::{BasicServices, PendingReply, RequestHandler};
 use crate::worker::lane::OperatorLane;
 use crate::worker::policy::Policy;
+use crate::worker::stores::HostStores;
 use crate::worker::turns::TurnBoundary;
 use crate::worker::wire::{HostRequest, Identifier, Reply};
 use crate::worker::workspace::Workspace;
@@ -37,6 +40,8 @@ pub(super) struct Services {
     pub(super) workspace: Arc<Workspace>,
     /// The priority the host wakes at where the attention hook does not decide.
     pub(super) host_priority: u32,
+    /// The stores of `maintenance.*`, `orientation.*` and `peer.*`.
+    pub(super) stores: Arc<HostStores>,
 }
 
 #[async_trait]
@@ -47,6 +52,12 @@ impl RequestHandler for Services {
         request_id: &Identifier,
         request: &HostRequest,
     ) -> Reply {
+        if let Some(reply) = self
+            .stores
+            .handle(&self.session, execution_id, request_id, request)
+        {
+            return reply;
+        }
         let text = match request {
             HostRequest::LocalSend { text } => text,
             HostRequest::RuntimeWait { seconds, reason } => {
@@ -147,6 +158,9 @@ impl RequestHandler for Services {
                 path,
                 *expected_epoch,
             )));
+            }
+        if let Some(reply) = self.stores.start(request) {
+            return Some(reply);
         }
         let HostRequest::WorkspaceRun {
             argv,

@@ -290,7 +290,10 @@ impl RequestHandler for BasicServices {
             }
             other => Reply::Error {
                 code: "unsupported_method".into(),
-                message: format!("{} is not served by this host", other.method()),
+                message: match super::stores::unsupported_reason(other) {
+                    Some(why) => format!("{} is not supported by this host: {why}", other.method()),
+                    None => format!("{} is not served by this host", other.method()),
+                },
             },
         }
     }
