@@ -16,8 +16,9 @@ use crate::scenario::{Scenario, Side};
 /// Every `step`-th scenario of those that run on `side` against a target supporting every
 /// optional feature (all of them when `sample` is `None` or covers them), in file order:
 /// a sample that keeps the family's spread. A refusal scenario (one that requires a
-/// feature unsupported) is left out: it runs under the family's lacking declaration
-/// (`crate::features::reference_declaration`), which the contract test gives it.
+/// feature unsupported) is left out: it runs under one of the family's lacking
+/// declarations (`crate::features::reference_declaration`), which the contract test gives
+/// it.
 pub fn sample(scenarios: &[Scenario], side: Side, sample: Option<usize>) -> Vec<Scenario> {
     let runs: Vec<Scenario> = scenarios
         .iter()

@@ -1,5 +1,6 @@
 //! The test command of `make mutants`: the core_runtime scenario suite of both sides
-//! (`runtime` and `core`), and the worker family's host side, against this build of
+//! (`runtime` and `core`, side runtime also under each lacking declaration, as `make
+//! contract-refusals`), and the worker family's host side, against this build of
 //! `contract-impl`, which cargo-mutants has mutated. The checker is not: the harness binary comes from the unmutated tree
 //! (`CONTRACT_MUTANTS_HARNESS`, built and copied by `make mutants`), so a mutation of
 //! the shared wire code cannot weaken the checks it is judged by.
@@ -10,14 +11,40 @@
 use std::path::Path;
 use std::process::Command;
 
-/// The suites run against each mutant: (family, side, `contract-impl` arguments). Both
-/// sides of core_runtime, whose modules are mutated, and our worker host, the only user
-/// of the shared length-prefixed framing (`impl/src/wire/framing.rs`); the rest of
-/// `impl/src/wire` is on core_runtime's path.
-const SUITES: [(&str, &str, &str); 3] = [
-    ("core_runtime", "runtime", "runtime"),
-    ("core_runtime", "core", "core serve"),
-    ("worker", "host", "worker host"),
+/// The suites run against each mutant: (family, side, `contract-impl` arguments, extra
+/// harness arguments). Both sides of core_runtime, whose modules are mutated, and our
+/// worker host, the only user of the shared length-prefixed framing
+/// (`impl/src/wire/framing.rs`); the rest of `impl/src/wire` is on core_runtime's path.
+/// The refusal scenarios run as `make contract-refusals` runs them, once per lacking
+/// declaration (`scenarios/features/core_runtime.lacking*.yaml`): against the full
+/// declaration they are not applicable, so a mutant of a capability check (an undeclared
+/// export performed, or a read refused for the owner's missing export) would survive.
+const SUITES: [(&str, &str, &str, &[&str]); 5] = [
+    ("core_runtime", "runtime", "runtime", &[]),
+    ("core_runtime", "core", "core serve", &[]),
+    ("worker", "host", "worker host", &[]),
+    (
+        "core_runtime",
+        "runtime",
+        "runtime",
+        &[
+            "--filter",
+            "undeclared_",
+            "--features",
+            "scenarios/features/core_runtime.lacking.yaml",
+        ],
+    ),
+    (
+        "core_runtime",
+        "runtime",
+        "runtime",
+        &[
+            "--filter",
+            "undeclared_",
+            "--features",
+            "scenarios/features/core_runtime.lacking-export.yaml",
+        ],
+    ),
 ];
 
 #[test]
@@ -28,9 +55,10 @@ fn the_scenario_suites_of_both_sides_pass() {
     let target = env!("CARGO_BIN_EXE_contract-impl");
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let mut failed = Vec::new();
-    for (family, side, args) in SUITES {
+    for (family, side, args, extra) in SUITES {
         let output = Command::new(&harness)
             .args(["run", "--family", family, "--side", side, "--fail-fast"])
+            .args(extra)
             .arg("--scenarios")
             .arg(root.join("scenarios"))
             .arg("--target-cmd")
@@ -44,7 +72,11 @@ fn the_scenario_suites_of_both_sides_pass() {
                 .lines()
                 .filter(|l| l.starts_with("FAIL") || l.starts_with("ABORTED"))
                 .collect();
-            failed.push(format!("{family} side {side}: {}", failures.join("; ")));
+            failed.push(format!(
+                "{family} side {side} {}: {}",
+                extra.join(" "),
+                failures.join("; ")
+            ));
             // One failed suite kills the mutant: the others need not run.
             break;
         }

@@ -49,12 +49,18 @@ impl Core {
     /// Starts Core with `timers` (a JSON object body, e.g. `"cancel_confirm_ms":300`)
     /// merged after a long heartbeat interval.
     pub fn start(timers: &str) -> Core {
+        Self::start_with(timers, "")
+    }
+
+    /// Starts Core with `timers` as [`Core::start`] and `limits` (a JSON object body,
+    /// e.g. `"response_bytes_in_flight":4194304`; empty: none).
+    pub fn start_with(timers: &str, limits: &str) -> Core {
         let dir = tempfile::tempdir().unwrap();
         let config = dir.path().join("core.json");
         let sep = if timers.is_empty() { "" } else { "," };
         std::fs::write(
             &config,
-            format!(r#"{{"timers":{{{QUIET_TIMERS}{sep}{timers}}}}}"#),
+            format!(r#"{{"timers":{{{QUIET_TIMERS}{sep}{timers}}},"limits":{{{limits}}}}}"#),
         )
         .unwrap();
         let mut core = Core {

@@ -176,16 +176,15 @@ fn visit(all: &[(Party, &Value)], out: &mut BTreeSet<&'static str>) {
 
 /// The optional capabilities `scenario` exercises on side runtime: those its frames opt
 /// into, less those its own launch declaration (`config.runtime.agent_kinds`, kind
-/// `controlled`) declares `false` (the scenario then proves the refusal, and a target
-/// that lacks the capability passes it).
+/// `controlled`) declares `false` and those it `requires:` `false` (the scenario then
+/// proves the refusal, and a target that lacks the capability passes it).
 ///
-/// A refusal scenario (one that requires a feature `false`) exercises nothing: the
-/// preparation it sends is refused for the missing feature whatever else it asks for.
+/// A refusal scenario's preparation that is refused for the missing feature exercises
+/// nothing, whatever else it asks for (as every rejected preparation); one that is
+/// admitted exercises what it opts into (the read-only profile an undeclared export is
+/// refused on needs `local_environment` and `workspace_read_preparation`).
 pub fn implied_features(scenario: &Scenario) -> BTreeSet<&'static str> {
     let mut out = BTreeSet::new();
-    if scenario.requires.values().any(|want| !want) {
-        return out;
-    }
     let mut all = Vec::new();
     frames(&scenario.steps, &mut all);
     visit(&all, &mut out);
@@ -198,6 +197,7 @@ pub fn implied_features(scenario: &Scenario) -> BTreeSet<&'static str> {
     out.retain(|f| {
         CORE_RUNTIME_FEATURES.contains(f)
             && configured.get(*f).and_then(Value::as_bool) != Some(false)
+            && scenario.requires.get(*f) != Some(&false)
     });
     out
 }

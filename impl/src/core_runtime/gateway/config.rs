@@ -5,7 +5,8 @@
 //! { "timers": { "written_receipt_ms": 30000, "cancel_confirm_ms": 15000,
 //!               "heartbeat_interval_ms": 30000, "preparation_retry_ms": 1000,
 //!               "credential_recheck_ms": 1000, "http_write_stall_ms": 30000 },
-//!   "engine_profiles": { "controlled": { "web_search_control": false, "text_verbosity": false } } }
+//!   "engine_profiles": { "controlled": { "web_search_control": false, "text_verbosity": false } },
+//!   "limits": { "events_per_turn": 100000, "response_bytes_in_flight": 67108864 } }
 //! ```
 //!
 //! Every key is optional; unknown keys, duplicate keys and `null` are errors naming
@@ -18,6 +19,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use super::admission::EngineProfile;
+use super::http::RESPONSE_BYTES_IN_FLIGHT_MAX;
 use crate::core_runtime::daemon::config::TIMER_CEILING_MS;
 use crate::core_runtime::wire::limits::{CANCEL_CONFIRM_TIMEOUT, WRITTEN_RECEIPT_TIMEOUT};
 use crate::wire::WireError;
@@ -79,6 +81,10 @@ pub struct CoreConfig {
     /// `limits.events_per_turn`: the Turn event bound, 1..=[`EVENTS_PER_TURN_MAX`]
     /// (lowered by tests of the bound); `None` is [`EVENTS_PER_TURN_MAX`].
     pub events_per_turn: Option<u64>,
+    /// `limits.response_bytes_in_flight`: the budget of answer bytes held for readers,
+    /// 1..=[`RESPONSE_BYTES_IN_FLIGHT_MAX`] (lowered by tests of the bound); `None` is
+    /// [`RESPONSE_BYTES_IN_FLIGHT_MAX`].
+    pub response_bytes_in_flight: Option<usize>,
     /// Engine profile per agent kind (absent = no optional control declared).
     pub engine_profiles: BTreeMap<String, EngineProfile>,
 }
@@ -128,6 +134,7 @@ struct Raw {
 #[serde(deny_unknown_fields)]
 struct RawLimits {
     events_per_turn: Option<u64>,
+    response_bytes_in_flight: Option<u64>,
 }
 
 #[derive(Deserialize, Default)]
@@ -165,6 +172,7 @@ impl CoreConfig {
         })?;
         let d = CoreTimers::default();
         let t = raw.timers.unwrap_or_default();
+        let limits = raw.limits.unwrap_or_default();
         let profiles = raw.engine_profiles.unwrap_or_default();
         if profiles.len() > ENGINE_PROFILES_MAX {
             return Err(CoreConfigError::Invalid(format!(
@@ -201,7 +209,19 @@ impl CoreConfig {
                 )?,
             },
             engine_profiles: profiles,
-            events_per_turn: match raw.limits.and_then(|l| l.events_per_turn) {
+            response_bytes_in_flight: match limits.response_bytes_in_flight {
+                None => None,
+                Some(n) if (1..=RESPONSE_BYTES_IN_FLIGHT_MAX as u64).contains(&n) => {
+                    usize::try_from(n).ok()
+                }
+                Some(n) => {
+                    return Err(CoreConfigError::Invalid(format!(
+                        "limits.response_bytes_in_flight: {n} is outside \
+                         1..={RESPONSE_BYTES_IN_FLIGHT_MAX}"
+                    )));
+                }
+            },
+            events_per_turn: match limits.events_per_turn {
                 None => None,
                 Some(n) if (1..=EVENTS_PER_TURN_MAX).contains(&n) => Some(n),
                 Some(n) => {
@@ -249,6 +269,30 @@ mod tests {
         assert!(parse(0).is_err());
         assert!(parse(EVENTS_PER_TURN_MAX + 1).is_err());
         assert_eq!(CoreConfig::parse(b"{}").unwrap().events_per_turn, None);
+    }
+
+    #[test]
+    fn the_answer_budget_is_lowered_within_its_range() {
+        let parse = |n: u64| {
+            CoreConfig::parse(
+                format!(r#"{{"limits":{{"response_bytes_in_flight":{n}}}}}"#).as_bytes(),
+            )
+        };
+        let max = RESPONSE_BYTES_IN_FLIGHT_MAX as u64;
+        assert_eq!(
+            parse(4 * 1024 * 1024).unwrap().response_bytes_in_flight,
+            Some(4 * 1024 * 1024)
+        );
+        assert_eq!(
+            parse(max).unwrap().response_bytes_in_flight,
+            Some(RESPONSE_BYTES_IN_FLIGHT_MAX)
+        );
+        assert_eq!(parse(0).unwrap_err().code(), "invalid_configuration");
+        assert_eq!(parse(max + 1).unwrap_err().code(), "invalid_configuration");
+        assert_eq!(
+            CoreConfig::parse(b"{}").unwrap().response_bytes_in_flight,
+            None
+        );
     }
 
     #[test]

@@ -25,7 +25,8 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 pub const HTTP_WRITE_STALL_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Bound on the bytes of budgeted answers (event pages) held at once, all connections
-/// together (daemon policy): 64 MiB.
+/// together (daemon policy): 64 MiB. Lowered by tests of the bound through
+/// `limits.response_bytes_in_flight` ([`super::config::CoreConfig`]).
 pub const RESPONSE_BYTES_IN_FLIGHT_MAX: usize = 64 * 1024 * 1024;
 
 /// An I/O stream whose writes fail with `TimedOut` once the peer has accepted no byte of
@@ -133,13 +134,18 @@ pub const RESPONSE_CHUNK_BYTES: usize = 64 * 1024;
 /// what a stalled reader can pin outside the budget.
 pub const HTTP_BUFFER_MAX: usize = 64 * 1024;
 
-/// The shared budget of answer bytes in flight ([`RESPONSE_BYTES_IN_FLIGHT_MAX`]).
+/// The shared budget of answer bytes in flight ([`RESPONSE_BYTES_IN_FLIGHT_MAX`] unless
+/// the configuration lowers it).
 #[derive(Clone)]
-pub struct ResponseBudget(Arc<Semaphore>);
+pub struct ResponseBudget {
+    permits: Arc<Semaphore>,
+    /// The whole budget, in bytes.
+    max: usize,
+}
 
 impl Default for ResponseBudget {
     fn default() -> Self {
-        Self(Arc::new(Semaphore::new(RESPONSE_BYTES_IN_FLIGHT_MAX)))
+        Self::new(RESPONSE_BYTES_IN_FLIGHT_MAX)
     }
 }
 
@@ -147,18 +153,32 @@ impl Default for ResponseBudget {
 pub struct Reservation(Option<OwnedSemaphorePermit>);
 
 impl ResponseBudget {
+    /// A budget of `max` bytes (at least one, at most [`RESPONSE_BYTES_IN_FLIGHT_MAX`]).
+    pub fn new(max: usize) -> Self {
+        let max = max.clamp(1, RESPONSE_BYTES_IN_FLIGHT_MAX);
+        Self {
+            permits: Arc::new(Semaphore::new(max)),
+            max,
+        }
+    }
+
+    /// The whole budget, in bytes.
+    pub fn max(&self) -> usize {
+        self.max
+    }
+
     /// Reserves `bytes` (at most the whole budget), waiting while the budget is spent:
     /// a burst of readers waits here instead of each building its answer.
     pub async fn reserve(&self, bytes: usize) -> Reservation {
-        let want = u32::try_from(bytes.clamp(1, RESPONSE_BYTES_IN_FLIGHT_MAX)).unwrap_or(u32::MAX);
-        Reservation(self.0.clone().acquire_many_owned(want).await.ok())
+        let want = u32::try_from(bytes.clamp(1, self.max)).unwrap_or(u32::MAX);
+        Reservation(self.permits.clone().acquire_many_owned(want).await.ok())
     }
 
     /// Grows `reservation` to `total` bytes (at most the whole budget), waiting while
     /// the budget is spent: an answer that came out larger than reserved (a page whose
     /// first event is a large one).
     pub async fn top_up(&self, reservation: &mut Reservation, total: usize) {
-        let total = total.min(RESPONSE_BYTES_IN_FLIGHT_MAX);
+        let total = total.min(self.max);
         let held = reservation
             .0
             .as_ref()
@@ -167,7 +187,7 @@ impl ResponseBudget {
             return;
         }
         let more = u32::try_from(total - held).unwrap_or(u32::MAX);
-        if let Ok(extra) = self.0.clone().acquire_many_owned(more).await {
+        if let Ok(extra) = self.permits.clone().acquire_many_owned(more).await {
             match reservation.0.as_mut() {
                 Some(permit) => permit.merge(extra),
                 None => reservation.0 = Some(extra),
@@ -177,7 +197,7 @@ impl ResponseBudget {
 
     /// The bytes in free budget (for tests and logs).
     pub fn available(&self) -> usize {
-        self.0.available_permits()
+        self.permits.available_permits()
     }
 }
 
@@ -344,5 +364,30 @@ mod tests {
         let bytes = axum::body::to_bytes(body, usize::MAX).await.unwrap();
         assert_eq!(bytes.len(), 100_000);
         assert_eq!(budget.available(), RESPONSE_BYTES_IN_FLIGHT_MAX);
+    }
+
+    #[tokio::test]
+    async fn a_lowered_budget_bounds_every_reservation_and_makes_the_next_wait() {
+        use futures_util::FutureExt as _;
+        let budget = ResponseBudget::new(1000);
+        assert_eq!(budget.max(), 1000);
+        // Larger than the whole budget: takes all of it, no more.
+        let mut first = budget.reserve(5000).await;
+        assert_eq!(budget.available(), 0);
+        budget.top_up(&mut first, 9000).await;
+        assert_eq!(budget.available(), 0);
+        // The next answer waits for budget instead of being built.
+        assert!(budget.reserve(1).now_or_never().is_none());
+        let body = first.body(vec![b'x'; 600]);
+        assert_eq!(budget.available(), 400);
+        drop(body);
+        assert_eq!(budget.available(), 1000);
+        assert!(budget.reserve(1000).now_or_never().is_some());
+        // Out of range: at least one byte, at most the daemon's bound.
+        assert_eq!(ResponseBudget::new(0).max(), 1);
+        assert_eq!(
+            ResponseBudget::new(usize::MAX).max(),
+            RESPONSE_BYTES_IN_FLIGHT_MAX
+        );
     }
 }

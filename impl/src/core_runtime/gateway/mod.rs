@@ -223,6 +223,11 @@ pub async fn serve(
             "restart recovery: unsettled work recorded as unknown, nothing replayed"
         );
     }
+    let response_budget = http::ResponseBudget::new(
+        config
+            .response_bytes_in_flight
+            .unwrap_or(http::RESPONSE_BYTES_IN_FLIGHT_MAX),
+    );
     let core = Arc::new(Core {
         store,
         config,
@@ -233,7 +238,7 @@ pub async fn serve(
         wake: Notify::new(),
         base_url: format!("http://{addr}"),
         api_key_digest: api::key_digest(api_key),
-        response_budget: http::ResponseBudget::default(),
+        response_budget,
     });
     tokio::spawn(turn::scheduler(core.clone()));
     tokio::spawn(connection::recheck_revocations(core.clone()));
