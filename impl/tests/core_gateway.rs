@@ -131,6 +131,21 @@ async fn the_public_api_needs_the_minted_project_api_key() {
     assert_eq!(resp.status().as_u16(), 401);
     let resp = client.get(&url).bearer_auth(&key).send().await.unwrap();
     assert_eq!(resp.status().as_u16(), 200);
+    // The scheme name is case-insensitive (RFC 9110, 11.1); another scheme is no key.
+    for (value, status) in [
+        (format!("bearer {key}"), 200),
+        (format!("BEARER  {key}"), 200),
+        (format!("Basic {key}"), 401),
+        (key.clone(), 401),
+    ] {
+        let resp = client
+            .get(&url)
+            .header("authorization", &value)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status().as_u16(), status, "{value:?}");
+    }
     // The API key is not a daemon credential.
     let boot = format!("{}/api/v1/agent-daemon/bootstrap", core.base);
     let (status, _) = post(&client, boot, json!({"device_id": DEVICE}), Some(&key)).await;

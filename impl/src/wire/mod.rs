@@ -9,10 +9,12 @@
 //! * [`ids`]: identifier newtypes validated once at the edge.
 //! * [`bounded`]: collections and byte strings whose bound is part of the type.
 //! * [`framing`]: the 4-byte big-endian length framing of the framed families.
+//! * [`bearer`]: the credential of a `Bearer` authorization value.
 //!
 //! It must never perform I/O, and it must never silently coerce bad input: every
 //! rejection is a [`WireError`] with a stable [`WireError::code`].
 
+pub mod bearer;
 pub mod bounded;
 pub mod framing;
 pub mod ids;

@@ -174,7 +174,7 @@ fn api_key_ok(core: &Core, headers: &axum::http::HeaderMap) -> bool {
     headers
         .get(axum::http::header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
+        .and_then(crate::wire::bearer::bearer_credential_str)
         .map(key_digest)
         .is_some_and(|d| {
             d.iter()

@@ -226,7 +226,7 @@ fn error(status: StatusCode, code: &str) -> Response {
 
 fn bearer(headers: &HeaderMap) -> Option<String> {
     let value = headers.get(http::header::AUTHORIZATION)?.to_str().ok()?;
-    value.strip_prefix("Bearer ").map(str::to_string)
+    crate::wire::bearer::bearer_credential_str(value).map(str::to_string)
 }
 
 /// The ID of the device's non-revoked credential presented as the Bearer header.

@@ -858,10 +858,12 @@ impl Driver {
                 self.store_output(std::slice::from_ref(&frame)).await;
             }
             Message::Error(err) => {
-                self.append(&frame).await;
+                // The outcome first: once the event is readable, so is the outcome it
+                // makes (a reader that saw the event never reads an outcome without it).
                 self.outcome
                     .record_error(err.message.as_str(), err.code, err.http_status);
                 self.save_outcome().await;
+                self.append(&frame).await;
             }
             Message::Done(done) => {
                 self.append(&frame).await;

@@ -67,7 +67,7 @@ impl tonic::service::Interceptor for TokenCheck {
         let presented = request
             .metadata()
             .get(AUTHORIZATION)
-            .and_then(|v| v.as_bytes().strip_prefix(b"Bearer "));
+            .and_then(|v| crate::wire::bearer::bearer_credential(v.as_bytes()));
         match presented {
             Some(token) if self.accepts(token) => Ok(request),
             Some(_) => Err(self.profile.refusal(Status::unauthenticated(

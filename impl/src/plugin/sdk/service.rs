@@ -477,7 +477,7 @@ impl tonic::service::Interceptor for HostProof {
             .metadata()
             .get(AUTH_METADATA)
             .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "));
+            .and_then(crate::wire::bearer::bearer_credential_str);
         match presented {
             Some(proof) if proofs_equal(proof, &self.0) => Ok(request),
             Some(_) => Err(Status::new(

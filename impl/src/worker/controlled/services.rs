@@ -158,7 +158,7 @@ impl RequestHandler for Services {
                 path,
                 *expected_epoch,
             )));
-            }
+        }
         if let Some(reply) = self.stores.start(request) {
             return Some(reply);
         }
