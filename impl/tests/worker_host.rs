@@ -55,6 +55,24 @@ async fn cells_run_in_a_private_directory_and_the_worker_exits_cleanly() {
     assert!(!dir.exists(), "the private directory is removed");
 }
 
+/// A cell reads what its worker was given, not the host's environment: the host's own
+/// variables (here those cargo sets for this test, as the control socket would be set
+/// for a host) do not reach it; the allow-list's (`PATH`) and the launch ones do.
+#[tokio::test]
+async fn the_worker_does_not_inherit_the_hosts_environment() {
+    assert!(std::env::var_os("CARGO_PKG_NAME").is_some());
+    let mut worker = Worker::spawn(python_worker()).await.unwrap();
+    let mut services = BasicServices;
+    let r = worker
+        .execute(
+            "import os\n[k in os.environ for k in ('CARGO_PKG_NAME', 'CARGO_MANIFEST_DIR', 'PATH', 'CONTRACT_WORKER_TOKEN')]",
+            &mut services,
+        )
+        .await
+        .unwrap();
+    assert_eq!(result_text(&r), "[False, False, True, True]");
+}
+
 #[tokio::test]
 async fn the_129th_request_of_a_cell_is_refused() {
     let mut worker = Worker::spawn(python_worker()).await.unwrap();

@@ -235,6 +235,21 @@ impl HostConfig {
     }
 }
 
+/// The host variables a worker inherits besides those a run of the source work does
+/// ([`crate::worker::workspace::INHERITED_ENV`]), when the host has them (values the
+/// host's): the Python interpreter's own settings, the Rust backtrace switch and our
+/// worker's profile. Our reference choice ("Processes run with same-user trust", so this
+/// is about what a cell can read, not a sandbox); everything else of the host's
+/// environment (its control socket, its worker program, a secret) stays the host's.
+pub const WORKER_EXTRA_ENV: &[&str] = &[
+    "PYTHONPATH",
+    "PYTHONHOME",
+    "PYTHONDONTWRITEBYTECODE",
+    "PYTHONUNBUFFERED",
+    "RUST_BACKTRACE",
+    "CONTRACT_WORKER_PROFILE",
+];
+
 /// A reply still being made, borrowing nothing of the handler or the cell: see
 /// [`RequestHandler::start`].
 pub type PendingReply = std::pin::Pin<Box<dyn std::future::Future<Output = Reply> + Send>>;
@@ -687,6 +702,15 @@ impl Worker {
             None => std::env::current_exe().map_err(|e| HostError::Spawn(e.to_string()))?,
         };
         let mut command = Command::new(&supervisor);
+        // Not the host's environment: a cell can read every variable its worker has, so
+        // the worker gets the allow-list's values and the launch environment, never the
+        // host's control socket, its worker program or a secret of its own.
+        command.env_clear().envs(
+            crate::worker::workspace::INHERITED_ENV
+                .iter()
+                .chain(WORKER_EXTRA_ENV)
+                .filter_map(|name| std::env::var_os(name).map(|value| (*name, value))),
+        );
         command
             .arg("worker")
             .arg("supervise")
