@@ -69,6 +69,17 @@ pub fn check_wait(wait_ms: u64) -> Result<(), StoreError> {
     Ok(())
 }
 
+/// The state of peer `peer_id` (`unknown_peer` when there is none).
+fn peer_state(tx: &Transaction<'_>, peer_id: &str) -> Result<String, StoreError> {
+    tx.query_row(
+        "SELECT state FROM peers WHERE peer_id = ?1",
+        params![peer_id],
+        |r| r.get::<_, String>(0),
+    )
+    .optional()?
+    .ok_or_else(|| unknown_peer(peer_id))
+}
+
 fn unknown_peer(peer_id: &str) -> StoreError {
     StoreError::Unknown {
         kind: "peer",
@@ -234,14 +245,7 @@ impl HostStores {
                 }
                 return Ok(view(request_id, &existing, false));
             }
-            let state = tx
-                .query_row(
-                    "SELECT state FROM peers WHERE peer_id = ?1",
-                    params![peer_id],
-                    |r| r.get::<_, String>(0),
-                )
-                .optional()?
-                .ok_or_else(|| unknown_peer(peer_id))?;
+            let state = peer_state(tx, peer_id)?;
             if state != "open" {
                 return Err(StoreError::PeerNotOpen {
                     peer_id: peer_id.to_string(),
@@ -387,14 +391,7 @@ impl HostStores {
     /// `peer.stop` (see the module docs).
     pub(super) fn stop_peer(&self, peer_id: &str, drain: bool) -> Result<Value, StoreError> {
         let outcome = self.write(|tx| {
-            let state = tx
-                .query_row(
-                    "SELECT state FROM peers WHERE peer_id = ?1",
-                    params![peer_id],
-                    |r| r.get::<_, String>(0),
-                )
-                .optional()?
-                .ok_or_else(|| unknown_peer(peer_id))?;
+            let state = peer_state(tx, peer_id)?;
             if state != "stopped" {
                 if !drain {
                     tx.execute(
