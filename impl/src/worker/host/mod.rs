@@ -382,7 +382,9 @@ pub struct Worker {
     config: HostConfig,
     dir: PrivateDir,
     child: Child,
-    writer: Option<tokio::net::unix::OwnedWriteHalf>,
+    /// The writing half, shared with the reader, which refuses a request of no live
+    /// execution itself ([`reader`]).
+    writer: SharedWriter,
     reader: Option<reader::Reader>,
     /// The supervisor's watch connection: dropping it stops every process of the
     /// generation. Shared with the reader, which drops it after a fault.
@@ -469,6 +471,35 @@ impl Interrupter {
 /// generation may run; dropping it (shutting the half down) makes the supervisor kill
 /// every process of the worker.
 pub(super) type WatchHandle = Arc<Mutex<Option<tokio::net::unix::OwnedWriteHalf>>>;
+
+/// The writing half of a generation's connection: every frame the host sends goes
+/// through it whole (the lock is held for one frame); `None` once the generation was
+/// released.
+pub(super) type SharedWriter = Arc<tokio::sync::Mutex<Option<tokio::net::unix::OwnedWriteHalf>>>;
+
+/// Writes one frame through `writer` within `bound`.
+///
+/// # Errors
+/// [`HostError::Invalidated`] when the writer is gone, [`HostError::Io`], and
+/// [`HostError::Timeout`] when the worker did not take the frame in time (a frame may
+/// then be half written: nothing may follow it).
+pub(super) async fn write_frame(
+    writer: &SharedWriter,
+    envelope: &Envelope,
+    bound: Duration,
+) -> Result<(), HostError> {
+    let payload = encode_envelope(envelope).map_err(HostError::Wire)?;
+    let frame = encode_frame(&payload).map_err(|e| HostError::Wire(e.into()))?;
+    let mut guard = writer.lock().await;
+    let write = guard.as_mut().ok_or(HostError::Invalidated)?;
+    match tokio::time::timeout(bound, write.write_all(&frame)).await {
+        Ok(written) => written.map_err(|e| HostError::Io(e.to_string())),
+        Err(_) => {
+            guard.take();
+            Err(HostError::Timeout(bound))
+        }
+    }
+}
 
 /// Stops a [`Worker`]'s generation from another task, whatever it is doing
 /// ([`Worker::killer`]): the supervisor's watch connection is dropped, and the
@@ -783,9 +814,21 @@ impl Worker {
         let watch: WatchHandle = Arc::new(Mutex::new(Some(watch_write)));
         tokio::spawn(guard_supervisor(watch_read, watch.clone()));
         let (read, write) = conn.into_split();
+        let writer: SharedWriter = Arc::new(tokio::sync::Mutex::new(Some(write)));
+        let interrupts = Interrupts::default();
         let reader = reader::start(
             read,
             watch.clone(),
+            reader::Refusals {
+                writer: writer.clone(),
+                live: Interrupter(interrupts.clone()),
+                no_scope: config.choices.no_scope,
+                message: match config.role {
+                    Role::Hooks => "a hook has no host-effect scope",
+                    Role::Workbench => "the execution is not the current live one",
+                },
+                bound: config.send_timeout,
+            },
             config.session_id.clone(),
             config.generation.clone(),
         );
@@ -793,7 +836,7 @@ impl Worker {
             config,
             dir,
             child,
-            writer: Some(write),
+            writer,
             reader: Some(reader),
             watch,
             stdout,
@@ -801,7 +844,7 @@ impl Worker {
             flushers,
             next_op: 0,
             valid: true,
-            interrupts: Interrupts::default(),
+            interrupts,
             revision: None,
         };
         let hello = tokio::time::timeout(bound, worker.read_message()).await;
@@ -940,18 +983,14 @@ impl Worker {
             generation: self.config.generation.clone(),
             message,
         };
-        let payload = encode_envelope(&envelope).map_err(HostError::Wire)?;
-        let frame = encode_frame(&payload).map_err(|e| HostError::Wire(e.into()))?;
-        let bound = self.config.send_timeout;
-        let writer = self.writer.as_mut().ok_or(HostError::Invalidated)?;
-        match tokio::time::timeout(bound, writer.write_all(&frame)).await {
-            Ok(written) => written.map_err(|e| HostError::Io(e.to_string())),
+        match write_frame(&self.writer, &envelope, self.config.send_timeout).await {
             // The worker stopped reading: the exchange is abandoned, the generation gone
             // (a frame may be half written, so nothing may follow it).
-            Err(_) => {
+            Err(e @ HostError::Timeout(_)) => {
                 self.release();
-                Err(HostError::Timeout(bound))
+                Err(e)
             }
+            other => other,
         }
     }
 
@@ -1000,8 +1039,11 @@ impl Worker {
     /// Drops the connection and the watch (the supervisor then stops every process).
     fn release(&mut self) {
         self.valid = false;
-        self.writer = None;
+        // The reader's task ends with it; a frame it is writing now ends with the task.
         self.reader = None;
+        if let Ok(mut writer) = self.writer.try_lock() {
+            writer.take();
+        }
         if let Ok(mut watch) = self.watch.lock() {
             watch.take();
         }

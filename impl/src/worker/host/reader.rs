@@ -10,6 +10,12 @@
 //! the generation. The delay lets a worker that is exiting by itself report its own
 //! status to [`super::Worker`]'s record. The channel to the host is bounded, so a worker
 //! that floods the host is read no faster than the host takes its messages.
+//!
+//! A `host_request` that names no live execution (a finished cell's background task, a
+//! hook worker, a request while no cell runs) is refused `no_scope` here, at once, so a
+//! worker waiting for that reply does not wait for the host's next cell ("Host effects
+//! require the current live execution"; "that scope expires when the foreground cell
+//! ends"). The live cell's own requests go to the host in order.
 
 use std::os::fd::AsRawFd;
 use std::sync::Arc;
@@ -20,9 +26,11 @@ use tokio::io::AsyncReadExt;
 use tokio::net::unix::OwnedReadHalf;
 use tokio::sync::mpsc;
 
-use super::{HostError, WatchHandle};
+use super::{HostError, Interrupter, SharedWriter, WatchHandle, write_frame};
 use crate::worker::wire::frame::decoder;
-use crate::worker::wire::{Direction, Expect, Identifier, Message, decode_envelope};
+use crate::worker::wire::{
+    Direction, Envelope, Expect, Identifier, Message, Reply, decode_envelope,
+};
 
 /// Time between invalidation and the hard stop of the generation's processes.
 pub const STOP_DELAY: Duration = Duration::from_millis(1000);
@@ -43,10 +51,25 @@ impl Drop for Reader {
     }
 }
 
+/// What the reader needs to refuse a request of no live execution itself.
+pub(super) struct Refusals {
+    /// The connection's writing half (shared with the host).
+    pub(super) writer: SharedWriter,
+    /// Which execution is live now.
+    pub(super) live: Interrupter,
+    /// The refusal's code (the host's choice of name).
+    pub(super) no_scope: &'static str,
+    /// The refusal's message (a hook worker never has a host-effect scope).
+    pub(super) message: &'static str,
+    /// The bound of one write.
+    pub(super) bound: Duration,
+}
+
 /// Starts the reader of `read` for the connection's identity.
 pub(super) fn start(
     read: OwnedReadHalf,
     watch: WatchHandle,
+    refusals: Refusals,
     session_id: Identifier,
     generation: Identifier,
 ) -> Reader {
@@ -57,6 +80,7 @@ pub(super) fn start(
         tx,
         valid.clone(),
         watch,
+        refusals,
         session_id,
         generation,
     ));
@@ -68,6 +92,7 @@ async fn read_loop(
     tx: mpsc::Sender<Result<Message, HostError>>,
     valid: Arc<AtomicBool>,
     watch: WatchHandle,
+    refusals: Refusals,
     session_id: Identifier,
     generation: Identifier,
 ) {
@@ -94,6 +119,29 @@ async fn read_loop(
             match frames.next_frame() {
                 Ok(Some(payload)) => match decode_envelope(&payload, Some(&expect)) {
                     Ok(envelope) => {
+                        if let Message::HostRequest {
+                            id, execution_id, ..
+                        } = &envelope.message
+                            && refusals.live.running().as_ref() != Some(execution_id)
+                        {
+                            let reply = Envelope {
+                                message: Message::HostReply {
+                                    id: id.clone(),
+                                    execution_id: execution_id.clone(),
+                                    reply: Reply::Error {
+                                        code: refusals.no_scope.into(),
+                                        message: refusals.message.into(),
+                                    },
+                                },
+                                ..envelope
+                            };
+                            if let Err(e) =
+                                write_frame(&refusals.writer, &reply, refusals.bound).await
+                            {
+                                break 'read e;
+                            }
+                            continue;
+                        }
                         if tx.send(Ok(envelope.message)).await.is_err() {
                             break 'read HostError::Invalidated;
                         }
