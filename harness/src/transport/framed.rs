@@ -24,6 +24,20 @@ pub use contract_impl::wire::framing::{
     FrameDecoder, FrameError, LENGTH_PREFIX_BYTES, encode_frame,
 };
 
+/// `payload` behind its 4-byte big-endian length, **without** the bound checks of
+/// `contract_impl::wire::framing::encode_frame`: for a peer that sends malformed frames
+/// on purpose (an empty one, one past the maximum). The harness's own, so that a mutation
+/// of the implementation never changes what the checker sends. A payload longer than
+/// `u32::MAX` gets the prefix `u32::MAX`.
+pub fn encode_frame_unbounded(payload: &[u8]) -> Vec<u8> {
+    let len = u32::try_from(payload.len()).unwrap_or(u32::MAX);
+    let mut out =
+        Vec::with_capacity(contract_impl::wire::framing::LENGTH_PREFIX_BYTES + payload.len());
+    out.extend_from_slice(&len.to_be_bytes());
+    out.extend_from_slice(payload);
+    out
+}
+
 /// Capacity of a framed connection's event queue (payloads not read yet).
 pub const FRAMED_EVENT_QUEUE_CAPACITY: usize = 32;
 

@@ -51,17 +51,6 @@ impl FrameError {
     }
 }
 
-/// `payload` behind its 4-byte big-endian length, **without** the bound checks of
-/// [`encode_frame`]: for a peer that sends malformed frames on purpose (an empty one, one
-/// past the maximum). A payload longer than `u32::MAX` gets the prefix `u32::MAX`.
-pub fn encode_frame_unbounded(payload: &[u8]) -> Vec<u8> {
-    let len = u32::try_from(payload.len()).unwrap_or(u32::MAX);
-    let mut out = Vec::with_capacity(LENGTH_PREFIX_BYTES + payload.len());
-    out.extend_from_slice(&len.to_be_bytes());
-    out.extend_from_slice(payload);
-    out
-}
-
 /// `payload` behind its 4-byte big-endian length.
 ///
 /// # Errors

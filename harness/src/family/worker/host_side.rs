@@ -348,7 +348,7 @@ async fn accept_relays(listener: RelayListener, events: mpsc::Sender<Inbound>) {
 
 // Frames of the harness's own are bounded by the codec; `send_bytes` goes past the bound
 // on purpose, so nothing is checked here.
-use contract_impl::wire::framing::encode_frame_unbounded as framed;
+use crate::transport::framed::encode_frame_unbounded as framed;
 
 impl ScriptedWorkerPeer {
     fn absorb(&mut self, inbound: Inbound) {

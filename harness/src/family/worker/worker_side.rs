@@ -72,7 +72,7 @@ impl Connection for FramedLink {
         };
         // A payload is framed here without the bound: frames of the harness's own are
         // bounded by the codec, and `send_bytes` goes past the bound on purpose.
-        let framed = contract_impl::wire::framing::encode_frame_unbounded;
+        let framed = crate::transport::framed::encode_frame_unbounded;
         let sent = match message {
             Outgoing::Text(text) => conn.send_raw(&framed(text.as_bytes()), timeout).await,
             Outgoing::TextBytes(bytes) => conn.send_raw(&framed(&bytes), timeout).await,

@@ -97,12 +97,15 @@ mod tests {
             }
             r
         };
-        assert!(check.call(with(Some(format!("Bearer {token}")))).is_ok());
+        // The scheme name is case-insensitive (RFC 9110, 11.1); the token is not.
+        for good in [format!("Bearer {token}"), format!("bearer {token}")] {
+            assert!(check.call(with(Some(good))).is_ok());
+        }
         for bad in [
             None,
             Some(token.clone()),
             Some(format!("Bearer {token}x")),
-            Some(format!("bearer {token}")),
+            Some(format!("Bearer {}", token.to_uppercase())),
             Some("Bearer ".to_string()),
         ] {
             let e = check.call(with(bad.clone())).unwrap_err();
