@@ -19,7 +19,11 @@ use std::process::Command;
 /// declaration (`scenarios/features/core_runtime.lacking*.yaml`): against the full
 /// declaration they are not applicable, so a mutant of a capability check (an undeclared
 /// export performed, or a read refused for the owner's missing export) would survive.
-const SUITES: [(&str, &str, &str, &[&str]); 5] = [
+/// Last, the Runtime under the launch profile that makes the spec's free choices the other
+/// way (`--wire-profile different`, judged in vendor mode as `make check` judges it): the
+/// profile's own paths (the newest due close first, the connection closed at a shutdown
+/// signal) are the daemon's code too.
+const SUITES: [(&str, &str, &str, &[&str]); 6] = [
     ("core_runtime", "runtime", "runtime", &[]),
     ("core_runtime", "core", "core serve", &[]),
     ("worker", "host", "worker host", &[]),
@@ -44,6 +48,12 @@ const SUITES: [(&str, &str, &str, &[&str]); 5] = [
             "--features",
             "scenarios/features/core_runtime.lacking-export.yaml",
         ],
+    ),
+    (
+        "core_runtime",
+        "runtime",
+        "runtime --wire-profile different",
+        &["--mode", "vendor"],
     ),
 ];
 
