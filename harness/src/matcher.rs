@@ -21,6 +21,8 @@ use serde_json::Value;
 use crate::bind::{Bindings, Placeholder, Token, parse_token};
 use crate::scenario::GeneratedContent;
 
+mod stamp;
+
 /// The key of the generated-content pattern `{$generated: {seed, offset?, size}}`.
 pub const GENERATED_MARKER: &str = "$generated";
 
@@ -1001,6 +1003,14 @@ fn match_at(
                         format!("expected a string starting with {want:?}"),
                     )),
                 };
+            }
+            // `{$stamp_ms: "$name"}`: milliseconds within the second of the `Z`-shape
+            // stamp bound to `$name` (module `stamp`).
+            if pattern.len() == 1
+                && let Some(operand) = pattern.get(stamp::KEY)
+            {
+                return stamp::check(operand, actual, bindings)
+                    .map_err(|reason| mismatch(path, expected, Some(actual), reason));
             }
             // `{$length: N}`: a string of exactly N bytes (a text bound at its edge).
             if pattern.len() == 1
