@@ -68,7 +68,7 @@ pub fn unasserted(pattern: &Value, actual: &Value, path: &str, out: &mut Vec<Str
 fn patterns<'a>(step: &'a Step, party: &str, out: &mut Vec<&'a Value>) {
     match step {
         Step::Frame { party: p, frame } if p.as_str() == party => out.push(frame),
-        Step::AnyOrder(steps) | Step::Reference { steps, .. } => {
+        Step::AnyOrder(steps) | Step::Repeat { steps, .. } | Step::Reference { steps, .. } => {
             steps.iter().for_each(|s| patterns(s, party, out));
         }
         Step::Optional(inner) | Step::Tolerated(inner) => patterns(inner, party, out),

@@ -1012,7 +1012,8 @@ fn match_at(
                 return stamp::check(operand, actual, bindings)
                     .map_err(|reason| mismatch(path, expected, Some(actual), reason));
             }
-            // `{$length: N}`: a string of exactly N bytes (a text bound at its edge).
+            // `{$length: N}`: a string of exactly N bytes (a text bound at its edge), or an
+            // array of exactly N elements (a page at its bound).
             if pattern.len() == 1
                 && let Some(want) = pattern.get("$length")
             {
@@ -1021,7 +1022,7 @@ fn match_at(
                         path,
                         expected,
                         Some(actual),
-                        "`$length` takes a byte count",
+                        "`$length` takes a byte or element count",
                     ));
                 };
                 return match actual {
@@ -1032,11 +1033,18 @@ fn match_at(
                         Some(actual),
                         format!("a string of {} bytes, not {want}", s.len()),
                     )),
+                    Value::Array(a) if a.len() as u64 == want => Ok(()),
+                    Value::Array(a) => Err(mismatch(
+                        path,
+                        expected,
+                        Some(actual),
+                        format!("an array of {} elements, not {want}", a.len()),
+                    )),
                     other => Err(mismatch(
                         path,
                         expected,
                         Some(actual),
-                        format!("expected a string, got {}", type_name(other)),
+                        format!("expected a string or an array, got {}", type_name(other)),
                     )),
                 };
             }
@@ -1645,6 +1653,20 @@ mod tests {
         match_frame(&json!({"e": {"$length": 3}}), &json!({"e": "é!"}), &mut b).unwrap();
         assert!(match_frame(&json!({"e": {"$length": 2}}), &json!({"e": "é!"}), &mut b).is_err());
         assert!(match_frame(&json!({"e": {"$length": 2}}), &json!({"e": 12}), &mut b).is_err());
+        match_frame(
+            &json!({"e": {"$length": 2}}),
+            &json!({"e": [1, "x"]}),
+            &mut b,
+        )
+        .unwrap();
+        assert!(
+            match_frame(
+                &json!({"e": {"$length": 3}}),
+                &json!({"e": [1, "x"]}),
+                &mut b
+            )
+            .is_err()
+        );
     }
 
     #[test]

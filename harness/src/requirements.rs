@@ -578,7 +578,7 @@ pub fn coverage(catalog: &[Requirement], scenarios: &[Scenario]) -> Coverage {
                     named.push(requirement.clone());
                     steps.extend(inner);
                 }
-                Step::AnyOrder(inner) => steps.extend(inner),
+                Step::AnyOrder(inner) | Step::Repeat { steps: inner, .. } => steps.extend(inner),
                 Step::Optional(inner) | Step::Tolerated(inner) => steps.push(inner),
                 Step::Frame { frame, .. } => reference_patterns(frame, &mut named),
                 // `launch: {skills: <pattern>}` matches what the target launched with.

@@ -472,6 +472,39 @@ fn cases() -> Vec<Case> {
             "any_order may only hold",
         ),
         Case::new(
+            "repeat sends and expects its steps each pass, placeholders bound once",
+            vec![
+                now(text(json!({"type": "e", "id": "r1"}))),
+                now(text(json!({"type": "e", "id": "r1"}))),
+                now(text(json!({"type": "e", "id": "r1"}))),
+            ],
+            vec![Step::Repeat {
+                times: 3,
+                steps: vec![
+                    expect(json!({"type": "e", "id": "$run"})),
+                    send(json!({"type": "ack", "id": "$run"})),
+                ],
+            }],
+        )
+        .sends(vec![
+            r#"{"type":"ack","id":"r1"}"#,
+            r#"{"type":"ack","id":"r1"}"#,
+            r#"{"type":"ack","id":"r1"}"#,
+            "close:1000:scenario complete",
+        ]),
+        Case::new(
+            "repeat names the pass that failed",
+            vec![
+                now(text(json!({"type": "e", "id": "r1"}))),
+                now(text(json!({"type": "e", "id": "r2"}))),
+            ],
+            vec![Step::Repeat {
+                times: 2,
+                steps: vec![expect(json!({"type": "e", "id": "$run"}))],
+            }],
+        )
+        .fails(C::Mismatch, Phase::Step(1), "pass 2 of 2"),
+        Case::new(
             "placeholders survive a disconnect and a reconnect",
             vec![now(text(hello()))],
             vec![

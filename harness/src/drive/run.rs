@@ -659,6 +659,23 @@ impl Run {
                 Ok(())
             }
             Step::AnyOrder(steps) => self.any_order(peer, steps).await,
+            Step::Repeat { times, steps } => {
+                for pass in 1..=*times {
+                    for inner in steps {
+                        Box::pin(self.exec_plain(peer, inner))
+                            .await
+                            .map_err(|mut e| {
+                                e.message = format!(
+                                    "{} (pass {pass} of {times}, {})",
+                                    e.message,
+                                    inner.describe()
+                                );
+                                e
+                            })?;
+                    }
+                }
+                Ok(())
+            }
             // A typical frame (`optional:`): our reference, played by the harness, sends
             // it; another conformant target may send a `tolerated:` one, which ours
             // (played by the harness) does not.

@@ -20,6 +20,7 @@ pub const GENERIC_STEPS: &[&str] = &[
     "silence",
     "sleep",
     "any_order",
+    "repeat",
     "optional",
     "tolerated",
     "reference",

@@ -261,6 +261,7 @@ enum RawStep {
     Silence(Spanned<DurationText>),
     Sleep(Spanned<DurationText>),
     AnyOrder(Vec<Spanned<RawStep>>),
+    Repeat(RawRepeat),
     Optional(Box<Spanned<RawStep>>),
     Tolerated(Box<Spanned<RawStep>>),
     Reference(RawReference),
@@ -311,6 +312,14 @@ struct Empty {}
 struct RawReconnect {
     #[serde(default)]
     within: Option<DurationText>,
+}
+
+/// `repeat: {times, steps}`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawRepeat {
+    times: u32,
+    steps: Vec<Spanned<RawStep>>,
 }
 
 /// `reference: {requirement, steps}`.
@@ -683,6 +692,19 @@ impl Converter<'_> {
                     }
                 }
                 Step::AnyOrder(steps)
+            }
+            RawStep::Repeat(r) => {
+                let mut steps = Vec::new();
+                for item in r.steps {
+                    if let Some((step, child)) = self.step(item) {
+                        steps.push(step);
+                        span.children.push(child.location);
+                    }
+                }
+                Step::Repeat {
+                    times: r.times,
+                    steps,
+                }
             }
             RawStep::Reference(r) => {
                 let mut steps = Vec::new();

@@ -450,6 +450,10 @@ pub const API_QUERY_PARAMS_MAX: usize = 16;
 /// Longest `api:` call ID (`id: files1`), in bytes.
 pub const API_CALL_ID_MAX_BYTES: usize = 64;
 
+/// Most passes of one `repeat:` step: a stream long enough for any bound of the specs
+/// (a page, a queue) and short enough that a typo cannot make a run last hours.
+pub const REPEAT_TIMES_MAX: u32 = 100_000;
+
 /// `api:` — one call to the target Core's public API and the answer it must give.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -581,6 +585,17 @@ pub enum Step {
     Sleep(Duration),
     /// `any_order:` — frame expectations that may match in any order (only [`Step::Frame`]).
     AnyOrder(Vec<Step>),
+    /// `repeat: {times, steps}` — `steps` in order, `times` times over (1 to
+    /// [`REPEAT_TIMES_MAX`]): a long stream written once (101 events, to read a default
+    /// page of 100). A placeholder bound in the first pass compares in the later ones.
+    /// Holds frame, `send_bytes`, `api`, `api_result`, `native`, `silence` and `sleep`
+    /// steps only.
+    Repeat {
+        /// How many passes (at least 1).
+        times: u32,
+        /// The steps of one pass.
+        steps: Vec<Step>,
+    },
     /// `optional:` — one frame (only [`Step::Frame`]) the spec calls typical but does not
     /// require. Of the target's frames: it may arrive before the next frame a later step
     /// expects (then it must match, and is recorded), or not at all; of a party the
@@ -711,6 +726,7 @@ impl Step {
             Step::Silence(_) => "silence",
             Step::Sleep(_) => "sleep",
             Step::AnyOrder(_) => "any_order",
+            Step::Repeat { .. } => "repeat",
             Step::Optional(_) => "optional",
             Step::Tolerated(_) => "tolerated",
             Step::Reference { .. } => "reference",
@@ -744,6 +760,7 @@ impl Step {
             Step::Silence(d) => format!("silence {}ms", d.as_millis()),
             Step::Sleep(d) => format!("sleep {}ms", d.as_millis()),
             Step::AnyOrder(steps) => format!("any_order of {} frames", steps.len()),
+            Step::Repeat { times, steps } => format!("repeat {times}× ({} steps)", steps.len()),
             Step::Optional(inner) => format!("optional {}", inner.describe()),
             Step::Tolerated(inner) => format!("tolerated {}", inner.describe()),
             Step::Reference {

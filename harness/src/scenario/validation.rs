@@ -19,8 +19,8 @@ use serde_saphyr::Location;
 use super::families::{self, FamilyTable};
 use super::model::{
     API_CALL_ID_MAX_BYTES, API_IN_FLIGHT_MAX, API_METHODS, API_QUERY_PARAMS_MAX, ApiStep,
-    ExitCodeSpec, GENERATED_FILE_MAX_BYTES, GENERATED_TOTAL_MAX_BYTES, Party, Scenario, Side, Step,
-    WorkspaceSeed,
+    ExitCodeSpec, GENERATED_FILE_MAX_BYTES, GENERATED_TOTAL_MAX_BYTES, Party, REPEAT_TIMES_MAX,
+    Scenario, Side, Step, WorkspaceSeed,
 };
 use crate::bind::malformed_placeholders;
 use crate::matcher::{ComparePattern, GENERATED_MARKER, GeneratedPattern};
@@ -348,6 +348,36 @@ impl Checker<'_> {
                         Some(location),
                         "any_order frames must all be sent by the same party",
                     );
+                }
+            }
+            Step::Repeat { times, steps } => {
+                if !(1..=REPEAT_TIMES_MAX).contains(times) {
+                    self.issue(
+                        Some(location),
+                        format!("repeat: `times` must be 1 to {REPEAT_TIMES_MAX}, found {times}"),
+                    );
+                }
+                if steps.is_empty() {
+                    self.issue(Some(location), "repeat: `steps` must not be empty");
+                }
+                for (i, inner) in steps.iter().enumerate() {
+                    let loc = children.get(i).copied().unwrap_or(location);
+                    match inner {
+                        Step::Frame { .. }
+                        | Step::SendBytes(_)
+                        | Step::Api(_)
+                        | Step::ApiResult(_)
+                        | Step::Native { .. }
+                        | Step::Silence(_)
+                        | Step::Sleep(_) => self.step(loc, &[], inner),
+                        other => self.issue(
+                            Some(loc),
+                            format!(
+                                "repeat may hold frame, send_bytes, api, api_result, native, silence and sleep steps, found `{}`",
+                                other.keyword()
+                            ),
+                        ),
+                    }
                 }
             }
             Step::Reference {
@@ -748,7 +778,7 @@ fn sight_step(
                 add("api.expect.body", body, None, core);
             }
         }
-        Step::AnyOrder(steps) => {
+        Step::AnyOrder(steps) | Step::Repeat { steps, .. } => {
             for (i, inner) in steps.iter().enumerate() {
                 let loc = children.get(i).copied().unwrap_or(location);
                 sight_step(scenario, sightings, loc, &[], step, inner);

@@ -108,7 +108,9 @@ fn frames<'a>(steps: &'a [Step], out: &mut Vec<(Party, &'a Value)>) {
     for step in steps {
         match step {
             Step::Frame { party, frame } => out.push((*party, frame)),
-            Step::AnyOrder(steps) | Step::Reference { steps, .. } => frames(steps, out),
+            Step::AnyOrder(steps) | Step::Repeat { steps, .. } | Step::Reference { steps, .. } => {
+                frames(steps, out)
+            }
             Step::Optional(inner) | Step::Tolerated(inner) => {
                 frames(std::slice::from_ref(inner.as_ref()), out);
             }
