@@ -173,27 +173,31 @@ pub fn mask_unspecified(pattern: &Value, value: &Value) -> Value {
 /// The largest text a `{$text: …}` value expands to (16 MiB).
 pub const TEXT_MAX_BYTES: u64 = 16 * 1024 * 1024;
 
-/// `value` with every `{$text: {size, fill?, prefix?}}` replaced by the string of exactly
-/// `size` bytes: `prefix` (default empty) then `fill` (one ASCII character, default `x`)
-/// repeated. The form for a text bound at the bound and one past it in a frame the
+/// `value` with every `{$text: {size, fill?, prefix?, suffix?}}` replaced by the string of
+/// exactly `size` bytes: `prefix` (default empty), `fill` (one ASCII character, default
+/// `x`) repeated, then `suffix` (default empty; a multi-byte character across a byte
+/// bound). The form for a text bound at the bound and one past it in a frame the
 /// harness sends (a cell source of 262,144 bytes) without pasting it.
 ///
 /// # Errors
-/// A malformed `$text` (unknown key, size over [`TEXT_MAX_BYTES`] or below the prefix,
+/// A malformed `$text` (unknown key, size over [`TEXT_MAX_BYTES`] or below the prefix and
+/// suffix,
 /// a fill that is not one ASCII character), with its path.
 pub fn expand_text(value: &Value) -> Result<Value, String> {
     fn expand(value: &Value, path: &str) -> Result<Value, String> {
         match value {
             Value::Object(map) if map.len() == 1 && map.contains_key("$text") => {
                 let Some(Value::Object(spec)) = map.get("$text") else {
-                    return Err(format!("at {path}: `$text` takes {{size, fill?, prefix?}}"));
+                    return Err(format!(
+                        "at {path}: `$text` takes {{size, fill?, prefix?, suffix?}}"
+                    ));
                 };
                 if let Some(key) = spec
                     .keys()
-                    .find(|k| !["size", "fill", "prefix"].contains(&k.as_str()))
+                    .find(|k| !["size", "fill", "prefix", "suffix"].contains(&k.as_str()))
                 {
                     return Err(format!(
-                        "at {path}: `$text` takes size, fill and prefix, not `{key}`"
+                        "at {path}: `$text` takes size, fill, prefix and suffix, not `{key}`"
                     ));
                 }
                 let size = spec
@@ -219,13 +223,20 @@ pub fn expand_text(value: &Value) -> Result<Value, String> {
                     Some(Value::String(p)) => p.as_str(),
                     Some(_) => return Err(format!("at {path}: `$text.prefix` must be text")),
                 };
+                let suffix = match spec.get("suffix") {
+                    None => "",
+                    Some(Value::String(p)) => p.as_str(),
+                    Some(_) => return Err(format!("at {path}: `$text.suffix` must be text")),
+                };
                 let size = usize::try_from(size).unwrap_or(usize::MAX);
-                if prefix.len() > size {
-                    return Err(format!("at {path}: `$text.prefix` is longer than `size`"));
-                }
+                let Some(fill_bytes) = size.checked_sub(prefix.len() + suffix.len()) else {
+                    return Err(format!(
+                        "at {path}: `$text.prefix` and `$text.suffix` are longer than `size`"
+                    ));
+                };
                 Ok(Value::String(format!(
-                    "{prefix}{}",
-                    fill.repeat(size - prefix.len())
+                    "{prefix}{}{suffix}",
+                    fill.repeat(fill_bytes)
                 )))
             }
             Value::Array(items) => Ok(Value::Array(
@@ -1680,8 +1691,14 @@ mod tests {
             expand_text(&json!({"$text": {"size": 3}})).unwrap(),
             json!("xxx")
         );
+        assert_eq!(
+            expand_text(&json!({"$text": {"size": 5, "prefix": "<", "suffix": "é"}})).unwrap(),
+            json!("<xxé")
+        );
         for bad in [
             json!({"$text": {"size": 1, "prefix": "ab"}}),
+            json!({"$text": {"size": 2, "prefix": "a", "suffix": "é"}}),
+            json!({"$text": {"size": 2, "suffix": 1}}),
             json!({"$text": {"size": 1, "fill": "ab"}}),
             json!({"$text": {"size": -1}}),
             json!({"$text": {"size": 1, "other": 1}}),
