@@ -47,8 +47,8 @@ contract: build
 ## that supports everything) against our Runtime declaring those capabilities unsupported,
 ## once per lacking declaration (scenarios/features/core_runtime.lacking.yaml, then each
 ## core_runtime.lacking-<name>.yaml: a refusal that needs other capabilities declared
-## beside the missing one); each refusal runs under the one it applies to and is not
-## applicable under the others. The other scenarios' goldens record the full
+## beside the missing one); each refusal runs under every declaration it applies to and
+## is listed not applicable under the others. The other scenarios' goldens record the full
 ## declaration, so only the refusals are replayed here.
 LACKING := scenarios/features/core_runtime.lacking.yaml \
            $(sort $(wildcard scenarios/features/core_runtime.lacking-*.yaml))
