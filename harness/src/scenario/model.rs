@@ -412,6 +412,11 @@ pub struct BootstrapStep {
     /// a Runtime credential).
     #[serde(default)]
     pub credential: Option<String>,
+    /// With Core as the target: the word the harness writes before the credential in
+    /// `Authorization` (default `Bearer`). Any case of `Bearer` must be accepted (an
+    /// authentication scheme is case-insensitive); another word refused `401`.
+    #[serde(default)]
+    pub scheme: Option<String>,
 }
 
 /// `connect:` — the Runtime's WebSocket upgrade request and Core's answer.
@@ -424,6 +429,11 @@ pub struct ConnectStep {
     /// Core's answer; default `101` (upgrade).
     #[serde(default)]
     pub response: Option<HttpResponseSpec>,
+    /// With Core as the target: the word the harness writes before the credential in
+    /// `Authorization` (default `Bearer`). Any case of `Bearer` must be accepted (an
+    /// authentication scheme is case-insensitive); another word refused `401`.
+    #[serde(default)]
+    pub scheme: Option<String>,
 }
 
 /// An HTTP answer (status and optional JSON body).
@@ -509,6 +519,16 @@ pub struct ApiCall {
     /// JSON body (placeholders substituted, unbound ones minted).
     #[serde(default)]
     pub body: Option<Value>,
+    /// The credential presented: `api_key` (Core's Project API key, the default),
+    /// `daemon` (the device's daemon credential, which is not a key) or `none` (no
+    /// `Authorization` header).
+    #[serde(default)]
+    pub credential: Option<String>,
+    /// The word the harness writes before the credential in
+    /// `Authorization` (default `Bearer`). Any case of `Bearer` must be accepted (an
+    /// authentication scheme is case-insensitive); another word refused `401`.
+    #[serde(default)]
+    pub scheme: Option<String>,
 }
 
 /// One scenario step.

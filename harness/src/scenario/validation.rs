@@ -25,6 +25,9 @@ use super::model::{
 use crate::bind::malformed_placeholders;
 use crate::matcher::{ComparePattern, GENERATED_MARKER, GeneratedPattern};
 
+/// Longest `scheme:` word a step may write (bytes).
+const SCHEME_MAX_BYTES: usize = 32;
+
 /// Longest `expect_exit.stderr` substring (bytes): the harness keeps a bounded stderr
 /// tail, so a longer needle could never be found.
 pub const EXPECT_EXIT_STDERR_MAX_BYTES: usize = 1024;
@@ -283,6 +286,7 @@ impl Checker<'_> {
                 }
             }
             Step::Bootstrap(b) => {
+                self.scheme(location, "bootstrap", b.scheme.as_deref());
                 if let Some(request) = &b.request {
                     self.placeholders(location, "bootstrap request", request);
                 }
@@ -294,6 +298,7 @@ impl Checker<'_> {
                 }
             }
             Step::Connect(c) => {
+                self.scheme(location, "connect", c.scheme.as_deref());
                 if let Some(query) = &c.query {
                     self.placeholders(location, "connect query", query);
                 }
@@ -557,6 +562,17 @@ impl Checker<'_> {
 
     fn api(&mut self, location: Location, api: &ApiStep) {
         let call = &api.call;
+        self.scheme(location, "api.call", call.scheme.as_deref());
+        if let Some(credential) = call.credential.as_deref()
+            && !["api_key", "daemon", "none"].contains(&credential)
+        {
+            self.issue(
+                Some(location),
+                format!(
+                    "api.call: `credential` is `api_key`, `daemon` or `none`, not `{credential}`"
+                ),
+            );
+        }
         if !API_METHODS.contains(&call.method.as_str()) {
             self.issue(
                 Some(location),
@@ -647,6 +663,23 @@ impl Checker<'_> {
         self.status(location, "api.expect", api.expect.status);
         if let Some(body) = &api.expect.body {
             self.placeholders(location, "api.expect.body", body);
+        }
+    }
+
+    /// An `Authorization` scheme word a step writes: 1 to [`SCHEME_MAX_BYTES`] ASCII
+    /// letters (a header value the HTTP stack can send, never the credential).
+    fn scheme(&mut self, location: Location, what: &str, scheme: Option<&str>) {
+        if let Some(scheme) = scheme
+            && (scheme.is_empty()
+                || scheme.len() > SCHEME_MAX_BYTES
+                || !scheme.bytes().all(|b| b.is_ascii_alphabetic()))
+        {
+            self.issue(
+                Some(location),
+                format!(
+                    "{what}: `scheme` must be 1 to {SCHEME_MAX_BYTES} ASCII letters, found {scheme:?}"
+                ),
+            );
         }
     }
 

@@ -32,6 +32,49 @@ pub struct HttpAnswer {
     pub body: Vec<u8>,
 }
 
+/// The `Authorization` header the harness presents: `scheme`, a space, the credential.
+/// The scheme defaults to `Bearer`; a scenario may write it in another case (a scheme is
+/// case-insensitive, RFC 9110 "Authentication Scheme") or another word (which a target
+/// must refuse).
+#[derive(Debug, Clone, Copy)]
+pub struct Auth<'a> {
+    /// The scheme word (`Bearer`, `bearer`, `Basic`, …).
+    pub scheme: &'a str,
+    /// The credential that follows it.
+    pub token: &'a str,
+}
+
+impl<'a> Auth<'a> {
+    /// `Bearer <token>`.
+    pub fn bearer(token: &'a str) -> Self {
+        Self {
+            scheme: "Bearer",
+            token,
+        }
+    }
+
+    /// `<scheme> <token>`, `scheme` defaulting to `Bearer`.
+    pub fn with_scheme(scheme: Option<&'a str>, token: &'a str) -> Self {
+        Self {
+            scheme: scheme.unwrap_or("Bearer"),
+            token,
+        }
+    }
+
+    /// The header value, marked sensitive (never printed by the HTTP stack).
+    ///
+    /// # Errors
+    /// [`TransportError::Client`] when the scheme or credential is not a valid header value.
+    pub fn header(&self) -> Result<HeaderValue, TransportError> {
+        let mut value =
+            HeaderValue::from_str(&format!("{} {}", self.scheme, self.token)).map_err(|_| {
+                TransportError::Client("the credential is not a valid header value".into())
+            })?;
+        value.set_sensitive(true);
+        Ok(value)
+    }
+}
+
 /// An HTTP/1.1 client with per-request deadlines.
 #[derive(Debug, Clone)]
 pub struct HttpClient {
@@ -55,8 +98,8 @@ impl HttpClient {
         Ok(Self { client })
     }
 
-    /// Sends `method url` with an optional `Authorization: Bearer` header and an optional
-    /// JSON body, and reads the whole answer, all within `timeout`.
+    /// Sends `method url` with an optional `Authorization` header ([`Auth`]) and an
+    /// optional JSON body, and reads the whole answer, all within `timeout`.
     ///
     /// # Errors
     /// [`TransportError::Client`] (bad method or URL, connection failure),
@@ -65,15 +108,15 @@ impl HttpClient {
         &self,
         method: &str,
         url: &str,
-        bearer: Option<&str>,
+        auth: Option<Auth<'_>>,
         body: Option<Vec<u8>>,
         timeout: Duration,
     ) -> Result<HttpAnswer, TransportError> {
         let method = reqwest::Method::from_bytes(method.as_bytes())
             .map_err(|e| TransportError::Client(format!("method {method:?}: {e}")))?;
         let mut request = self.client.request(method, url);
-        if let Some(token) = bearer {
-            request = request.bearer_auth(token);
+        if let Some(auth) = auth {
+            request = request.header(reqwest::header::AUTHORIZATION, auth.header()?);
         }
         if let Some(body) = body {
             request = request
@@ -116,24 +159,24 @@ pub enum WsDial {
     Refused(HttpAnswer),
 }
 
-/// Opens a WebSocket to `url` (`ws://host:port/path?query`) with the `Authorization:
-/// Bearer` header, within `timeout`.
+/// Opens a WebSocket to `url` (`ws://host:port/path?query`) with the `Authorization`
+/// header ([`Auth`]), within `timeout`.
 ///
 /// # Errors
 /// [`TransportError::Client`] for a bad URL, a connection failure or a broken handshake;
 /// [`TransportError::Timeout`].
 pub async fn dial_ws(
     url: &str,
-    bearer: &str,
+    auth: Auth<'_>,
     timeout: Duration,
     limits: WsLimits,
 ) -> Result<WsDial, TransportError> {
     let mut request = url
         .into_client_request()
         .map_err(|e| TransportError::Client(format!("WebSocket URL: {e}")))?;
-    let auth = HeaderValue::from_str(&format!("Bearer {bearer}"))
-        .map_err(|_| TransportError::Client("the credential is not a valid header value".into()))?;
-    request.headers_mut().insert("authorization", auth);
+    request
+        .headers_mut()
+        .insert("authorization", auth.header()?);
     let uri = request.uri();
     if uri.scheme_str() != Some("ws") {
         return Err(TransportError::Client(format!(
@@ -180,7 +223,7 @@ mod tests {
                 .request(
                     "POST",
                     &url,
-                    Some("tok"),
+                    Some(Auth::bearer("tok")),
                     Some(b"{\"a\":1}".to_vec()),
                     Duration::from_secs(5),
                 )
@@ -198,10 +241,15 @@ mod tests {
     async fn dial_upgrades_or_reports_the_refusal() {
         let mut core = ScriptedServer::start(TEST_LIMITS).await.unwrap();
         let url = format!("{}?device_id=d&version=1", core.ws_url("/ws"));
-        let dial =
-            tokio::spawn(
-                async move { dial_ws(&url, "tok", Duration::from_secs(5), TEST_LIMITS).await },
-            );
+        let dial = tokio::spawn(async move {
+            dial_ws(
+                &url,
+                Auth::bearer("tok"),
+                Duration::from_secs(5),
+                TEST_LIMITS,
+            )
+            .await
+        });
         let req = core.next_request().await.unwrap();
         assert_eq!(req.header("authorization"), Some("Bearer tok"));
         req.respond(426, Some(&json!({"error": "incompatible_version"})))
@@ -211,10 +259,15 @@ mod tests {
         };
         assert_eq!(answer.status, 426);
         let url = core.ws_url("/ws");
-        let dial =
-            tokio::spawn(
-                async move { dial_ws(&url, "tok", Duration::from_secs(5), TEST_LIMITS).await },
-            );
+        let dial = tokio::spawn(async move {
+            dial_ws(
+                &url,
+                Auth::bearer("tok"),
+                Duration::from_secs(5),
+                TEST_LIMITS,
+            )
+            .await
+        });
         let req = core.next_request().await.unwrap();
         let _server = req.upgrade(Duration::from_secs(5)).await.unwrap();
         assert!(matches!(dial.await.unwrap().unwrap(), WsDial::Upgraded(_)));
@@ -224,7 +277,7 @@ mod tests {
     async fn bad_urls_are_errors() {
         let err = dial_ws(
             "http://127.0.0.1:1/x",
-            "t",
+            Auth::bearer("t"),
             Duration::from_secs(1),
             TEST_LIMITS,
         )

@@ -20,7 +20,7 @@ use crate::drive::{Run, StepResult, fail, show_duration};
 use crate::golden::EntryKind;
 use crate::scenario::model::{API_IN_FLIGHT_MAX, ApiCall, ApiStep};
 use crate::transport::TransportError;
-use crate::transport::client::HttpAnswer;
+use crate::transport::client::{Auth, HttpAnswer};
 use crate::transport::ws::truncate;
 
 /// The Turn states no Turn leaves (`docs/core-api.md`): a polled answer in one is final.
@@ -125,6 +125,20 @@ impl ScriptedRuntimePeer {
         Ok(url)
     }
 
+    /// The credential an `api:` call presents (`credential:`): Core's Project API key
+    /// (`api_key`, the default), the device's daemon credential (`daemon`, which is not
+    /// a key) or none (`none`: no `Authorization` header).
+    fn api_token(&self, call: &ApiCall) -> StepResult<Option<String>> {
+        match call.credential.as_deref() {
+            None | Some("api_key") => Ok(Some(self.launcher.api_key.clone())),
+            Some("daemon") => Ok(Some(self.launcher.credential.clone())),
+            Some("none") => Ok(None),
+            Some(other) => Err(fail::scenario(format!(
+                "api.call.credential is `api_key`, `daemon` or `none`, not `{other}`"
+            ))),
+        }
+    }
+
     /// Checks and records the final answer of an `api:` call (synchronous or awaited
     /// by `api_result:`).
     fn settle_api(run: &mut Run, api: &ApiStep, answer: &HttpAnswer, polled: bool) -> StepResult {
@@ -177,6 +191,7 @@ impl ScriptedRuntimePeer {
             ),
             None => None,
         };
+        let token = self.api_token(&api.call)?;
         let what = format!("api {} {}", api.call.method, api.call.path);
         run.log_wire(
             "to target",
@@ -189,7 +204,7 @@ impl ScriptedRuntimePeer {
             }),
         );
         if !api.wait {
-            return self.start_api(api, url, body);
+            return self.start_api(api, url, body, token);
         }
         let deadline = Instant::now() + run.step_timeout;
         loop {
@@ -199,7 +214,9 @@ impl ScriptedRuntimePeer {
                 .request(
                     &api.call.method,
                     &url,
-                    Some(&self.launcher.api_key),
+                    token
+                        .as_deref()
+                        .map(|t| Auth::with_scheme(api.call.scheme.as_deref(), t)),
                     body.clone(),
                     left,
                 )
@@ -232,7 +249,13 @@ impl ScriptedRuntimePeer {
 
     /// Starts the asynchronous call of an `api: {await: false}` step: the request runs
     /// in its own task (bounded by [`API_ASYNC_CALL_TIMEOUT`]) while the next steps run.
-    fn start_api(&mut self, api: &ApiStep, url: String, body: Option<Vec<u8>>) -> StepResult {
+    fn start_api(
+        &mut self,
+        api: &ApiStep,
+        url: String,
+        body: Option<Vec<u8>>,
+        token: Option<String>,
+    ) -> StepResult {
         let Some(id) = api.id.clone() else {
             return Err(fail::scenario(
                 "an `api` step with `await: false` needs an `id`",
@@ -250,9 +273,12 @@ impl ScriptedRuntimePeer {
         }
         let http = self.http.clone();
         let method = api.call.method.clone();
-        let key = self.launcher.api_key.clone();
+        let scheme = api.call.scheme.clone();
         let handle = tokio::spawn(async move {
-            http.request(&method, &url, Some(&key), body, API_ASYNC_CALL_TIMEOUT)
+            let auth = token
+                .as_deref()
+                .map(|t| Auth::with_scheme(scheme.as_deref(), t));
+            http.request(&method, &url, auth, body, API_ASYNC_CALL_TIMEOUT)
                 .await
         });
         self.in_flight.insert(

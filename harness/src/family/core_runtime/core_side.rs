@@ -50,7 +50,7 @@ use crate::drive::{
 use crate::golden::EntryKind;
 use crate::scenario::model::{ApiStep, ConnectStep, HttpResponseSpec, Scenario, Step};
 use crate::target::{LaunchSpec, RunDir, Target};
-use crate::transport::client::{HttpAnswer, HttpClient, WsDial, dial_ws};
+use crate::transport::client::{Auth, HttpAnswer, HttpClient, WsDial, dial_ws};
 use crate::transport::ws::WsConnection;
 
 /// `runtime_version` of the heartbeat the harness sends as the Runtime.
@@ -149,7 +149,8 @@ pub fn ready_base_url(line: &[u8]) -> Option<String> {
 pub struct Launcher {
     run_dir: RunDir,
     spec: LaunchSpec,
-    credential: String,
+    /// The device's daemon credential (`CONTRACT_DAEMON_CREDENTIAL`).
+    pub(super) credential: String,
     /// The Project API key Core is launched with (`CONTRACT_API_KEY`); every `api:` call
     /// presents it.
     pub(super) api_key: String,
@@ -381,7 +382,13 @@ impl ScriptedRuntimePeer {
             let left = deadline.saturating_duration_since(Instant::now());
             let answer = self
                 .http
-                .request("GET", &url, Some(&self.launcher.api_key), None, left)
+                .request(
+                    "GET",
+                    &url,
+                    Some(Auth::bearer(&self.launcher.api_key)),
+                    None,
+                    left,
+                )
                 .await
                 .map_err(|e| {
                     fail::transport(format!(
@@ -441,7 +448,7 @@ impl CoreRuntimePeer for ScriptedRuntimePeer {
             .request(
                 "POST",
                 &url,
-                Some(&bearer),
+                Some(Auth::with_scheme(spec.scheme.as_deref(), &bearer)),
                 Some(request.to_string().into_bytes()),
                 run.step_timeout,
             )
@@ -502,7 +509,7 @@ impl CoreRuntimePeer for ScriptedRuntimePeer {
         });
         let dial = dial_ws(
             url.as_str(),
-            &self.launcher.credential,
+            Auth::with_scheme(spec.scheme.as_deref(), &self.launcher.credential),
             run.step_timeout,
             WS_LIMITS,
         )

@@ -136,6 +136,8 @@ fn call(method: &str, path: &str, query: Option<(&str, &str)>) -> ApiCall {
         path: path.into(),
         query: query.map(|(k, v)| [(k.to_string(), v.to_string())].into()),
         body: None,
+        scheme: None,
+        credential: None,
     }
 }
 

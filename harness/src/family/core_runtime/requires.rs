@@ -132,6 +132,12 @@ fn kind_of(frame: &Value) -> &str {
 }
 
 fn visit(all: &[(Party, &Value)], out: &mut BTreeSet<&'static str>) {
+    visit_preparations(all, out, false);
+}
+
+/// [`visit`], or with `refused` the configurations of the preparations the Runtime
+/// rejects instead (and nothing else).
+fn visit_preparations(all: &[(Party, &Value)], out: &mut BTreeSet<&'static str>, refused: bool) {
     // A preparation whose next status (same Envelope ID) is a `prepare` rejection.
     let rejected = |i: usize, id: &str| {
         all[i + 1..]
@@ -152,10 +158,13 @@ fn visit(all: &[(Party, &Value)], out: &mut BTreeSet<&'static str>) {
         let id = frame.get("id").and_then(Value::as_str).unwrap_or_default();
         if *party == Party::Core
             && kind == "execution_prepare"
-            && !rejected(i, id)
+            && rejected(i, id) == refused
             && let Some(configuration) = frame.pointer("/payload/configuration")
         {
             configuration_features(configuration, out);
+        }
+        if refused {
+            continue;
         }
         if let Some(feature) = frame_feature(*party, kind) {
             out.insert(feature);
@@ -204,6 +213,19 @@ pub fn implied_features(scenario: &Scenario) -> BTreeSet<&'static str> {
     out
 }
 
+/// What the preparations the Runtime rejects ask for. In a refusal scenario a
+/// capability among them it `requires:` `true` names which missing capability the
+/// rejection proves (`json_schema` output needs `structured_output` and
+/// `message_items`: requiring the first declared makes the rejection the second's).
+pub fn refused_features(scenario: &Scenario) -> BTreeSet<&'static str> {
+    let mut out = BTreeSet::new();
+    let mut all = Vec::new();
+    frames(&scenario.steps, &mut all);
+    visit_preparations(&all, &mut out, true);
+    out.retain(|f| CORE_RUNTIME_FEATURES.contains(f));
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -221,7 +243,15 @@ mod tests {
     fn every_runtime_scenario_requires_exactly_what_it_exercises() {
         let mut wrong = Vec::new();
         for s in scenarios().iter().filter(|s| s.runs_on(Side::Runtime)) {
-            let implied = implied_features(s);
+            let mut implied = implied_features(s);
+            if s.requires.values().any(|want| !want) {
+                // A refusal's cause, selected by declaring the rest of what it asks for.
+                implied.extend(
+                    refused_features(s)
+                        .into_iter()
+                        .filter(|f| s.requires.get(*f) == Some(&true)),
+                );
+            }
             let declared: BTreeSet<&str> = s
                 .requires
                 .iter()

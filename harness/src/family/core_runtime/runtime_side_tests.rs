@@ -471,6 +471,8 @@ async fn handshake_frames_and_native_are_recorded() {
                 path: "/v1/turns/$t".into(),
                 query: None,
                 body: None,
+                scheme: None,
+                credential: None,
             },
             expect: HttpResponseSpec {
                 status: 200,
