@@ -422,6 +422,39 @@ pub fn check_admission(
     check_capabilities(&decl.capabilities, ctx)
 }
 
+/// The outcome of device selection ([`select_device`]).
+#[derive(Debug, PartialEq)]
+pub enum DeviceChoice<T> {
+    /// This device's declaration admits the work.
+    Admit(T, AgentKindDeclaration),
+    /// No device admits it and at least one declares the kind available but refuses it:
+    /// the work fails with this refusal (never another Harness).
+    Refuse(AdmissionRefusal),
+    /// No device declares the kind available: the work stays queued.
+    Wait,
+}
+
+/// Device selection (docs/core-api.md, "Execution semantics"): the `candidates` are the
+/// connected devices' declarations of the agent kind, in device-ID order. The first
+/// whose declaration admits `ctx` is chosen; when none does, the refusal of the first
+/// (lowest device ID) that declares the kind available and refuses is the outcome, so
+/// the same devices always give the same answer; a kind declared unavailable everywhere
+/// (or not declared) waits.
+pub fn select_device<T>(
+    candidates: impl IntoIterator<Item = (T, AgentKindDeclaration)>,
+    ctx: &AdmissionContext,
+) -> DeviceChoice<T> {
+    let mut refusal = None;
+    for (device, decl) in candidates {
+        match check_admission(&decl, ctx) {
+            Ok(()) => return DeviceChoice::Admit(device, decl),
+            Err(AdmissionRefusal::Unavailable) => {}
+            Err(r) => refusal = refusal.or(Some(r)),
+        }
+    }
+    refusal.map_or(DeviceChoice::Wait, DeviceChoice::Refuse)
+}
+
 /// The capability part of [`check_admission`].
 ///
 /// # Errors
@@ -560,6 +593,61 @@ mod tests {
                 other => panic!("{field}: {other:?}"),
             }
         }
+    }
+
+    #[test]
+    fn device_selection_takes_the_first_admitting_device_else_the_first_refusal() {
+        let refusing = |field: &str| {
+            let mut caps = AgentKindCapabilities::all(true);
+            caps.set(field, false);
+            decl(caps)
+        };
+        let unavailable = AgentKindDeclaration {
+            available: false,
+            ..decl(AgentKindCapabilities::all(true))
+        };
+        let missing = |capability: &'static str| {
+            let Err(AdmissionRefusal::Missing { when, .. }) =
+                check_admission(&refusing(capability), &base())
+            else {
+                panic!("{capability} is required by the base context");
+            };
+            DeviceChoice::<&str>::Refuse(AdmissionRefusal::Missing { capability, when })
+        };
+        // The first admitting device, even after refusing and unavailable ones.
+        let all = decl(AgentKindCapabilities::all(true));
+        assert_eq!(
+            select_device(
+                [
+                    ("a", refusing("streaming")),
+                    ("b", unavailable.clone()),
+                    ("c", all.clone())
+                ],
+                &base()
+            ),
+            DeviceChoice::Admit("c", all)
+        );
+        // None admits: the first refusal in device order, whatever follows it.
+        assert_eq!(
+            select_device(
+                [
+                    ("a", unavailable.clone()),
+                    ("b", refusing("steering")),
+                    ("c", refusing("streaming"))
+                ],
+                &base()
+            ),
+            missing("steering")
+        );
+        // Only unavailable declarations (or none): wait.
+        assert_eq!(
+            select_device([("a", unavailable)], &base()),
+            DeviceChoice::Wait
+        );
+        assert_eq!(
+            select_device(Vec::<(&str, AgentKindDeclaration)>::new(), &base()),
+            DeviceChoice::Wait
+        );
     }
 
     #[test]

@@ -25,7 +25,8 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use super::admission::{
-    AdmissionContext, AdmissionRefusal, AgentDefinition, check_admission, execution_configuration,
+    self, AdmissionContext, AdmissionRefusal, AgentDefinition, DeviceChoice, check_admission,
+    execution_configuration,
 };
 use super::connection::{DeviceConnection, RouteKind};
 use super::{
@@ -171,13 +172,7 @@ async fn load(
     })
 }
 
-enum Selection {
-    Device(Arc<DeviceConnection>, AgentKindDeclaration),
-    Refused(AdmissionRefusal),
-    Wait,
-}
-
-fn select_device(core: &Core, p: &Prepared) -> Selection {
+fn select_device(core: &Core, p: &Prepared) -> DeviceChoice<Arc<DeviceConnection>> {
     let kind = p.frozen.agent.agent_kind.as_str();
     let mut devices: Vec<Arc<DeviceConnection>> = core
         .devices
@@ -185,18 +180,11 @@ fn select_device(core: &Core, p: &Prepared) -> Selection {
         .map(|d| d.values().cloned().collect())
         .unwrap_or_default();
     devices.sort_by(|a, b| a.device_id.cmp(&b.device_id));
-    let mut refusal = None;
-    for conn in devices {
-        let Some(decl) = conn.declaration(kind) else {
-            continue;
-        };
-        match check_admission(&decl, &p.ctx) {
-            Ok(()) => return Selection::Device(conn, decl),
-            Err(AdmissionRefusal::Unavailable) => {}
-            Err(r) => refusal = refusal.or(Some(r)),
-        }
-    }
-    refusal.map_or(Selection::Wait, Selection::Refused)
+    let candidates = devices.into_iter().filter_map(|conn| {
+        let decl = conn.declaration(kind)?;
+        Some((conn, decl))
+    });
+    admission::select_device(candidates, &p.ctx)
 }
 
 async fn schedule_once(core: &Arc<Core>) -> Result<(), crate::core_runtime::store::StoreError> {
@@ -219,8 +207,8 @@ async fn schedule_once(core: &Arc<Core>) -> Result<(), crate::core_runtime::stor
         }
         let p = load(core, turn).await?;
         let (conn, decl) = match select_device(core, &p) {
-            Selection::Wait => continue,
-            Selection::Refused(refusal) => {
+            DeviceChoice::Wait => continue,
+            DeviceChoice::Refuse(refusal) => {
                 // "unsupported capability: reject before starting the operation; never
                 // fall back to another Harness".
                 let outcome = TurnOutcome {
@@ -239,7 +227,7 @@ async fn schedule_once(core: &Arc<Core>) -> Result<(), crate::core_runtime::stor
                     .await?;
                 continue;
             }
-            Selection::Device(conn, decl) => (conn, decl),
+            DeviceChoice::Admit(conn, decl) => (conn, decl),
         };
         // Final pre-claim check against the connection's current snapshot.
         let Some(latest) = conn.declaration(p.frozen.agent.agent_kind.as_str()) else {
