@@ -56,8 +56,20 @@ pub fn render_text(family: &str, coverage: &Coverage) -> String {
 
 /// `bounds: 12/15 tested at both edges` and one line per bound missing an edge.
 fn bounds_text(coverage: &Coverage) -> String {
+    let exempt = match coverage.bounds_exempt.len() {
+        0 => String::new(),
+        n => format!(
+            "; {n} more not counted, {} uncovered with a reason: {}",
+            if n == 1 {
+                "its requirement"
+            } else {
+                "their requirements"
+            },
+            coverage.bounds_exempt.join(", ")
+        ),
+    };
     let mut out = format!(
-        "bounds: {}/{} tested at both edges (at the bound, and one past it)\n",
+        "bounds: {}/{} tested at both edges (at the bound, and one past it){exempt}\n",
         coverage.bounds_total - coverage.bound_gaps.len(),
         coverage.bounds_total
     );
