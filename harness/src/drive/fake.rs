@@ -712,7 +712,7 @@ fn cases() -> Vec<Case> {
             "crash kills and relaunches the target; the run goes on",
             vec![],
             vec![
-                Step::Crash,
+                Step::Crash { fresh_state: false },
                 Step::Reconnect { within: None },
                 send(json!({"type": "after"})),
             ],

@@ -335,6 +335,15 @@ pub trait Peer: Send + Sized {
     async fn relaunch(&mut self, _startup_timeout: Duration) -> Result<Box<dyn Process>, String> {
         Err("this side's launch contract cannot restart the target".into())
     }
+    /// After a `crash: {fresh_state: true}` killed the target, before [`Peer::relaunch`]:
+    /// empties the durable state the launch contract gives it (its data directory), so
+    /// it starts again as a new machine with the same launch configuration.
+    ///
+    /// # Errors
+    /// This side's launch contract has no such state, or clearing it failed.
+    fn forget_state(&mut self) -> Result<(), String> {
+        Err("this side's launch contract has no durable state to start afresh".into())
+    }
     /// The run is over: drop every connection and listener so the target sees the end
     /// (the run directory stays until the peer is dropped, after the target stopped).
     fn release(&mut self);

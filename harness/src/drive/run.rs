@@ -761,7 +761,7 @@ impl Run {
                     .await
             }
             Step::ExpectExit { code, stderr } => self.expect_exit(peer, code.clone(), stderr).await,
-            Step::Crash => self.crash(peer).await,
+            Step::Crash { fresh_state } => self.crash(peer, *fresh_state).await,
             Step::Terminate => {
                 self.process.terminate();
                 Ok(())
@@ -1183,7 +1183,7 @@ impl Run {
     /// `crash`: drops the connections, kills the target's process group, keeps its
     /// stderr tail and leak status, and starts it again through the peer's launch
     /// contract; the step ends when it is ready.
-    async fn crash<P: Peer>(&mut self, peer: &mut P) -> StepResult {
+    async fn crash<P: Peer>(&mut self, peer: &mut P, fresh_state: bool) -> StepResult {
         peer.crashed();
         let status = tokio::time::timeout(KILL_REAP_BOUND, self.process.kill_now())
             .await
@@ -1201,6 +1201,14 @@ impl Run {
                 "{tail}\n--- crash step {}: {status} ---\n",
                 self.step
             ));
+        }
+        if fresh_state {
+            peer.forget_state().map_err(|e| {
+                StepError::new(
+                    FailureCode::LaunchFailed,
+                    format!("clearing the target's durable state after the crash failed: {e}"),
+                )
+            })?;
         }
         let process = peer.relaunch(self.startup_timeout).await.map_err(|e| {
             StepError::new(

@@ -271,7 +271,7 @@ enum RawStep {
     ExpectClose(RawExpectClose),
     Api(ApiStep),
     ApiResult(ApiResultStep),
-    Crash(Empty),
+    Crash(RawCrash),
     Terminate(Empty),
     WriteWorkspace(WorkspaceSeed),
     ExpectExit(RawExit),
@@ -305,6 +305,14 @@ impl RawFrame {
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct Empty {}
+
+/// `crash: {fresh_state?}`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawCrash {
+    #[serde(default)]
+    fresh_state: bool,
+}
 
 /// `reconnect: {within?}`.
 #[derive(Deserialize)]
@@ -748,7 +756,9 @@ impl Converter<'_> {
             },
             RawStep::Api(v) => Step::Api(v),
             RawStep::ApiResult(v) => Step::ApiResult(v),
-            RawStep::Crash(Empty {}) => Step::Crash,
+            RawStep::Crash(c) => Step::Crash {
+                fresh_state: c.fresh_state,
+            },
             RawStep::Terminate(Empty {}) => Step::Terminate,
             RawStep::WriteWorkspace(seed) => Step::WriteWorkspace(seed),
             RawStep::ExpectExit(e) => Step::ExpectExit {
@@ -1289,7 +1299,7 @@ steps:
         );
         let s = ok.unwrap();
         assert_eq!(s.pending_reason(Side::Core), Some("not yet"));
-        assert_eq!(s.steps[0], Step::Crash);
+        assert_eq!(s.steps[0], Step::Crash { fresh_state: false });
         let err = load_err("x", &format!("{head}steps:\n  - crash: {{}}\n"));
         assert!(
             err.contains(
@@ -1311,7 +1321,10 @@ steps:
             .unwrap();
             load_scenario(&path).map_err(|e| e.to_string())
         };
-        assert_eq!(crash_on("worker", "host").unwrap().steps[0], Step::Crash);
+        assert_eq!(
+            crash_on("worker", "host").unwrap().steps[0],
+            Step::Crash { fresh_state: false }
+        );
         for (family, side) in [("worker", "worker"), ("plugin", "host")] {
             let err = crash_on(family, side).unwrap_err();
             assert!(err.contains("crash restarts"), "{family}/{side}: {err}");

@@ -665,8 +665,14 @@ pub enum Step {
     ApiResult(ApiResultStep),
     /// `crash:` — the target Core is killed with `SIGKILL` (its whole process group) and
     /// started again with the same data directory and environment; the step ends when it
-    /// is ready again. Only for scenarios that run on side `core` alone.
-    Crash,
+    /// is ready again. Only for scenarios that run on side `core` alone (and the other
+    /// sides whose launch contract restarts the target). With `fresh_state` the target
+    /// starts again on empty durable state instead (a second machine sharing only the
+    /// launch configuration: the engine daemon's configured snapshot key).
+    Crash {
+        /// Start again on an empty data directory (engine daemon only).
+        fresh_state: bool,
+    },
     /// `terminate:` — `SIGTERM` to the target's process group, the stop signal a service
     /// manager sends; nothing is awaited (later steps observe what the target does before
     /// it exits, and `expect_exit` its exit).
@@ -756,7 +762,7 @@ impl Step {
             Step::ExpectClose { .. } => "expect_close",
             Step::Api(_) => "api",
             Step::ApiResult(_) => "api_result",
-            Step::Crash => "crash",
+            Step::Crash { .. } => "crash",
             Step::Terminate => "terminate",
             Step::WriteWorkspace(_) => "write_workspace",
             Step::ExpectExit { .. } => "expect_exit",

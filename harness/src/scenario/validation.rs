@@ -446,7 +446,16 @@ impl Checker<'_> {
             // The sides whose launch contract restarts the target: Core and the engine
             // daemon (same data directory), the engine client (same state directory), the
             // worker host (same working directory).
-            Step::Crash
+            Step::Crash { fresh_state: true }
+                if !(self.scenario.family == "engine"
+                    && self.scenario.sides.as_deref() == Some(&[Side::Daemon])) =>
+            {
+                self.issue(
+                    Some(location),
+                    "crash: `fresh_state` starts the engine daemon on an empty data directory: it needs family engine and `sides: [daemon]`",
+                )
+            }
+            Step::Crash { .. }
                 if !(matches!(
                     self.scenario.sides.as_deref(),
                     Some([Side::Core]) | Some([Side::Daemon]) | Some([Side::Client])

@@ -204,6 +204,15 @@ impl Peer for ScriptedClientPeer {
         self.link.grpc.abort();
     }
 
+    fn forget_state(&mut self) -> Result<(), String> {
+        let data = self._run_dir.path().join(DATA_DIR);
+        match std::fs::remove_dir_all(&data) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(format!("removing {}: {e}", data.display())),
+        }
+    }
+
     async fn relaunch(&mut self, startup_timeout: Duration) -> Result<Box<dyn Process>, String> {
         let socket = self.link.socket.clone();
         let data = self._run_dir.path().join(DATA_DIR);
