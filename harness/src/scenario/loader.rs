@@ -608,6 +608,19 @@ impl Converter<'_> {
         ));
     }
 
+    /// The steps of a group (`any_order`, `repeat`, `reference`), their locations added
+    /// to the group's span.
+    fn nested(&mut self, items: Vec<Spanned<RawStep>>, span: &mut StepSpan) -> Vec<Step> {
+        let mut steps = Vec::new();
+        for item in items {
+            if let Some((step, child)) = self.step(item) {
+                steps.push(step);
+                span.children.push(child.location);
+            }
+        }
+        steps
+    }
+
     fn step(&mut self, raw: Spanned<RawStep>) -> Option<(Step, StepSpan)> {
         let location = raw.referenced;
         let mut span = StepSpan {
@@ -692,36 +705,18 @@ impl Converter<'_> {
             RawStep::Silence(d) => Step::Silence(d.value.0),
             RawStep::Sleep(d) => Step::Sleep(d.value.0),
             RawStep::AnyOrder(items) => {
-                let mut steps = Vec::new();
-                for item in items {
-                    if let Some((step, child)) = self.step(item) {
-                        steps.push(step);
-                        span.children.push(child.location);
-                    }
-                }
+                let steps = self.nested(items, &mut span);
                 Step::AnyOrder(steps)
             }
             RawStep::Repeat(r) => {
-                let mut steps = Vec::new();
-                for item in r.steps {
-                    if let Some((step, child)) = self.step(item) {
-                        steps.push(step);
-                        span.children.push(child.location);
-                    }
-                }
+                let steps = self.nested(r.steps, &mut span);
                 Step::Repeat {
                     times: r.times,
                     steps,
                 }
             }
             RawStep::Reference(r) => {
-                let mut steps = Vec::new();
-                for item in r.steps {
-                    if let Some((step, child)) = self.step(item) {
-                        steps.push(step);
-                        span.children.push(child.location);
-                    }
-                }
+                let steps = self.nested(r.steps, &mut span);
                 Step::Reference {
                     requirement: r.requirement,
                     steps,

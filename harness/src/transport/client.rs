@@ -239,38 +239,31 @@ mod tests {
 
     #[tokio::test]
     async fn dial_upgrades_or_reports_the_refusal() {
+        let dial = |url: String, scheme: Option<&'static str>| {
+            tokio::spawn(async move {
+                let auth = Auth::with_scheme(scheme, "tok");
+                dial_ws(&url, auth, Duration::from_secs(5), TEST_LIMITS).await
+            })
+        };
         let mut core = ScriptedServer::start(TEST_LIMITS).await.unwrap();
-        let url = format!("{}?device_id=d&version=1", core.ws_url("/ws"));
-        let dial = tokio::spawn(async move {
-            dial_ws(
-                &url,
-                Auth::bearer("tok"),
-                Duration::from_secs(5),
-                TEST_LIMITS,
-            )
-            .await
-        });
+        let dial1 = dial(
+            format!("{}?device_id=d&version=1", core.ws_url("/ws")),
+            None,
+        );
         let req = core.next_request().await.unwrap();
         assert_eq!(req.header("authorization"), Some("Bearer tok"));
         req.respond(426, Some(&json!({"error": "incompatible_version"})))
             .unwrap();
-        let WsDial::Refused(answer) = dial.await.unwrap().unwrap() else {
+        let WsDial::Refused(answer) = dial1.await.unwrap().unwrap() else {
             panic!("expected a refusal");
         };
         assert_eq!(answer.status, 426);
-        let url = core.ws_url("/ws");
-        let dial = tokio::spawn(async move {
-            dial_ws(
-                &url,
-                Auth::bearer("tok"),
-                Duration::from_secs(5),
-                TEST_LIMITS,
-            )
-            .await
-        });
+        // The scheme word as the scenario writes it.
+        let dial2 = dial(core.ws_url("/ws"), Some("bearer"));
         let req = core.next_request().await.unwrap();
+        assert_eq!(req.header("authorization"), Some("bearer tok"));
         let _server = req.upgrade(Duration::from_secs(5)).await.unwrap();
-        assert!(matches!(dial.await.unwrap().unwrap(), WsDial::Upgraded(_)));
+        assert!(matches!(dial2.await.unwrap().unwrap(), WsDial::Upgraded(_)));
     }
 
     #[tokio::test]
