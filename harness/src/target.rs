@@ -610,6 +610,8 @@ impl Target {
             .stderr(Stdio::piped())
             .process_group(0)
             .kill_on_drop(true);
+        // The watchdog runs before the spawn, so the registration below is one write.
+        contract_impl::process::watchdog::start();
         let mut child = command.spawn().map_err(|source| TargetError::Spawn {
             program: program.clone(),
             source,

@@ -69,6 +69,14 @@ fn send(line: &str) {
     }
 }
 
+/// Starts the watchdog if it is not running yet. Called before spawning a group, so
+/// that [`register`] right after the spawn is one pipe write: a process killed between
+/// its spawn and its registration leaks that group, and starting `/bin/sh` there would
+/// widen that window to a fork and an exec.
+pub fn start() {
+    let _ = pipe();
+}
+
 /// Registers `group`: it is killed if this process exits while it is registered.
 /// Starts the watchdog on first use; without one (no `/bin/sh`) this logs and does
 /// nothing.

@@ -220,6 +220,8 @@ pub(super) async fn run(spec: RunSpec, runs: &Runs) -> Result<Outcome, Workspace
         .process_group(0)
         .kill_on_drop(true);
     let started = Instant::now();
+    // The watchdog runs before the spawn, so the registration after it is one write.
+    watchdog::start();
     let mut child = command.spawn().map_err(|e| WorkspaceError::Spawn {
         program: echo(&program.to_string_lossy()),
         reason: e.to_string(),
