@@ -39,19 +39,42 @@ pub struct Trace {
 impl Trace {
     /// Accepts `value` as trace context only if it is well-formed and within the W3C
     /// bounds; anything else is dropped (a local trace is created instead).
+    ///
+    /// Well-formed is the W3C `traceparent` shape: `version-trace_id-parent_id-flags`,
+    /// 2, 32, 16 and 2 lowercase hex digits ([`TRACEPARENT_MAX_BYTES`] in all), version
+    /// not `ff`, neither ID all zeros; and a `tracestate` of at most
+    /// [`TRACESTATE_MAX_BYTES`].
     pub fn lenient(value: &Value) -> Option<Trace> {
         let trace: Trace = serde_json::from_value(value.clone()).ok()?;
-        let ok_parent = trace.traceparent.len() == TRACEPARENT_MAX_BYTES
-            && trace
-                .traceparent
-                .chars()
-                .all(|c| c.is_ascii_hexdigit() || c == '-');
         let ok_state = trace
             .tracestate
             .as_ref()
             .is_none_or(|s| s.len() <= TRACESTATE_MAX_BYTES);
-        (ok_parent && ok_state).then_some(trace)
+        (well_formed_traceparent(&trace.traceparent) && ok_state).then_some(trace)
     }
+}
+
+/// Whether `value` has the W3C `traceparent` shape (see [`Trace::lenient`]).
+fn well_formed_traceparent(value: &str) -> bool {
+    let fields: Vec<&str> = value.split('-').collect();
+    let [version, trace_id, parent_id, flags] = fields.as_slice() else {
+        return false;
+    };
+    let hex = |field: &str, len: usize| {
+        field.len() == len
+            && field
+                .bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    };
+    let nonzero = |field: &str| field.bytes().any(|b| b != b'0');
+    value.len() == TRACEPARENT_MAX_BYTES
+        && hex(version, 2)
+        && *version != "ff"
+        && hex(trace_id, 32)
+        && nonzero(trace_id)
+        && hex(parent_id, 16)
+        && nonzero(parent_id)
+        && hex(flags, 2)
 }
 
 /// The raw Envelope as it travels: every data frame is one of these.
@@ -424,6 +447,40 @@ mod tests {
         let text = r#"{"type":"prompt_cancel","id":"r","payload":{"delivery_id":"d"},"trace":{"traceparent":"nope"}}"#;
         let frame = Frame::decode(text.as_bytes(), Direction::CoreToRuntime).unwrap();
         assert!(frame.trace.is_none());
+    }
+
+    /// The W3C shape at each of its edges: a valid context is kept; one character short
+    /// or long, a field of the wrong length, upper case, a non-hex digit, version `ff`,
+    /// an all-zero ID, and a `tracestate` one byte over its bound are each dropped.
+    #[test]
+    fn traceparent_is_kept_only_in_its_exact_shape() {
+        const VALID: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        let kept = |parent: &str, state: Option<String>| {
+            let mut value = serde_json::json!({ "traceparent": parent });
+            if let Some(state) = state {
+                value["tracestate"] = Value::String(state);
+            }
+            Trace::lenient(&value).is_some()
+        };
+        assert_eq!(VALID.len(), TRACEPARENT_MAX_BYTES);
+        assert!(kept(VALID, None));
+        assert!(kept(VALID, Some("k=".to_string() + &"v".repeat(510))));
+        assert!(!kept(VALID, Some("k=".to_string() + &"v".repeat(511))));
+        for dropped in [
+            &VALID[..54],
+            &format!("{VALID}0"),
+            "000-4bf92f3577b34da6a3ce929d0e0e473-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b701-",
+            "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e473g-00f067aa0ba902b7-01",
+            "ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            "00-00000000000000000000000000000000-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01",
+            "-------------------------------------------------------",
+        ] {
+            assert!(!kept(dropped, None), "{dropped}");
+        }
+        assert!(Trace::lenient(&serde_json::json!({ "traceparent": 7 })).is_none());
     }
 
     #[test]
