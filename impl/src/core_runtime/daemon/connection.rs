@@ -789,7 +789,7 @@ mod tests {
             assert!(out.send(id, small()).await);
         }
         assert!(
-            out.send_confirmed("d", small(), Duration::from_secs(3600))
+            out.send_confirmed_then("d", small(), Duration::from_secs(3600), || {})
                 .await
         );
         drop(out);

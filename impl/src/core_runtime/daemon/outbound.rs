@@ -4,7 +4,7 @@
 //! writer task, so frames leave in the order they were queued. A sender that must know
 //! the write completed ("Runtime transport `Send` returns nil: the WebSocket write
 //! completed locally", "What each acknowledgement proves") uses
-//! [`Outbound::send_confirmed`].
+//! [`Outbound::send_confirmed_then`].
 //!
 //! # Bound
 //! The queue is bounded in **bytes**: every queued item is charged its encoded length
@@ -15,10 +15,10 @@
 //! whole budget: it waits for an empty queue and then travels alone.
 //!
 //! Two ways in:
-//! * [`Outbound::send`], [`Outbound::send_confirmed`] and [`Outbound::reserve`] **wait**
-//!   (in FIFO order) until the budget has room. They must never be awaited while the
-//!   daemon's state lock is held: a full queue would then wedge every task that needs
-//!   the lock (dispatch, heartbeats, cleanup).
+//! * [`Outbound::send`], [`Outbound::send_confirmed_then`] and [`Outbound::reserve`]
+//!   **wait** (in FIFO order) until the budget has room. They must never be awaited
+//!   while the daemon's state lock is held: a full queue would then wedge every task
+//!   that needs the lock (dispatch, heartbeats, cleanup).
 //! * [`Outbound::send_now`], [`Reservation::send`] and [`Outbound::close`] **never
 //!   wait**. They are for callers holding the state lock, whose frames must be queued
 //!   in lock order (the statuses of one handle in revision order). When the budget has
@@ -324,18 +324,9 @@ impl Outbound {
 
     /// Queues `message` and waits until the writer completed the WebSocket write,
     /// within `budget` (queueing included). Returns `false` on timeout or loss.
-    pub async fn send_confirmed(
-        &self,
-        id: impl Into<String>,
-        message: Message,
-        budget: Duration,
-    ) -> bool {
-        self.send_confirmed_then(id, message, budget, || {}).await
-    }
-
-    /// As [`Self::send_confirmed`], calling `queued` as soon as the frame is in the
-    /// writer's queue (before the write completes): state the peer may act on once it
-    /// read the frame (a settled input slot) is released before the peer can read it.
+    /// `queued` is called as soon as the frame is in the writer's queue (before the
+    /// write completes): state the peer may act on once it read the frame (a settled
+    /// input slot) is released before the peer can read it.
     pub async fn send_confirmed_then(
         &self,
         id: impl Into<String>,
@@ -490,7 +481,7 @@ mod tests {
         let mut waiter = std::pin::pin!(out.send("b", small()));
         assert!(waiter.as_mut().now_or_never().is_none());
         let mut confirmed =
-            std::pin::pin!(out.send_confirmed("c", small(), Duration::from_secs(3600)));
+            std::pin::pin!(out.send_confirmed_then("c", small(), Duration::from_secs(3600), || {}));
         assert!(confirmed.as_mut().now_or_never().is_none());
         drop(rx);
         assert!(!waiter.await);

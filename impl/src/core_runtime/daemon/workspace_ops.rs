@@ -708,7 +708,7 @@ mod tests {
         DIRECTORY_ENTRIES_MAX, DIRECTORY_ENTRY_NAME_MAX_BYTES, TRACESTATE_MAX_BYTES,
         WORKSPACE_READ_RESULT_MAX_BYTES,
     };
-    use crate::core_runtime::wire::{DirectoryEntry, EntryKind, Frame};
+    use crate::core_runtime::wire::{AdmissionHandle, DirectoryEntry, EntryKind, Frame};
 
     const TRACEPARENT: &str = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
 
@@ -747,6 +747,56 @@ mod tests {
             payload(&h.next().await),
             &json!({ "status": "ok", "data": "ODk=", "truncated": false })
         );
+    }
+
+    /// "an interrupted or ambiguous read stays unknown and stops that owner's later
+    /// reads" ("Workspace operations"): once an owner is stopped, a byte read and a
+    /// directory read are refused `owner_stopped` and nothing is read, while an export
+    /// (not a read) is still served. No file can make a read fail ambiguously on
+    /// demand (that needs `EIO` and the like), so the test stops the owner as a failed
+    /// read does.
+    #[tokio::test]
+    async fn a_stopped_owner_refuses_reads_but_not_exports() {
+        let mut h = Harness::start(OUTBOUND_QUEUE_BYTES_FOR_TESTS).await;
+        std::fs::write(h.dir.path().join("notes.txt"), b"0123").unwrap();
+        let handle = h.ready_handle("prep-1").await;
+        {
+            let mut st = h.rt.state.lock().await;
+            let owner = st
+                .admission
+                .handle_owner(&AdmissionHandle::new(handle.clone()).unwrap())
+                .unwrap();
+            let conn = st.conn_at(h.generation).unwrap();
+            conn.stopped_owners.insert(owner.executor_id);
+        }
+        for (id, operation) in [("op-bytes", "bytes"), ("op-dir", "directory")] {
+            h.core(Harness::read(
+                id,
+                &handle,
+                json!({ "operation": operation, "path": if operation == "bytes" { "notes.txt" } else { "" } }),
+            ))
+            .await;
+            let result = h.next().await;
+            assert_eq!(result["id"], id);
+            assert_eq!(
+                payload(&result),
+                &json!({ "status": "rejected", "error_code": "owner_stopped" }),
+                "{operation}"
+            );
+        }
+        h.core(json!({
+            "type": "workspace_export",
+            "id": "op-export",
+            "payload": {
+                "target": { "admission_handle": handle },
+                "environment_id": DEFAULT_ENVIRONMENT_ID,
+                "path": "notes.txt",
+            },
+        }))
+        .await;
+        let result = h.next().await;
+        assert_eq!(result["id"], "op-export");
+        assert_ne!(payload(&result)["error_code"], "owner_stopped", "{result}");
     }
 
     /// Regression: a symbolic-link loop (`ELOOP`) stopped the owner's reads; it is a
