@@ -67,7 +67,8 @@ fn well_formed_traceparent(value: &str) -> bool {
                 .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
     };
     let nonzero = |field: &str| field.bytes().any(|b| b != b'0');
-    // 2 + 32 + 16 + 2 digits and three dashes: TRACEPARENT_MAX_BYTES in all.
+    // The fields and their three dashes make up the whole bound.
+    const _: () = assert!(2 + 32 + 16 + 2 + 3 == TRACEPARENT_MAX_BYTES);
     hex(version, 2)
         && *version != "ff"
         && hex(trace_id, 32)
