@@ -44,21 +44,12 @@ contract: build
 	  --target-cmd '$(IMPL) runtime' $(if $(JOBS),--jobs $(JOBS)) $(HARNESS_ARGS)
 
 ## The refusal scenarios (`requires:` a capability `false`, not applicable to a Runtime
-## that supports everything) against our Runtime declaring those capabilities unsupported,
-## once per lacking declaration (scenarios/features/core_runtime.lacking.yaml, then each
-## core_runtime.lacking-<name>.yaml: a refusal that needs other capabilities declared
-## beside the missing one); each refusal runs under every declaration it applies to and
-## is listed not applicable under the others. The other scenarios' goldens record the full
-## declaration, so only the refusals are replayed here.
-LACKING := scenarios/features/core_runtime.lacking.yaml \
-           $(sort $(wildcard scenarios/features/core_runtime.lacking-*.yaml))
+## that supports everything) against our Runtime, each launched lacking exactly the
+## capabilities it requires `false` and declaring every other (`run --refusals`). The
+## other scenarios' goldens record the full declaration, so only the refusals run here.
 contract-refusals: build
-	@for features in $(LACKING); do \
-	  echo "$(HARNESS) run --family core_runtime --side runtime --filter undeclared_ --features $$features"; \
-	  $(HARNESS) run --family core_runtime --side runtime --filter undeclared_ \
-	    --features $$features \
-	    --target-cmd '$(IMPL) runtime' $(if $(JOBS),--jobs $(JOBS)) $(HARNESS_ARGS) || exit 1; \
-	done
+	$(HARNESS) run --family core_runtime --side runtime --refusals \
+	  --target-cmd '$(IMPL) runtime' $(if $(JOBS),--jobs $(JOBS)) $(HARNESS_ARGS)
 
 ## The same scenarios with Core as the target (`contract-impl core serve`; the harness plays
 ## the Runtime). Scenarios pending on side core are listed, not run.

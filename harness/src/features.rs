@@ -116,68 +116,47 @@ pub fn parse(
         .collect())
 }
 
-/// Where the declaration our reference implementation is run with for `family`'s
-/// refusal scenarios lives under the scenario root (`features/<family>.lacking.yaml`):
-/// every feature some scenario requires `false` is declared unsupported there, unless a
-/// further declaration ([`lacking_paths`]) runs that scenario.
-pub fn lacking_path(scenario_root: &Path, family: &str) -> std::path::PathBuf {
-    scenario_root
-        .join("features")
-        .join(format!("{family}.lacking.yaml"))
+/// The declaration `scenario` is launched with against a target that declares
+/// `declared`: `declared` itself, less every feature the scenario `requires:` `false`
+/// (declared unsupported). A refusal scenario proves that a target refuses what it
+/// declares unsupported; where the harness sets the declaration (core_runtime side
+/// runtime: the launch configuration's `agent_kinds`, which every heartbeat must
+/// declare exactly), the scenario's own requirement undeclares what it needs, and the
+/// target's every other feature stays as declared. A scenario without such a
+/// requirement, or run against a target that already lacks what it requires `false`,
+/// is launched with `declared` unchanged.
+pub fn launch_declaration(
+    declared: &BTreeMap<String, bool>,
+    scenario: &crate::scenario::Scenario,
+) -> BTreeMap<String, bool> {
+    let mut launched = declared.clone();
+    for (feature, _) in scenario.requires.iter().filter(|(_, want)| !**want) {
+        launched.insert(feature.clone(), false);
+    }
+    launched
 }
 
-/// Every declaration our reference implementation is run with for `family`'s refusal
-/// scenarios: [`lacking_path`] first, then each `features/<family>.lacking-<name>.yaml`
-/// in name order. A further declaration is for refusals that need other features
-/// declared supported beside the missing one (`workspace_output_export` undeclared on
-/// an owner the read-only profile prepared, which needs `local_environment` and
-/// `workspace_read_preparation`), which the first declaration lacks.
-pub fn lacking_paths(scenario_root: &Path, family: &str) -> Vec<std::path::PathBuf> {
-    let prefix = format!("{family}.lacking-");
-    let mut more: Vec<std::path::PathBuf> = std::fs::read_dir(scenario_root.join("features"))
-        .into_iter()
-        .flatten()
-        .flatten()
-        .map(|entry| entry.path())
-        .filter(|path| {
-            path.file_name()
-                .and_then(|n| n.to_str())
-                .is_some_and(|n| n.starts_with(&prefix) && n.ends_with(".yaml"))
-        })
-        .collect();
-    more.sort();
-    let mut paths = vec![lacking_path(scenario_root, family)];
-    paths.extend(more);
-    paths
+/// Whether `scenario` is a refusal scenario: it requires some feature `false`, so it
+/// runs only against a target launched lacking that feature (`run --refusals` selects
+/// these).
+pub fn is_refusal(scenario: &crate::scenario::Scenario) -> bool {
+    scenario.requires.values().any(|want| !want)
 }
 
-/// The declaration under which our reference implementation runs `scenario` on `side`:
-/// none (every feature supported) when the scenario applies to a full target, else the
-/// first of the family's [`lacking_paths`] declarations under which it applies; `None`
-/// when it applies to none of them (or one of them does not load, the message saying
-/// why).
-///
-/// # Errors
-/// A lacking declaration is needed but does not load.
+/// The declaration under which our reference implementation (which supports every
+/// optional feature) runs `scenario` on `side`: every feature supported, less those a
+/// refusal scenario requires `false` ([`launch_declaration`]). Each refusal scenario
+/// thus runs with exactly the features it names undeclared and every other declared,
+/// so its refused preparation can be refused for nothing but the missing feature
+/// (the unit test `every_refusal_asks_only_for_what_it_names` holds each refused
+/// preparation to the features its `requires:` names).
 pub fn reference_declaration(
-    scenario_root: &Path,
     scenario: &crate::scenario::Scenario,
     side: crate::scenario::Side,
-) -> Result<Option<BTreeMap<String, bool>>, String> {
-    let full = BTreeMap::new();
-    if scenario.unmet_requirement(side, &full).is_none() {
-        return Ok(Some(full));
-    }
-    let Some(table) = crate::scenario::families::table(&scenario.family) else {
-        return Ok(None);
-    };
-    for path in lacking_paths(scenario_root, &scenario.family) {
-        let lacking = load(&path, table)?;
-        if scenario.unmet_requirement(side, &lacking).is_none() {
-            return Ok(Some(lacking));
-        }
-    }
-    Ok(None)
+) -> BTreeMap<String, bool> {
+    let declared = launch_declaration(&BTreeMap::new(), scenario);
+    debug_assert!(scenario.unmet_requirement(side, &declared).is_none());
+    declared
 }
 
 /// A complete features file for `table`'s family with every feature `true` (what our
@@ -204,50 +183,67 @@ mod tests {
     use super::*;
     use crate::scenario::families::CORE_RUNTIME;
 
-    /// Every refusal scenario runs against our implementation under one of the
-    /// committed lacking declarations, and every other scenario under the full one.
+    /// Every scenario applies to our implementation under its reference declaration:
+    /// the full one for all but the refusal scenarios, which lack exactly what they
+    /// require `false`.
     #[test]
-    fn every_scenario_has_a_reference_declaration() {
+    fn every_scenario_applies_under_its_reference_declaration() {
         let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../scenarios");
         for family in ["core_runtime", "worker", "engine", "plugin"] {
             for s in crate::scenario::load_family(&root, family).unwrap() {
                 for side in s.target_sides() {
-                    let declared = reference_declaration(&root, &s, side).unwrap();
-                    let declared = declared.unwrap_or_else(|| {
-                        panic!("{} [{side}] applies to no reference run", s.id())
-                    });
-                    let refusal = s.requires.values().any(|want| !want);
-                    assert_eq!(declared.is_empty(), !refusal, "{} [{side}]", s.id());
+                    let declared = reference_declaration(&s, side);
+                    assert_eq!(
+                        s.unmet_requirement(side, &declared),
+                        None,
+                        "{} [{side}]",
+                        s.id()
+                    );
+                    let lacking: Vec<&String> = declared
+                        .iter()
+                        .filter(|(_, v)| !**v)
+                        .map(|(f, _)| f)
+                        .collect();
+                    let refused: Vec<&String> = s
+                        .requires
+                        .iter()
+                        .filter(|(_, v)| !**v)
+                        .map(|(f, _)| f)
+                        .collect();
+                    assert_eq!(lacking, refused, "{} [{side}]", s.id());
+                    assert_eq!(is_refusal(&s), !refused.is_empty(), "{}", s.id());
                 }
             }
         }
     }
 
-    /// Every committed lacking declaration is the one some refusal scenario runs under:
-    /// none is dead weight in `make check`.
+    /// A refusal scenario is launched lacking what it requires `false`, whatever the
+    /// target declared, and with the target's declaration otherwise unchanged; any other
+    /// scenario is launched with the target's declaration.
     #[test]
-    fn every_lacking_declaration_runs_a_refusal_scenario() {
+    fn the_launch_declaration_undeclares_only_what_a_refusal_requires_false() {
         let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../scenarios");
-        let family = "core_runtime";
-        let scenarios = crate::scenario::load_family(&root, family).unwrap();
-        let paths = lacking_paths(&root, family);
-        assert!(paths.len() > 1, "{paths:?}");
-        for path in paths {
-            let declared = load(&path, &CORE_RUNTIME).unwrap();
-            let runs = scenarios
+        let scenarios = crate::scenario::load_family(&root, "core_runtime").unwrap();
+        let by_name = |name: &str| {
+            scenarios
                 .iter()
-                .filter(|s| {
-                    reference_declaration(&root, s, crate::scenario::Side::Runtime)
-                        .unwrap()
-                        .is_some_and(|d| !d.is_empty() && d == declared)
-                })
-                .count();
-            assert!(
-                runs > 0,
-                "{}: no refusal scenario runs under it",
-                path.display()
-            );
-        }
+                .find(|s| s.name == name)
+                .unwrap_or_else(|| panic!("{name}"))
+        };
+        let vendor: BTreeMap<String, bool> = [
+            ("usage".to_string(), false),
+            ("mcp_http_tools".to_string(), true),
+        ]
+        .into();
+        let refusal = by_name("undeclared_mcp_http_bearer_auth_alone_refused");
+        let launched = launch_declaration(&vendor, refusal);
+        assert_eq!(launched.get("mcp_http_bearer_auth"), Some(&false));
+        assert_eq!(launched.get("usage"), Some(&false));
+        assert_eq!(launched.get("mcp_http_tools"), Some(&true));
+        assert_eq!(launched.len(), 3);
+        let ordinary = by_name("prepare_start_done");
+        assert_eq!(launch_declaration(&vendor, ordinary), vendor);
+        assert!(is_refusal(refusal) && !is_refusal(ordinary));
     }
 
     #[test]

@@ -75,7 +75,7 @@ fn sides(only: Option<&str>) -> Vec<(&'static str, Side, &'static str)> {
 /// `contract-harness sides`: `family side contract-impl-arguments`, one per line.
 pub fn print_sides() -> ExitCode {
     for (family, side, impl_args) in sides(None) {
-        println!("{family} {side} {impl_args}");
+        say!("{family} {side} {impl_args}");
     }
     ExitCode::SUCCESS
 }
@@ -129,7 +129,7 @@ pub fn refresh(args: &ImplArgs) -> ExitCode {
             .filter(|r| !r.passed && !pending(r))
             .collect();
         failed += other.len();
-        println!(
+        say!(
             "{family} [{side}]: {} replayed, {golden} golden(s) pending, {} failed otherwise",
             many.results.len(),
             other.len()
@@ -142,7 +142,7 @@ pub fn refresh(args: &ImplArgs) -> ExitCode {
                 .find(|s| s.id() == r.scenario)
                 .map(|s| s.covers.join(", "))
                 .unwrap_or_default();
-            println!(
+            say!(
                 "  FAIL {} [{}] (covers {covers}): {}",
                 r.scenario,
                 r.side,
@@ -213,14 +213,14 @@ pub fn changes(places: &Places, base: Option<&str>, json: bool) -> ExitCode {
     let report = changes::report(base, &pairs, sources, &covers);
     if json {
         match serde_json::to_string_pretty(&report) {
-            Ok(text) => println!("{text}"),
+            Ok(text) => say!("{text}"),
             Err(e) => {
                 eprintln!("{e}");
                 return ExitCode::FAILURE;
             }
         }
     } else {
-        print!("{}", changes::markdown(&report));
+        say_text!("{}", changes::markdown(&report));
     }
     ExitCode::SUCCESS
 }
@@ -250,7 +250,7 @@ pub fn stable(args: &ImplArgs, sample: Option<usize>, jobs: Option<usize>) -> Ex
         let opts = options(args, impl_args);
         match rt.block_on(stability::check_side(&scenarios, side, &opts, jobs)) {
             Ok(found) => {
-                println!(
+                say!(
                     "{family} [{side}]: {} replayed with --jobs 1 and --jobs {jobs}: {}",
                     found.replayed,
                     if found.is_ok() {
@@ -260,7 +260,7 @@ pub fn stable(args: &ImplArgs, sample: Option<usize>, jobs: Option<usize>) -> Ex
                     }
                 );
                 for line in found.failures.iter().chain(&found.differences) {
-                    println!("  {line}");
+                    say!("  {line}");
                 }
                 ok &= found.is_ok();
             }
@@ -332,7 +332,7 @@ pub fn audit(places: &Places, family: Option<&str>) -> ExitCode {
                 .into_iter()
                 .filter(|f| f.family_step.is_none())
                 .collect();
-            print!(
+            say_text!(
                 "{}",
                 contract_harness::audit::render(side.as_str(), &fields_only)
             );
@@ -341,7 +341,7 @@ pub fn audit(places: &Places, family: Option<&str>) -> ExitCode {
             .iter()
             .map(|(step, n)| format!("{n} by `{step}`"))
             .collect();
-        println!(
+        say!(
             "{family} [{side}]: {fields} golden-only field(s); frames recorded by family steps \
              (checked as each step documents): {}",
             if by_steps.is_empty() {

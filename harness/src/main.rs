@@ -6,7 +6,7 @@
 //!     [--step-timeout 5s] [--startup-timeout 10s] [--jobs N] [--mode strict|vendor]
 //!     [--junit FILE] [--json FILE] [--markdown FILE]
 //!     [--expected-failures FILE] [--write-expected-failures FILE] [--conformance FILE]
-//!     [--wire-log DIR] [--features FILE]
+//!     [--wire-log DIR] [--features FILE] [--refusals]
 //! contract-harness features --family core_runtime
 //! contract-harness coverage --family core_runtime [--scenarios DIR] [--markdown FILE]
 //! contract-harness list --family core_runtime [--scenarios DIR]
@@ -23,8 +23,6 @@
 //!
 //! Exit status: 0 success; 1 a scenario failed (or coverage has errors); 2 usage errors
 //! and scenario files that do not load (printed as `file:line:column: message`).
-
-mod golden_cli;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -50,13 +48,29 @@ macro_rules! say {
     ($($arg:tt)*) => {{
         use std::io::Write as _;
         use std::sync::atomic::Ordering;
-        if !STDOUT_GONE.load(Ordering::Relaxed)
+        if !crate::STDOUT_GONE.load(Ordering::Relaxed)
             && writeln!(std::io::stdout(), $($arg)*).is_err()
         {
-            STDOUT_GONE.store(true, Ordering::Relaxed);
+            crate::STDOUT_GONE.store(true, Ordering::Relaxed);
         }
     }};
 }
+
+/// `print!` as [`say!`]: the text as is, no newline added.
+macro_rules! say_text {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        use std::sync::atomic::Ordering;
+        if !crate::STDOUT_GONE.load(Ordering::Relaxed)
+            && write!(std::io::stdout(), $($arg)*).is_err()
+        {
+            crate::STDOUT_GONE.store(true, Ordering::Relaxed);
+        }
+    }};
+}
+
+// After the macros, which it prints with.
+mod golden_cli;
 
 /// Scripted-peer conformance harness for the runtime-contract protocols.
 #[derive(Debug, Parser)]
@@ -205,6 +219,15 @@ struct RunArgs {
     /// unless the target declares otherwise on the wire (core_runtime: its heartbeat).
     #[arg(long)]
     features: Option<PathBuf>,
+    /// Run only the refusal scenarios (those that `requires:` a feature `false`), each
+    /// with the target launched lacking exactly the features it requires `false` and
+    /// declaring every other as the target does (`--features`, or its heartbeat): proves,
+    /// one capability at a time, that the target refuses what it declares unsupported,
+    /// whatever it supports. For a family whose target declares what the harness
+    /// launches it with (core_runtime side runtime: the launch configuration's agent
+    /// kinds, which every heartbeat must declare exactly).
+    #[arg(long)]
+    refusals: bool,
 }
 
 #[derive(Debug, Args)]
@@ -341,7 +364,7 @@ fn main() -> ExitCode {
                     ExitCode::from(EXIT_USAGE)
                 }
                 Some(table) => {
-                    print!("{}", contract_harness::features::template(table));
+                    say_text!("{}", contract_harness::features::template(table));
                     ExitCode::SUCCESS
                 }
                 None => {
@@ -498,6 +521,16 @@ fn run(args: RunArgs) -> ExitCode {
         Ok(declared) => declared,
         Err(code) => return code,
     };
+    if args.refusals
+        && scenario::families::table(&args.family.family).and_then(|t| t.feature_side) != Some(side)
+    {
+        eprintln!(
+            "--refusals: family `{}` declares no optional feature on side {side}, so no \
+             scenario of it refuses one",
+            args.family.family
+        );
+        return ExitCode::from(EXIT_USAGE);
+    }
     // Every input file and output path is checked before anything runs: a usage error
     // found after a long run would hide its verdict.
     let sides = scenario::families::table(&args.family.family).map_or(&[][..], |t| t.sides);
@@ -622,13 +655,23 @@ fn run(args: RunArgs) -> ExitCode {
         .filter(|s| s.runs_on(side))
         .filter(|s| selected(args.filter.as_deref(), exact, &s.id()))
         .partition(|s| s.pending_reason(side).is_some());
+    // `--refusals`: each refusal scenario is judged (and launched, by the runner) with
+    // the target's declaration less what it requires `false`.
+    let launched = |s: &Scenario| {
+        if args.refusals {
+            contract_harness::features::launch_declaration(&declared, s)
+        } else {
+            declared.clone()
+        }
+    };
     let (runs, not_applicable): (Vec<Scenario>, Vec<Scenario>) = runs
         .into_iter()
-        .partition(|s| s.unmet_requirement(side, &declared).is_none());
+        .filter(|s| !args.refusals || contract_harness::features::is_refusal(s))
+        .partition(|s| s.unmet_requirement(side, &launched(s)).is_none());
     let not_applicable: Vec<ScenarioResult> = not_applicable
         .iter()
         .map(|s| {
-            let (feature, want) = s.unmet_requirement(side, &declared).unwrap_or_default();
+            let (feature, want) = s.unmet_requirement(side, &launched(s)).unwrap_or_default();
             ScenarioResult::not_applicable(
                 s.id(),
                 side,
@@ -865,7 +908,7 @@ fn diff(args: &DiffArgs) -> ExitCode {
         jobs,
     )) {
         Ok(diffs) => {
-            print!("{}", differential::render(side, &diffs));
+            say_text!("{}", differential::render(side, &diffs));
             if differential::all_same(&diffs) {
                 ExitCode::SUCCESS
             } else {
@@ -890,6 +933,9 @@ fn rerun_command(args: &RunArgs, side: Side, scenario: &str) -> String {
     );
     if args.mode == Mode::Vendor {
         cmd.push_str(" --mode vendor");
+    }
+    if args.refusals {
+        cmd.push_str(" --refusals");
     }
     for (flag, value, default) in [
         (
@@ -1064,7 +1110,7 @@ fn coverage(args: CoverageArgs) -> ExitCode {
         }
     };
     let coverage = requirements::coverage(&catalog, &scenarios);
-    print!(
+    say_text!(
         "{}",
         report::coverage::render_text(&args.family.family, &coverage)
     );
@@ -1146,7 +1192,7 @@ fn review(golden_dir: &Path) -> ExitCode {
                     path.display(),
                     golden_file.display()
                 );
-                print!("{}", golden::unified_diff(&old_text, &new_text));
+                say_text!("{}", golden::unified_diff(&old_text, &new_text));
             }
             Err(_) => say!("pending {} (new golden)", path.display()),
         }

@@ -122,6 +122,7 @@ pub struct RunOptions {
     pub wire_dir: Option<PathBuf>,
     /// The optional features the target declares (`--features FILE`; see
     /// [`crate::features`]): feature → supported; a feature not named is supported.
+    /// Each scenario is launched with [`crate::features::launch_declaration`] of it.
     pub features: std::collections::BTreeMap<String, bool>,
     /// `--fail-fast`: [`run_many`] stops at the first failed run (a mutation-testing
     /// judge needs one failure, not all of them); the runs not done are reported as
@@ -177,7 +178,8 @@ async fn run_scenario_reporting_launch(
         startup_timeout: opts.startup_timeout,
         vendor: opts.mode == Mode::Vendor,
         peer_exe: opts.peer_exe.clone(),
-        features: opts.features.clone(),
+        // A refusal scenario is launched lacking what it requires `false`.
+        features: crate::features::launch_declaration(&opts.features, scenario),
     };
     let outcome = family::drive(scenario, side, &drive_opts).await;
     let generated_keys = family::generated_keys(&scenario.family, side);

@@ -1,5 +1,5 @@
 //! The test command of `make mutants`: the core_runtime scenario suite of both sides
-//! (`runtime` and `core`, side runtime also under each lacking declaration, as `make
+//! (`runtime` and `core`, side runtime also with its refusal scenarios, as `make
 //! contract-refusals`), and the worker family's host side, against this build of
 //! `contract-impl`, which cargo-mutants has mutated. The checker is not: the harness binary comes from the unmutated tree
 //! (`CONTRACT_MUTANTS_HARNESS`, built and copied by `make mutants`), so a mutation of
@@ -15,65 +15,33 @@ use std::process::Command;
 /// harness arguments). Both sides of core_runtime, whose modules are mutated, and our
 /// worker host, the only user of the shared length-prefixed framing
 /// (`impl/src/wire/framing.rs`); the rest of `impl/src/wire` is on core_runtime's path.
-/// Then the refusal scenarios, as `make contract-refusals` runs them: once per lacking
-/// declaration ([`lacking_declarations`]); against the full declaration they are not
-/// applicable, so a mutant of a capability check (an undeclared export performed, or a
-/// read refused for the owner's missing export) would survive. Last, the Runtime under
+/// Then the refusal scenarios, as `make contract-refusals` runs them (`run --refusals`:
+/// each launched lacking exactly what it requires `false`); against the full
+/// declaration they are not applicable, so a mutant of a capability check (an
+/// undeclared export performed, or a read refused for the owner's missing export) would
+/// survive. Last, the Runtime under
 /// the launch profile that makes the spec's free choices the other way
 /// (`--wire-profile different`, judged in vendor mode as `make check` judges it): the
 /// profile's own paths (the newest due close first, the connection closed at a shutdown
 /// signal) are the daemon's code too.
-fn suites(root: &Path) -> Vec<(&'static str, &'static str, &'static str, Vec<String>)> {
-    let mut suites = vec![
+fn suites() -> Vec<(&'static str, &'static str, &'static str, Vec<String>)> {
+    vec![
         ("core_runtime", "runtime", "runtime", vec![]),
         ("core_runtime", "core", "core serve", vec![]),
         ("worker", "host", "worker host", vec![]),
-    ];
-    for features in lacking_declarations(root) {
-        suites.push((
+        (
             "core_runtime",
             "runtime",
             "runtime",
-            vec![
-                "--filter".into(),
-                "undeclared_".into(),
-                "--features".into(),
-                features,
-            ],
-        ));
-    }
-    suites.push((
-        "core_runtime",
-        "runtime",
-        "runtime --wire-profile different",
-        vec!["--mode".into(), "vendor".into()],
-    ));
-    suites
-}
-
-/// `scenarios/features/core_runtime.lacking.yaml` and every
-/// `core_runtime.lacking-<name>.yaml` beside it, sorted (the Makefile's `LACKING`), so a
-/// new lacking declaration is run here without being listed twice.
-fn lacking_declarations(root: &Path) -> Vec<String> {
-    let dir = root.join("scenarios/features");
-    let mut names: Vec<String> = std::fs::read_dir(&dir)
-        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
-        .filter_map(|entry| entry.ok()?.file_name().into_string().ok())
-        .filter(|name| {
-            name == "core_runtime.lacking.yaml"
-                || (name.starts_with("core_runtime.lacking-") && name.ends_with(".yaml"))
-        })
-        .collect();
-    names.sort();
-    assert!(
-        !names.is_empty(),
-        "no lacking declaration in {}",
-        dir.display()
-    );
-    names
-        .into_iter()
-        .map(|name| format!("scenarios/features/{name}"))
-        .collect()
+            vec!["--refusals".into()],
+        ),
+        (
+            "core_runtime",
+            "runtime",
+            "runtime --wire-profile different",
+            vec!["--mode".into(), "vendor".into()],
+        ),
+    ]
 }
 
 #[test]
@@ -84,7 +52,7 @@ fn the_scenario_suites_of_both_sides_pass() {
     let target = env!("CARGO_BIN_EXE_contract-impl");
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let mut failed = Vec::new();
-    for (family, side, args, extra) in suites(&root) {
+    for (family, side, args, extra) in suites() {
         let output = Command::new(&harness)
             .args(["run", "--family", family, "--side", side, "--fail-fast"])
             .args(&extra)

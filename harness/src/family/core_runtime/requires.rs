@@ -270,6 +270,33 @@ mod tests {
         assert!(wrong.is_empty(), "{}", wrong.join("\n"));
     }
 
+    /// A refusal scenario runs lacking exactly what it requires `false`
+    /// (`crate::features::launch_declaration`), so every capability its rejected
+    /// preparations ask for is named in its `requires:`: `false`, the refusal it proves,
+    /// or `true`, declared beside it. One asked for but not named would be undeclared
+    /// too against a target that lacks it, and the preparation could be refused for it
+    /// while the capability the scenario is named for goes unchecked.
+    #[test]
+    fn every_refusal_asks_only_for_what_it_names() {
+        let mut wrong = Vec::new();
+        for s in scenarios() {
+            if !s.requires.values().any(|want| !want) {
+                continue;
+            }
+            let unnamed: Vec<&str> = refused_features(&s)
+                .into_iter()
+                .filter(|f| !s.requires.contains_key(*f))
+                .collect();
+            if !unnamed.is_empty() {
+                wrong.push(format!(
+                    "{}: asks for {unnamed:?} unnamed",
+                    s.path.display()
+                ));
+            }
+        }
+        assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+    }
+
     /// A scenario that needs a capability undeclared (a refusal scenario) relies on the
     /// default launch declaration, which follows `--features`: an explicit declaration
     /// of its own would make the requirement meaningless.
