@@ -273,6 +273,12 @@ fn main() {
         features_trial,
     ));
 
+    // Output into a pipe its reader closed (`… | head -1`) is dropped, never a panic.
+    trials.push(Trial::test(
+        "harness::a_closed_stdout_ends_quietly",
+        closed_stdout_trial,
+    ));
+
     // A Core that prints its ready line and then never answers aborts the run.
     trials.push(Trial::test(
         "harness::a_silent_core_aborts_the_run",
@@ -484,6 +490,35 @@ fn features_trial() -> Result<(), Failed> {
         )
         .into());
     }
+    // `--refusals`: only the refusal scenarios, each launched lacking what it requires
+    // `false`. With the file, one that requires `true` what the target lacks does not
+    // apply; without it, every one runs, whatever the target supports.
+    let (code, out) = run("runtime", &runtime, &["--refusals", "--features", &file])?;
+    let ran = |out: &str, name: &str| {
+        out.contains(&format!("PASS core_runtime/{name} "))
+            || out.contains(&format!("DIFF core_runtime/{name} "))
+    };
+    if code != 0
+        || !ran(&out, "undeclared_mcp_http_tools_refused")
+        || !out.contains("N/A  core_runtime/undeclared_mcp_http_required_refused")
+        || out.contains("core_runtime/mcp_core_relay_passthrough")
+    {
+        return Err(format!("--refusals with the features file: exit {code}\n{out}").into());
+    }
+    let (code, out) = run("runtime", &runtime, &["--refusals"])?;
+    if code != 0
+        || !ran(&out, "undeclared_mcp_http_tools_refused")
+        || !ran(&out, "undeclared_mcp_http_required_refused")
+        || !ran(&out, "undeclared_mcp_http_bearer_auth_alone_refused")
+        || out.contains("N/A")
+        || out.contains("core_runtime/mcp_core_relay_passthrough")
+    {
+        return Err(format!("--refusals: exit {code}\n{out}").into());
+    }
+    let (code, out) = run("core", &format!("{bin} core serve"), &["--refusals"])?;
+    if code != 2 || !out.contains("--refusals: family `core_runtime` declares no optional") {
+        return Err(format!("--refusals on side core: exit {code}\n{out}").into());
+    }
     let (code, out) = run("core", &format!("{bin} core serve"), &["--features", &file])?;
     if code != 2 || !out.contains("declares its optional features on side runtime") {
         return Err(format!(
@@ -491,6 +526,33 @@ fn features_trial() -> Result<(), Failed> {
 {out}"
         )
         .into());
+    }
+    Ok(())
+}
+
+/// Every printing subcommand, its stdout a pipe whose reader is gone before it prints:
+/// the exit status is the command's own and stderr holds no panic.
+fn closed_stdout_trial() -> Result<(), Failed> {
+    let harness = env!("CARGO_BIN_EXE_contract-harness");
+    for args in [
+        &["coverage", "--family", "core_runtime"][..],
+        &["list", "--family", "core_runtime"],
+        &["features", "--family", "core_runtime"],
+        &["sides"],
+    ] {
+        let (reader, writer) = std::io::pipe().map_err(|e| e.to_string())?;
+        drop(reader);
+        let out = Command::new(harness)
+            .current_dir(workspace_root())
+            .args(args)
+            .stdout(writer)
+            .stderr(std::process::Stdio::piped())
+            .output()
+            .map_err(|e| e.to_string())?;
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        if out.status.code() != Some(0) || stderr.contains("panicked") {
+            return Err(format!("{args:?}: {:?}\n{stderr}", out.status).into());
+        }
     }
     Ok(())
 }
