@@ -654,6 +654,7 @@ fn run(args: RunArgs) -> ExitCode {
         .into_iter()
         .filter(|s| s.runs_on(side))
         .filter(|s| selected(args.filter.as_deref(), exact, &s.id()))
+        .filter(|s| !args.refusals || contract_harness::features::is_refusal(s))
         .partition(|s| s.pending_reason(side).is_some());
     // `--refusals`: each refusal scenario is judged (and launched, by the runner) with
     // the target's declaration less what it requires `false`.
@@ -666,7 +667,6 @@ fn run(args: RunArgs) -> ExitCode {
     };
     let (runs, not_applicable): (Vec<Scenario>, Vec<Scenario>) = runs
         .into_iter()
-        .filter(|s| !args.refusals || contract_harness::features::is_refusal(s))
         .partition(|s| s.unmet_requirement(side, &launched(s)).is_none());
     let not_applicable: Vec<ScenarioResult> = not_applicable
         .iter()
@@ -706,8 +706,10 @@ fn run(args: RunArgs) -> ExitCode {
         && let Some(filter) = &args.filter
     {
         eprintln!(
-            "no {} scenario for side {} matches `{filter}`",
-            args.family.family, side
+            "no {} {}scenario for side {} matches `{filter}`",
+            args.family.family,
+            if args.refusals { "refusal " } else { "" },
+            side
         );
         return ExitCode::from(EXIT_USAGE);
     }

@@ -515,6 +515,21 @@ fn features_trial() -> Result<(), Failed> {
     {
         return Err(format!("--refusals: exit {code}\n{out}").into());
     }
+    // A filter that selects no refusal scenario is a usage error that says so.
+    let none = Command::new(harness)
+        .current_dir(workspace_root())
+        .args(["run", "--family", "core_runtime", "--side", "runtime"])
+        .args(["--refusals", "--filter", "mcp_core_relay_passthrough"])
+        .args(["--target-cmd", &runtime])
+        .output()
+        .map_err(|e| e.to_string())?;
+    let (code, out) = (
+        none.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&none.stderr).into_owned(),
+    );
+    if code != 2 || !out.contains("no core_runtime refusal scenario for side runtime matches") {
+        return Err(format!("--refusals selecting none: exit {code}\n{out}").into());
+    }
     let (code, out) = run("core", &format!("{bin} core serve"), &["--refusals"])?;
     if code != 2 || !out.contains("--refusals: family `core_runtime` declares no optional") {
         return Err(format!("--refusals on side core: exit {code}\n{out}").into());

@@ -275,7 +275,8 @@ mod tests {
     /// preparations ask for is named in its `requires:`: `false`, the refusal it proves,
     /// or `true`, declared beside it. One asked for but not named would be undeclared
     /// too against a target that lacks it, and the preparation could be refused for it
-    /// while the capability the scenario is named for goes unchecked.
+    /// while the capability the scenario is named for goes unchecked. And it requires
+    /// exactly one capability `false`, one its rejected preparations ask for.
     #[test]
     fn every_refusal_asks_only_for_what_it_names() {
         let mut wrong = Vec::new();
@@ -290,6 +291,27 @@ mod tests {
             if !unnamed.is_empty() {
                 wrong.push(format!(
                     "{}: asks for {unnamed:?} unnamed",
+                    s.path.display()
+                ));
+            }
+            // One refusal per scenario, of a capability its rejected preparations ask
+            // for (an export refusal rejects no preparation: its capability is the
+            // export's): a second `false` would let a target refuse for that one alone.
+            let missing: Vec<&String> = s
+                .requires
+                .iter()
+                .filter(|(_, want)| !**want)
+                .map(|(f, _)| f)
+                .collect();
+            let refused = refused_features(&s);
+            let proven = match missing.as_slice() {
+                [one] => refused.is_empty() || refused.contains(one.as_str()),
+                _ => false,
+            };
+            if !proven {
+                wrong.push(format!(
+                    "{}: requires {missing:?} false, its rejected preparations ask for \
+                     {refused:?}: exactly one of those",
                     s.path.display()
                 ));
             }
