@@ -130,10 +130,21 @@ pub fn launch_declaration(
     scenario: &crate::scenario::Scenario,
 ) -> BTreeMap<String, bool> {
     let mut launched = declared.clone();
-    for (feature, _) in scenario.requires.iter().filter(|(_, want)| !**want) {
-        launched.insert(feature.clone(), false);
+    for feature in refused_capabilities(scenario) {
+        launched.insert(feature.to_string(), false);
     }
     launched
+}
+
+/// The features `scenario` requires `false` (declared unsupported), in name order: what
+/// a refusal scenario proves is refused; empty for any other scenario.
+pub fn refused_capabilities(scenario: &crate::scenario::Scenario) -> Vec<&str> {
+    scenario
+        .requires
+        .iter()
+        .filter(|(_, want)| !**want)
+        .map(|(feature, _)| feature.as_str())
+        .collect()
 }
 
 /// Whether `scenario` is a refusal scenario: it requires some feature `false`, so it
@@ -199,17 +210,12 @@ mod tests {
                         "{} [{side}]",
                         s.id()
                     );
-                    let lacking: Vec<&String> = declared
+                    let lacking: Vec<&str> = declared
                         .iter()
                         .filter(|(_, v)| !**v)
-                        .map(|(f, _)| f)
+                        .map(|(f, _)| f.as_str())
                         .collect();
-                    let refused: Vec<&String> = s
-                        .requires
-                        .iter()
-                        .filter(|(_, v)| !**v)
-                        .map(|(f, _)| f)
-                        .collect();
+                    let refused = refused_capabilities(&s);
                     assert_eq!(lacking, refused, "{} [{side}]", s.id());
                     assert_eq!(is_refusal(&s), !refused.is_empty(), "{}", s.id());
                 }

@@ -297,15 +297,10 @@ mod tests {
             // One refusal per scenario, of a capability its rejected preparations ask
             // for (an export refusal rejects no preparation: its capability is the
             // export's): a second `false` would let a target refuse for that one alone.
-            let missing: Vec<&String> = s
-                .requires
-                .iter()
-                .filter(|(_, want)| !**want)
-                .map(|(f, _)| f)
-                .collect();
+            let missing = crate::features::refused_capabilities(&s);
             let refused = refused_features(&s);
             let proven = match missing.as_slice() {
-                [one] => refused.is_empty() || refused.contains(one.as_str()),
+                [one] => refused.is_empty() || refused.contains(one),
                 _ => false,
             };
             if !proven {
