@@ -244,7 +244,7 @@ mod tests {
         let mut wrong = Vec::new();
         for s in scenarios().iter().filter(|s| s.runs_on(Side::Runtime)) {
             let mut implied = implied_features(s);
-            if s.requires.values().any(|want| !want) {
+            if crate::features::is_refusal(s) {
                 // A refusal's cause, selected by declaring the rest of what it asks for.
                 implied.extend(
                     refused_features(s)
@@ -281,7 +281,7 @@ mod tests {
     fn every_refusal_asks_only_for_what_it_names() {
         let mut wrong = Vec::new();
         for s in scenarios() {
-            if !s.requires.values().any(|want| !want) {
+            if !crate::features::is_refusal(&s) {
                 continue;
             }
             let unnamed: Vec<&str> = refused_features(&s)
@@ -320,7 +320,7 @@ mod tests {
     #[test]
     fn refusal_scenarios_use_the_declaration_the_target_made() {
         for s in scenarios() {
-            if s.requires.values().any(|want| !want) {
+            if crate::features::is_refusal(&s) {
                 assert!(
                     s.config
                         .runtime
