@@ -35,7 +35,11 @@ pub const CRASH_STATUS: i32 = 70;
 /// The fixture plugin.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Fixture {
-    /// Encode refusals as another correct plugin would ([`Conventions::DIFFERENT`]).
+    /// Make every choice the launch contract leaves free as another correct plugin
+    /// would: refusals encoded by [`Conventions::DIFFERENT`], the tools and the
+    /// capabilities in the reverse order, results other than `output`'s written with
+    /// whitespace, and a `progress` call over the progress bound refused before it
+    /// streams anything (ours streams what the bound allows, then fails).
     pub different: bool,
 }
 
@@ -150,7 +154,36 @@ impl Plugin for Fixture {
     }
 
     fn tools(&self) -> Vec<ToolDefinition> {
-        tools()
+        let mut all = tools();
+        if self.different {
+            all.reverse();
+            for tool in &mut all {
+                tool.capabilities.reverse();
+            }
+        }
+        all
+    }
+
+    fn capabilities(&self) -> Vec<String> {
+        let mut all: Vec<String> = Vec::new();
+        for c in tools().into_iter().flat_map(|t| t.capabilities) {
+            if !all.contains(&c) {
+                all.push(c);
+            }
+        }
+        if self.different {
+            all.reverse();
+        }
+        all
+    }
+
+    fn spell(&self, tool: &str, output: &Value) -> String {
+        // `output`'s spelling is the conformance tool's definition (`bytes` + 11 bytes).
+        if self.different && tool != "output" {
+            serde_json::to_string_pretty(output).unwrap_or_else(|_| output.to_string())
+        } else {
+            output.to_string()
+        }
     }
 
     fn conventions(&self) -> Conventions {
@@ -167,6 +200,12 @@ impl Plugin for Fixture {
             "echo" => Ok(json!({"text": args["text"]})),
             "progress" => {
                 let count = args["count"].as_u64().unwrap_or(0);
+                if self.different && count > call.max_progress() {
+                    return Err(ToolError::failed(format!(
+                        "{count} progress messages exceed the call's bound of {}",
+                        call.max_progress()
+                    )));
+                }
                 for i in 1..=count {
                     call.progress(&format!("step {i} of {count}"))
                         .await

@@ -235,13 +235,28 @@ mod tests {
     }
 
     #[test]
-    fn a_known_vector_fixes_the_encoding_for_other_languages() {
-        // HMAC-SHA256(key "k", "plugin.v1 initialize c"), as any HMAC library computes it.
+    fn the_launch_contracts_vectors_fix_the_encoding_for_other_languages() {
+        // docs/plugin-launch-contract.md, "Authentication": the key is the secret's 64
+        // hexadecimal characters as ASCII, not the 32 bytes they encode.
+        let secret = "000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f";
+        let challenge = "ff".repeat(32);
         assert_eq!(
-            secret_proof("k", "c"),
-            mac_hex("k", b"plugin.v1 initialize c")
+            secret_proof(secret, &challenge),
+            "f8d80f50d119bdcf5fb02c69adc704a07483c9705d9ae226e6dd20e00abe6aa5"
         );
-        assert_eq!(secret_proof("k", "c").len(), 64);
+        assert_eq!(
+            host_proof(secret),
+            "563509441343f50738011e0b8d259e8c522e2a64715421af760232cc99da0b88"
+        );
+        // Keyed with the decoded bytes, the proof is another one: the mistake the
+        // vector is there to catch.
+        let decoded: Vec<u8> = (0u8..32).collect();
+        let mut mac = <Hmac<Sha256> as Mac>::new_from_slice(&decoded).expect("any key length");
+        mac.update(format!("plugin.v1 initialize {challenge}").as_bytes());
+        assert_ne!(
+            hex::encode(mac.finalize().into_bytes()),
+            secret_proof(secret, &challenge)
+        );
     }
 
     #[test]

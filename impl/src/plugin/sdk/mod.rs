@@ -69,6 +69,11 @@ pub trait Plugin: Send + Sync + 'static {
     }
     /// Runs one validated call: `Ok` with the output (JSON), or a typed failure.
     async fn execute(&self, call: Call) -> Result<Value, ToolError>;
+    /// Writes a tool's output as the `output_json` text the host receives (and the
+    /// payload bound measures). Default: compact JSON, no whitespace.
+    fn spell(&self, _tool: &str, output: &Value) -> String {
+        output.to_string()
+    }
     /// How this plugin encodes its refusals (default: ours).
     fn conventions(&self) -> Conventions {
         Conventions::REFERENCE
@@ -190,6 +195,11 @@ impl Call {
             .send((self.sent, text))
             .await
             .map_err(|_| ProgressError::Gone)
+    }
+
+    /// The call's progress bound: the negotiated `max_progress_messages`.
+    pub fn max_progress(&self) -> u64 {
+        self.max_progress
     }
 
     /// Whether the host cancelled the call.

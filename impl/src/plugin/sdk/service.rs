@@ -326,6 +326,7 @@ impl<P: Plugin> PluginService for Service<P> {
             cancel: cancel_rx,
         };
         let state = self.state.clone();
+        let tool_name = tool.name.clone();
         let token = request.progress_token;
         let max_output = limits.max_payload_bytes;
         tokio::spawn(async move {
@@ -373,7 +374,7 @@ impl<P: Plugin> PluginService for Service<P> {
             }
             let terminal = match outcome {
                 Ok(output) => {
-                    let text = output.to_string();
+                    let text = state.plugin.spell(&tool_name, &output);
                     if text.len() as u64 > max_output {
                         failure(
                             &id,
