@@ -28,14 +28,57 @@ if [ "$("$BUF" --version 2>/dev/null || true)" != "$BUF_VERSION" ]; then
   [ "$("$BUF" --version 2>/dev/null || true)" = "$BUF_VERSION" ] || { echo "setup: buf $BUF_VERSION did not install" >&2; exit 1; }
 fi
 
-# grpcio and grpcio-tools (the independent Python client of the engine daemon's test),
-# pinned, from the Python package registry into a virtual environment in .tools/py.
+# The Python fixture plugin (impl/src/plugin/python/conformance_plugin.py) runs on
+# Python 3.12+ (plugin-protocol.md: "Go and Python 3.12+ fixtures must pass the same
+# black-box conformance suite"): .tools/py is made from the newest CPython >= 3.12 found
+# (on PATH, in /usr/bin or /usr/local/bin, or a pyenv version), never from an older one.
+# python_312: the path of that interpreter, or nothing.
+python_312() {
+  local roots=() candidates=() c best="" best_version=0 version
+  command -v pyenv >/dev/null 2>&1 && roots+=("$(pyenv root 2>/dev/null || true)")
+  roots+=("${PYENV_ROOT:-}" "${HOME:-/root}/.pyenv")
+  for c in python3.{12..19} python3; do
+    command -v "$c" >/dev/null 2>&1 && candidates+=("$(command -v "$c")")
+  done
+  for c in /usr/bin/python3.1[2-9] /usr/local/bin/python3.1[2-9]; do
+    candidates+=("$c")
+  done
+  for root in "${roots[@]}"; do
+    [ -n "$root" ] || continue
+    for c in "$root"/versions/3.1[2-9]*/bin/python3; do
+      candidates+=("$c")
+    done
+  done
+  for c in "${candidates[@]}"; do
+    [ -x "$c" ] || continue
+    # A pyenv shim of a version that is not selected fails here and is skipped; the
+    # interpreter's own path is what the virtual environment is made from.
+    version=$("$c" -c 'import sys, venv, ensurepip; v = sys.version_info; print(v[0] * 1000 + v[1], sys.executable)' 2>/dev/null) || continue
+    if [ "${version%% *}" -ge 3012 ] && [ "${version%% *}" -gt "$best_version" ]; then
+      best_version=${version%% *}
+      best=${version#* }
+    fi
+  done
+  [ -n "$best" ] && echo "$best"
+}
+
+# grpcio and grpcio-tools (the Python fixture plugin, and the independent Python client
+# of the engine daemon's test), pinned, from the Python package registry into a virtual
+# environment in .tools/py (on Python 3.12+; one of an older Python is made again).
 GRPCIO_VERSION=1.85.1
 PY=".tools/py/bin/python"
-if [ "$("$PY" -c 'import grpc, grpc_tools; print(grpc.__version__)' 2>/dev/null || true)" != "$GRPCIO_VERSION" ]; then
-  python3 -m venv .tools/py
+py_ready() {
+  "$PY" -c 'import sys, grpc, grpc_tools; assert sys.version_info >= (3, 12); print(grpc.__version__)' 2>/dev/null || true
+}
+if [ "$(py_ready)" != "$GRPCIO_VERSION" ]; then
+  PYTHON312=$(python_312) || true
+  if [ -z "$PYTHON312" ]; then
+    echo "setup: CPython 3.12 or newer is required for .tools/py (the Python fixture plugin); none found as python3.12+ on PATH, in /usr/bin, /usr/local/bin or a pyenv version" >&2
+    exit 1
+  fi
+  "$PYTHON312" -m venv --clear .tools/py
   "$PY" -m pip install --quiet --disable-pip-version-check "grpcio==$GRPCIO_VERSION" "grpcio-tools==$GRPCIO_VERSION" >/dev/null
-  [ "$("$PY" -c 'import grpc, grpc_tools; print(grpc.__version__)' 2>/dev/null || true)" = "$GRPCIO_VERSION" ] || { echo "setup: grpcio $GRPCIO_VERSION did not install" >&2; exit 1; }
+  [ "$(py_ready)" = "$GRPCIO_VERSION" ] || { echo "setup: grpcio $GRPCIO_VERSION did not install on $PYTHON312" >&2; exit 1; }
 fi
 
 # schemathesis (the property-based check of Core's public API against
