@@ -81,6 +81,63 @@ if [ "$(py_ready)" != "$GRPCIO_VERSION" ]; then
   [ "$(py_ready)" = "$GRPCIO_VERSION" ] || { echo "setup: grpcio $GRPCIO_VERSION did not install on $PYTHON312" >&2; exit 1; }
 fi
 
+# The Go fixture plugin (impl/src/plugin/go/conformance_plugin), built from Debian's
+# packages alone, in GOPATH mode: Go 1.19, grpc-go 1.33 and the protobuf API v2 (their
+# sources under /usr/share/gocode), protoc and its Go plugins. Missing packages are
+# installed with apt-get (its package lists updated first, once); the schema's Go code
+# is generated from proto/ into .tools/go (a GOPATH) and the binary built to
+# .tools/go/bin/conformance-plugin-go, again only when its sources, the protos or the
+# toolchain changed (a SHA-256 stamp).
+GO_DEBS=(golang-go golang-google-grpc-dev golang-google-protobuf-dev protoc-gen-go protoc-gen-go-grpc protobuf-compiler)
+go_debs_missing() {
+  local p
+  for p in "${GO_DEBS[@]}"; do
+    [ "$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null || true)" = "install ok installed" ] || echo "$p"
+  done
+}
+missing=$(command -v dpkg-query >/dev/null 2>&1 && go_debs_missing || echo "${GO_DEBS[*]}")
+if [ -n "$missing" ]; then
+  need apt-get "Debian's apt, to install the Go fixture plugin's packages (${missing//$'\n'/ })"
+  # shellcheck disable=SC2086 # one word per package
+  if ! log=$( { DEBIAN_FRONTEND=noninteractive apt-get update -qq &&
+      DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $missing; } </dev/null 2>&1); then
+    echo "$log" >&2
+    echo "setup: installing $(echo $missing) with apt-get failed (run as root)" >&2
+    exit 1
+  fi
+  [ -z "$(go_debs_missing)" ] || { echo "setup: $(echo $(go_debs_missing)) did not install" >&2; exit 1; }
+fi
+GO_PATH="$PWD/.tools/go"
+GO_PLUGIN="$GO_PATH/bin/conformance-plugin-go"
+GO_STAMP="$GO_PATH/conformance-plugin-go.sha256"
+GO_PROTOS=(common/v1/common.proto plugin/v1/plugin.proto)
+go_inputs() {
+  # The recipe's version, the sources, the protos, and the toolchain's packages.
+  echo "recipe 1"
+  find impl/src/plugin/go -type f -name '*.go' | LC_ALL=C sort | xargs sha256sum
+  (cd proto && sha256sum "${GO_PROTOS[@]}")
+  dpkg-query -W -f='${Package} ${Version}\n' "${GO_DEBS[@]}"
+}
+go_sha=$(go_inputs | sha256sum | cut -d' ' -f1)
+if [ ! -x "$GO_PLUGIN" ] || [ "$(cat "$GO_STAMP" 2>/dev/null || true)" != "$go_sha" ]; then
+  rm -rf "$GO_PATH/src/runtimecontract"
+  mkdir -p "$GO_PATH/src" "$GO_PATH/bin"
+  # Each schema file's Go package (proto/ declares no go_package).
+  go_packages="Mcommon/v1/common.proto=runtimecontract/proto/common/v1;commonv1,Mplugin/v1/plugin.proto=runtimecontract/proto/plugin/v1;pluginv1"
+  if ! log=$(/usr/bin/protoc -Iproto \
+      --plugin=protoc-gen-go=/usr/bin/protoc-gen-go --go_out="$GO_PATH/src" --go_opt="$go_packages" \
+      --plugin=protoc-gen-go-grpc=/usr/bin/protoc-gen-go-grpc --go-grpc_out="$GO_PATH/src" --go-grpc_opt="$go_packages" \
+      "${GO_PROTOS[@]}" 2>&1) ||
+    ! log=$(GOPATH="$GO_PATH:/usr/share/gocode" GO111MODULE=off GOFLAGS= GOPROXY=off GOCACHE="$GO_PATH/cache" \
+      /usr/bin/go build -trimpath -o "$GO_PLUGIN.new" ./impl/src/plugin/go/conformance_plugin 2>&1); then
+    echo "$log" >&2
+    echo "setup: the Go fixture plugin did not build" >&2
+    exit 1
+  fi
+  mv -f "$GO_PLUGIN.new" "$GO_PLUGIN"
+  echo "$go_sha" >"$GO_STAMP"
+fi
+
 # schemathesis (the property-based check of Core's public API against
 # docs/core-api.openapi.yaml, ci/api-check.sh), pinned, from the Python package registry
 # into its own virtual environment in .tools/st.
