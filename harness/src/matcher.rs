@@ -289,23 +289,116 @@ pub fn expand_generated(value: &Value) -> Result<Value, String> {
     expand(value, "$")
 }
 
-/// The keys of a comparison pattern (`{$gt: $r1, $as: $r2}`).
-pub const COMPARE_KEYS: &[&str] = &["$gt", "$ge", "$lt", "$le", "$as"];
+/// The keys of a comparison pattern (`{$gt: $r1, $as: $r2}`, `{$plus: [$s1, 2], $as: $s3}`).
+pub const COMPARE_KEYS: &[&str] = &["$gt", "$ge", "$lt", "$le", "$plus", "$as"];
+
+/// A number a comparison reads: a JSON number, or a string of decimal digits (with an
+/// optional leading `-`), which is how the proto3 JSON mapping writes a 64-bit integer
+/// (`"18446744073709551615"`). Integers compare exactly, whatever their size.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Num {
+    Int(i128),
+    Float(f64),
+}
+
+impl Num {
+    /// The number `value` is or spells, with whether it was written as a string.
+    fn read(value: &Value) -> Option<(Self, bool)> {
+        match value {
+            Value::Number(n) => n
+                .as_i64()
+                .map(|i| Num::Int(i128::from(i)))
+                .or_else(|| n.as_u64().map(|u| Num::Int(i128::from(u))))
+                .or_else(|| n.as_f64().map(Num::Float))
+                .map(|x| (x, false)),
+            Value::String(s) => {
+                let digits = s.strip_prefix('-').unwrap_or(s);
+                if digits.is_empty()
+                    || digits.len() > 38
+                    || !digits.bytes().all(|b| b.is_ascii_digit())
+                {
+                    return None;
+                }
+                s.parse::<i128>().ok().map(|i| (Num::Int(i), true))
+            }
+            _ => None,
+        }
+    }
+
+    fn as_f64(self) -> f64 {
+        match self {
+            #[allow(clippy::cast_precision_loss)]
+            Num::Int(i) => i as f64,
+            Num::Float(x) => x,
+        }
+    }
+
+    fn cmp(self, other: Num) -> Option<std::cmp::Ordering> {
+        match (self, other) {
+            (Num::Int(a), Num::Int(b)) => Some(a.cmp(&b)),
+            (a, b) => a.as_f64().partial_cmp(&b.as_f64()),
+        }
+    }
+
+    /// `self + 1` (`up`) or `self - 1` for an integer; a fraction is its own step.
+    fn step(self, up: bool) -> Num {
+        match self {
+            Num::Int(i) => Num::Int(if up { i + 1 } else { i - 1 }),
+            Num::Float(x) if x.fract() == 0.0 => Num::Float(if up { x + 1.0 } else { x - 1.0 }),
+            other => other,
+        }
+    }
+
+    /// The JSON value: a decimal string when `string`, else a number (integral when it is).
+    fn to_value(self, string: bool) -> Result<Value, String> {
+        match self {
+            Num::Int(i) if string => Ok(Value::String(i.to_string())),
+            Num::Int(i) => i64::try_from(i)
+                .map(Value::from)
+                .or_else(|_| u64::try_from(i).map(Value::from))
+                .map_err(|_| format!("{i} does not fit a JSON integer")),
+            #[allow(clippy::cast_possible_truncation)]
+            Num::Float(x) if x.fract() == 0.0 && x.abs() < 9.0e15 => {
+                let n = x as i64;
+                Ok(if string {
+                    Value::String(n.to_string())
+                } else {
+                    Value::from(n)
+                })
+            }
+            Num::Float(x) => serde_json::Number::from_f64(x)
+                .map(Value::Number)
+                .ok_or_else(|| "the bound is not a finite number".to_string()),
+        }
+    }
+}
+
+impl fmt::Display for Num {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Num::Int(i) => write!(f, "{i}"),
+            Num::Float(x) => write!(f, "{x}"),
+        }
+    }
+}
 
 /// One side of a comparison: a literal number or a bound placeholder.
 #[derive(Debug, Clone, PartialEq)]
 enum Operand {
-    Literal(f64),
+    Literal(Num),
     Named(String),
 }
 
 impl Operand {
     fn parse(key: &str, value: &Value) -> Result<Self, String> {
         match value {
-            Value::Number(n) => n
-                .as_f64()
-                .map(Operand::Literal)
-                .ok_or_else(|| format!("`{key}`: {n} is not a finite number")),
+            Value::Number(n) => match Num::read(value) {
+                Some((Num::Float(x), _)) if !x.is_finite() => {
+                    Err(format!("`{key}`: {n} is not a finite number"))
+                }
+                Some((x, _)) => Ok(Operand::Literal(x)),
+                None => Err(format!("`{key}`: {n} is not a finite number")),
+            },
             Value::String(s) => match parse_token(s) {
                 Ok(Token::Placeholder(Placeholder::Named(name))) => Ok(Operand::Named(name)),
                 _ => Err(format!(
@@ -319,21 +412,24 @@ impl Operand {
         }
     }
 
-    /// The bound's value; `None` when it names a placeholder of a typical frame the
-    /// target did not send ([`Bindings::is_skipped`]): there is no such bound.
-    fn resolve(&self, bindings: &Bindings) -> Result<Option<f64>, String> {
+    /// The bound's value, with whether the placeholder holds it as a decimal string;
+    /// `None` when it names a placeholder of a typical frame the target did not send
+    /// ([`Bindings::is_skipped`]): there is no such bound.
+    fn resolve(&self, bindings: &Bindings) -> Result<Option<(Num, bool)>, String> {
         match self {
-            Operand::Literal(x) => Ok(Some(*x)),
+            Operand::Literal(x) => Ok(Some((*x, false))),
             Operand::Named(name) if bindings.is_skipped(name) => Ok(None),
             Operand::Named(name) => match bindings.get(name) {
-                Some(Value::Number(n)) => n
-                    .as_f64()
-                    .map(Some)
-                    .ok_or_else(|| format!("`${name}` is not a finite number")),
-                Some(other) => Err(format!(
-                    "`${name}` is bound to {}, not a number",
-                    compact(other)
-                )),
+                Some(v) => match Num::read(v) {
+                    Some((Num::Float(x), _)) if !x.is_finite() => {
+                        Err(format!("`${name}` is not a finite number"))
+                    }
+                    Some(x) => Ok(Some(x)),
+                    None => Err(format!(
+                        "`${name}` is bound to {}, not a number",
+                        compact(v)
+                    )),
+                },
                 None => Err(format!(
                     "`${name}` is not bound yet (bind it in an earlier step)"
                 )),
@@ -349,10 +445,20 @@ impl Operand {
 /// harness sends such a value it sends the upper bound when there is one (minus one when
 /// strict: the full five minutes of an expiry), else the lower bound (plus one when
 /// strict: the next revision); an integer when the bound is one.
+///
+/// `{$plus: [$s1, 2], $as: $s3}` is the exact form: the number `$s1 + 2`, no other (an
+/// event sequence the spec makes contiguous from an origin it leaves free). It takes no
+/// other bound, and is what the harness sends.
+///
+/// A decimal string (proto3 JSON's 64-bit integers, `"18446744073709551615"`) compares as
+/// the integer it spells, and a value minted from a placeholder holding one is a decimal
+/// string too.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ComparePattern {
     lower: Option<(Operand, bool)>,
     upper: Option<(Operand, bool)>,
+    /// `$plus: [operand, offset]`: exactly `operand + offset`.
+    exact: Option<(Operand, i64)>,
     /// The placeholder the matched (or sent) value binds to.
     pub name: Option<String>,
 }
@@ -368,7 +474,7 @@ impl ComparePattern {
             return Ok(None);
         };
         if map.is_empty() || !map.keys().all(|k| COMPARE_KEYS.contains(&k.as_str())) {
-            if map.keys().any(|k| COMPARE_KEYS[..4].contains(&k.as_str())) {
+            if map.keys().any(|k| COMPARE_KEYS[..5].contains(&k.as_str())) {
                 return Err(format!(
                     "a comparison takes only the keys {}",
                     COMPARE_KEYS.join(", ")
@@ -389,8 +495,33 @@ impl ComparePattern {
             (None, Some(x)) => Some((x, false)),
             (None, None) => None,
         };
-        if lower.is_none() && upper.is_none() {
-            return Err("`$as` needs a bound (`$gt`, `$ge`, `$lt` or `$le`)".into());
+        let exact = match map.get("$plus") {
+            None => None,
+            Some(Value::Array(pair)) if pair.len() == 2 => {
+                let base = Operand::parse("$plus", &pair[0])?;
+                if !matches!(base, Operand::Named(_)) {
+                    return Err("`$plus` starts from a named placeholder (`[$s1, 2]`)".into());
+                }
+                let Some(offset) = pair[1].as_i64() else {
+                    return Err(format!(
+                        "`$plus` adds an integer (`[$s1, 2]`), not {}",
+                        compact(&pair[1])
+                    ));
+                };
+                if lower.is_some() || upper.is_some() {
+                    return Err("`$plus` is exact: it takes no `$gt`, `$ge`, `$lt` or `$le`".into());
+                }
+                Some((base, offset))
+            }
+            Some(other) => {
+                return Err(format!(
+                    "`$plus` takes `[placeholder, integer]` (`[$s1, 2]`), not {}",
+                    compact(other)
+                ));
+            }
+        };
+        if lower.is_none() && upper.is_none() && exact.is_none() {
+            return Err("`$as` needs a bound (`$gt`, `$ge`, `$lt`, `$le` or `$plus`)".into());
         }
         let name = match map.get("$as") {
             None => None,
@@ -409,75 +540,114 @@ impl ComparePattern {
                 ));
             }
         };
-        Ok(Some(Self { lower, upper, name }))
+        Ok(Some(Self {
+            lower,
+            upper,
+            exact,
+            name,
+        }))
+    }
+
+    /// The value `$plus` names, with whether its placeholder holds a decimal string;
+    /// `None` without `$plus` or when its placeholder was skipped.
+    fn exact_value(&self, bindings: &Bindings) -> Result<Option<(Num, bool)>, String> {
+        let Some((base, offset)) = &self.exact else {
+            return Ok(None);
+        };
+        Ok(base.resolve(bindings)?.map(|(b, string)| {
+            let sum = match b {
+                Num::Int(i) => Num::Int(i + i128::from(*offset)),
+                #[allow(clippy::cast_precision_loss)]
+                Num::Float(x) => Num::Float(x + *offset as f64),
+            };
+            (sum, string)
+        }))
     }
 
     /// Whether `actual` is a number within the bounds (`Err` says why not).
     fn check(&self, actual: &Value, bindings: &Bindings) -> Result<(), String> {
-        let Some(x) = actual.as_f64() else {
-            return Err(format!("expected a number, got {}", type_name(actual)));
-        };
-        if let Some((bound, strict)) = &self.lower
-            && let Some(b) = bound.resolve(bindings)?
-            && (x < b || (*strict && x == b))
-        {
+        let Some((x, _)) = Num::read(actual) else {
             return Err(format!(
-                "expected a number {} {b}",
-                if *strict { ">" } else { ">=" }
+                "expected a number (or a decimal string), got {}",
+                type_name(actual)
             ));
+        };
+        if let Some((want, _)) = self.exact_value(bindings)?
+            && x.cmp(want) != Some(std::cmp::Ordering::Equal)
+        {
+            return Err(format!("expected exactly {want}"));
+        }
+        if let Some((bound, strict)) = &self.lower
+            && let Some((b, _)) = bound.resolve(bindings)?
+        {
+            let ord = x.cmp(b);
+            if ord.is_none_or(|o| o.is_lt() || (*strict && o.is_eq())) {
+                return Err(format!(
+                    "expected a number {} {b}",
+                    if *strict { ">" } else { ">=" }
+                ));
+            }
         }
         if let Some((bound, strict)) = &self.upper
-            && let Some(b) = bound.resolve(bindings)?
-            && (x > b || (*strict && x == b))
+            && let Some((b, _)) = bound.resolve(bindings)?
         {
-            return Err(format!(
-                "expected a number {} {b}",
-                if *strict { "<" } else { "<=" }
-            ));
+            let ord = x.cmp(b);
+            if ord.is_none_or(|o| o.is_gt() || (*strict && o.is_eq())) {
+                return Err(format!(
+                    "expected a number {} {b}",
+                    if *strict { "<" } else { "<=" }
+                ));
+            }
         }
         Ok(())
     }
 
-    /// The value the harness sends for this pattern: the upper bound when there is one
-    /// (minus one when strict), else the lower bound (plus one when strict); integral
-    /// when the bound is.
+    /// The value the harness sends for this pattern: the `$plus` sum; else the upper
+    /// bound when there is one (minus one when strict), else the lower bound (plus one
+    /// when strict); integral when the bound is, and a decimal string when the bound's
+    /// placeholder holds one.
     ///
     /// # Errors
     /// An unbound operand, or bounds nothing satisfies.
     pub fn mint(&self, bindings: &Bindings) -> Result<Value, String> {
-        let step = |b: f64, strict: bool, up: bool| {
-            if !strict {
-                b
-            } else if b.fract() == 0.0 {
-                if up { b + 1.0 } else { b - 1.0 }
-            } else {
-                b
-            }
-        };
-        let resolve = |side: &Option<(Operand, bool)>| -> Result<Option<(f64, bool)>, String> {
-            match side {
-                Some((b, strict)) => Ok(b.resolve(bindings)?.map(|x| (x, *strict))),
-                None => Ok(None),
-            }
-        };
-        let x = match (resolve(&self.lower)?, resolve(&self.upper)?) {
-            (_, Some((b, strict))) => step(b, strict, false),
-            (Some((b, strict)), None) => step(b, strict, true),
-            (None, None) => return Err("a comparison needs a bound".into()),
-        };
-        let value = if x.fract() == 0.0 && x.abs() < 9.0e15 {
-            // Exact: |x| < 2^53.
-            #[allow(clippy::cast_possible_truncation)]
-            let n = x as i64;
-            Value::from(n)
+        let resolve =
+            |side: &Option<(Operand, bool)>| -> Result<Option<(Num, bool, bool)>, String> {
+                match side {
+                    Some((b, strict)) => Ok(b.resolve(bindings)?.map(|(x, s)| (x, s, *strict))),
+                    None => Ok(None),
+                }
+            };
+        let (x, string) = if let Some(exact) = self.exact_value(bindings)? {
+            exact
+        } else if self.exact.is_some() {
+            return Err("the placeholder `$plus` starts from was not sent".into());
         } else {
-            serde_json::Number::from_f64(x)
-                .map(Value::Number)
-                .ok_or_else(|| "the bound is not a finite number".to_string())?
+            match (resolve(&self.lower)?, resolve(&self.upper)?) {
+                (_, Some((b, s, strict))) => (if strict { b.step(false) } else { b }, s),
+                (Some((b, s, strict)), None) => (if strict { b.step(true) } else { b }, s),
+                (None, None) => return Err("a comparison needs a bound".into()),
+            }
         };
+        let value = x.to_value(string)?;
         self.check(&value, bindings)
             .map_err(|e| format!("no value satisfies the comparison: {e}"))?;
         Ok(value)
+    }
+
+    /// The value a skipped `$as` takes: the `$plus` sum, else the value of a named lower
+    /// bound.
+    fn skipped_value(&self, bindings: &Bindings) -> Option<Value> {
+        if self.exact.is_some() {
+            return self
+                .exact_value(bindings)
+                .ok()
+                .flatten()
+                .and_then(|(x, s)| x.to_value(s).ok());
+        }
+        match &self.lower {
+            Some((Operand::Named(n), _)) => bindings.get(n).cloned(),
+            _ => None,
+        }
     }
 }
 
@@ -796,11 +966,7 @@ pub fn skip_pattern(pattern: &Value, bindings: &mut Bindings, requirement: Optio
                 if bindings.get(name).is_some() {
                     return;
                 }
-                let lower = match &compare.lower {
-                    Some((Operand::Named(n), _)) => bindings.get(n).cloned(),
-                    _ => None,
-                };
-                match lower {
+                match compare.skipped_value(bindings) {
                     Some(value) => {
                         // Unbound and valid (checked when parsed): cannot fail.
                         let _ = bindings.bind(name, value);
@@ -1538,7 +1704,9 @@ mod tests {
         match_frame(&expiry, &json!({"expires_in_ms": 300000}), &mut b).unwrap();
         assert!(match_frame(&expiry, &json!({"expires_in_ms": 300001}), &mut b).is_err());
         assert!(match_frame(&expiry, &json!({"expires_in_ms": 0}), &mut b).is_err());
-        assert!(match_frame(&expiry, &json!({"expires_in_ms": "5"}), &mut b).is_err());
+        assert!(match_frame(&expiry, &json!({"expires_in_ms": "5x"}), &mut b).is_err());
+        assert!(match_frame(&expiry, &json!({"expires_in_ms": ""}), &mut b).is_err());
+        assert!(match_frame(&expiry, &json!({"expires_in_ms": "1e3"}), &mut b).is_err());
         // An unbound operand is a mismatch naming it.
         let err =
             match_frame(&json!({"r": {"$ge": "$nope"}}), &json!({"r": 1}), &mut b).unwrap_err();
@@ -1569,6 +1737,104 @@ mod tests {
             Ok(json!(300000))
         );
         assert!(mint(json!({"$gt": 5, "$lt": 6}), &b).is_err());
+    }
+
+    #[test]
+    fn comparisons_read_decimal_strings_as_the_integers_they_spell() {
+        // proto3 JSON writes a uint64 as a decimal string.
+        let mut b = Bindings::new();
+        match_frame(&json!({"s": "$s1"}), &json!({"s": "1000"}), &mut b).unwrap();
+        let later = json!({"s": {"$gt": "$s1", "$as": "$s2"}});
+        assert!(match_frame(&later, &json!({"s": "1000"}), &mut b).is_err());
+        assert!(match_frame(&later, &json!({"s": "999"}), &mut b).is_err());
+        match_frame(&later, &json!({"s": "1001"}), &mut b).unwrap();
+        assert_eq!(b.get("s2"), Some(&json!("1001")));
+        // Past 2^53, exactly: u64::MAX - 1 < u64::MAX.
+        let mut b = Bindings::new();
+        b.bind("top", json!("18446744073709551615")).unwrap();
+        let below = json!({"s": {"$lt": "$top"}});
+        match_frame(&below, &json!({"s": "18446744073709551614"}), &mut b).unwrap();
+        assert!(match_frame(&below, &json!({"s": "18446744073709551615"}), &mut b).is_err());
+        // A number and a string of the same integer compare equal; a literal bound too.
+        match_frame(
+            &json!({"s": {"$ge": 5, "$le": 5}}),
+            &json!({"s": "5"}),
+            &mut b,
+        )
+        .unwrap();
+        match_frame(
+            &json!({"s": {"$ge": "$top"}}),
+            &json!({"s": 18446744073709551615u64}),
+            &mut b,
+        )
+        .unwrap();
+        // A minted value keeps the placeholder's spelling.
+        let mint = |p: Value, b: &Bindings| ComparePattern::parse(&p).unwrap().unwrap().mint(b);
+        assert_eq!(
+            mint(json!({"$lt": "$top"}), &b),
+            Ok(json!("18446744073709551614"))
+        );
+        b.bind("n", json!(7)).unwrap();
+        assert_eq!(mint(json!({"$gt": "$n"}), &b), Ok(json!(8)));
+    }
+
+    #[test]
+    fn plus_is_exactly_an_offset_from_a_bound_value() {
+        let mut b = Bindings::new();
+        b.bind("s1", json!("1000")).unwrap();
+        let next = json!({"s": {"$plus": ["$s1", 1], "$as": "$s2"}});
+        assert!(match_frame(&next, &json!({"s": "1000"}), &mut b).is_err());
+        let err = match_frame(&next, &json!({"s": "1002"}), &mut b).unwrap_err();
+        assert!(err.reason.contains("exactly 1001"), "{err:?}");
+        assert_eq!(b.get("s2"), None);
+        match_frame(&next, &json!({"s": "1001"}), &mut b).unwrap();
+        assert_eq!(b.get("s2"), Some(&json!("1001")));
+        // `$as` naming a bound placeholder also requires its value.
+        b.bind("s7", json!("1006")).unwrap();
+        let seventh = json!({"s": {"$plus": ["$s1", 6], "$as": "$s7"}});
+        match_frame(&seventh, &json!({"s": "1006"}), &mut b).unwrap();
+        b.bind("x", json!("1005")).unwrap();
+        assert!(
+            match_frame(
+                &json!({"s": {"$plus": ["$s1", 5], "$as": "$s7"}}),
+                &json!({"s": "1005"}),
+                &mut b
+            )
+            .is_err()
+        );
+        // Negative offsets and numbers.
+        match_frame(
+            &json!({"s": {"$plus": ["$s1", -1]}}),
+            &json!({"s": 999}),
+            &mut b,
+        )
+        .unwrap();
+        // Minted: the sum, in the placeholder's spelling.
+        let mint = |p: Value, b: &Bindings| ComparePattern::parse(&p).unwrap().unwrap().mint(b);
+        assert_eq!(mint(json!({"$plus": ["$s1", 3]}), &b), Ok(json!("1003")));
+        b.bind("n", json!(4)).unwrap();
+        assert_eq!(mint(json!({"$plus": ["$n", -4]}), &b), Ok(json!(0)));
+        // Strict parsing.
+        for bad in [
+            json!({"$plus": ["$s1"]}),
+            json!({"$plus": [3, 1]}),
+            json!({"$plus": ["$s1", 1.5]}),
+            json!({"$plus": ["$s1", "1"]}),
+            json!({"$plus": "$s1"}),
+            json!({"$plus": ["$s1", 1], "$gt": 0}),
+            json!({"$plus": ["$s1", 1], "other": 0}),
+        ] {
+            assert!(ComparePattern::parse(&bad).is_err(), "{bad}");
+        }
+        // A typical frame not sent: `$as` takes the sum, so the chain goes on.
+        let mut b = Bindings::new();
+        b.bind("s1", json!("5")).unwrap();
+        skip_pattern(
+            &json!({"s": {"$plus": ["$s1", 2], "$as": "$s3"}}),
+            &mut b,
+            None,
+        );
+        assert_eq!(b.get("s3"), Some(&json!("7")));
     }
 
     #[test]
