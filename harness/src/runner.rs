@@ -293,7 +293,10 @@ fn with_target_context(mut text: String, outcome: &DriveOutcome) -> String {
     }
     let tail = outcome.stderr_tail.trim_end();
     if tail.is_empty() {
-        text.push_str("\ntarget stderr: (empty)");
+        // A launch failure may already quote the tail it read before the target ended.
+        if !text.contains("stderr tail:") {
+            text.push_str("\ntarget stderr: (empty)");
+        }
     } else {
         text.push_str("\ntarget stderr (tail):");
         for line in tail.lines() {

@@ -31,12 +31,15 @@ pub const AFTER_LAST_STEP: &str = "after the last step";
 pub const KILL_REAP_BOUND: Duration = Duration::from_secs(5);
 
 /// The failure text of the credential checks: `credential leaked in <channel>` (the
-/// credential itself is never printed).
+/// credential itself is never printed). Family-neutral: each family's launch contract
+/// says where, if anywhere, its secret may travel (core_runtime: only as the exact
+/// `Authorization: Bearer <credential>` header; plugin and worker: nowhere, only proofs
+/// derived from it).
 pub fn leak_message(channel: &str) -> String {
     format!(
-        "credential leaked in {channel}; the daemon credential may only appear as \
-         `Authorization: Bearer <credential>` (never in a URL, another header, a frame or \
-         the target's output)"
+        "credential leaked in {channel}; the secret the harness gave the target at launch \
+         may appear only where the family's launch contract puts it (never in a URL, a \
+         frame, a message or the target's output)"
     )
 }
 
