@@ -133,6 +133,9 @@ pub struct Page {
     pub latest: u64,
     /// The oldest retained sequence at capture.
     pub oldest: u64,
+    /// The sequence the page starts after: the request's `after_sequence`, or, for `0`
+    /// ("from the first retained one"), the one before the oldest retained event.
+    pub after: u64,
     /// The tail registered at the captured head, when asked and the page reached it.
     pub tail: Option<Tail>,
 }
@@ -305,6 +308,13 @@ impl EventLog {
     ) -> Result<Page, CaptureError> {
         let mut state = run.lock();
         let (latest, oldest) = (state.latest, state.oldest);
+        // `after_sequence` 0 reads from the first retained event, wherever the run's
+        // sequence starts (engine.proto, `StreamEventsRequest`).
+        let after = if after == 0 {
+            oldest.saturating_sub(1)
+        } else {
+            after
+        };
         if after > latest {
             return Err(CaptureError::Ahead { after, latest });
         }
@@ -364,6 +374,7 @@ impl EventLog {
             events,
             latest,
             oldest,
+            after,
             tail,
         })
     }
@@ -514,6 +525,28 @@ mod tests {
         ));
         // A byte bound of one byte still returns one event.
         assert_eq!(log.capture(&run, 3, 10, 1, false).unwrap().events.len(), 1);
+        // After 0 is "from the first retained one", never a gap.
+        let page = log.capture(&run, 0, 10, 1 << 20, false).unwrap();
+        assert_eq!((page.after, page.events.len()), (3, 5));
+    }
+
+    #[tokio::test]
+    async fn a_run_numbered_from_another_origin_reads_from_it_after_zero() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = EventLog::open(&dir.path().join("e.db"), 100).unwrap();
+        let run = RunLog::new("run-o", 999, 1000, false);
+        for i in 0..2 {
+            log.append(&run, delta(&run, &i.to_string()), false)
+                .await
+                .unwrap();
+        }
+        run.committed(1001).await;
+        let page = log.capture(&run, 0, 10, 1 << 20, false).unwrap();
+        assert_eq!(
+            page.events.iter().map(|e| e.sequence).collect::<Vec<_>>(),
+            vec![1000, 1001]
+        );
+        assert_eq!((page.after, page.oldest, page.latest), (999, 1000, 1001));
     }
 
     #[tokio::test]

@@ -114,10 +114,11 @@ pub async fn start_run(
                 // Prepare: the immutable run ID, the plan lease, the run's log.
                 let run_id = owner.profile.run_id();
                 let plan = plan_id(&definition);
-                let log = RunLog::new(&run_id, 0, 1, false);
+                let base = owner.profile.sequence_origin() - 1;
+                let log = RunLog::new(&run_id, base, base + 1, false);
                 let response = pb::StartRunResponse {
                     run_id: run_id.clone(),
-                    initial_sequence: 1,
+                    initial_sequence: base + 1,
                     plan_id: plan.clone(),
                 };
                 let progress = Progress {
@@ -134,7 +135,7 @@ pub async fn start_run(
                     state: "running".into(),
                     boundary: 0,
                     outcome: 0,
-                    base_sequence: 0,
+                    base_sequence: base,
                 };
                 // Ownership: the run row and the ledger entry in one transaction.
                 {

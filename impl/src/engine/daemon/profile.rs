@@ -2,8 +2,9 @@
 //! reference way or (`engine serve --profile different`) another correct way, so the
 //! conformance suite proves it accepts a daemon that chooses otherwise (vendor mode).
 //!
-//! The `different` profile answers refusals with other status codes and another message
-//! shape, names its sentinels differently, and words its identifiers differently; every
+//! The `different` profile starts every run's sequence at 1000, answers refusals with
+//! other status codes and another message shape, names its sentinels differently, and
+//! words its identifiers differently; every
 //! rule the spec states is kept. This module decides wording only; it never changes a
 //! rule.
 
@@ -65,6 +66,15 @@ impl Profile {
         match self {
             Profile::Reference => super::executor::SENTINEL_ACK_LOST,
             Profile::Different => "vendor/ack-lost",
+        }
+    }
+
+    /// The sequence of a run's first event: the spec fixes none ("returns the stable run
+    /// ID, initial sequence, and immutable plan_id"), ours is 1.
+    pub fn sequence_origin(self) -> u64 {
+        match self {
+            Profile::Reference => 1,
+            Profile::Different => 1000,
         }
     }
 

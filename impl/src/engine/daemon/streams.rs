@@ -173,7 +173,7 @@ pub async fn stream_events(
         }
         CaptureError::Ahead { .. } => Status::out_of_range(e.to_string()),
     })?;
-    let last = page.events.last().map_or(after, |e| e.sequence);
+    let last = page.events.last().map_or(page.after, |e| e.sequence);
     let control = pb::StreamControl {
         page_last_sequence: current.then_some(last),
         has_more: last < page.latest,
