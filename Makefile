@@ -15,15 +15,15 @@ JOBS    ?=
 HARNESS_ARGS ?=
 
 .PHONY: check-runtime-contract check setup api-check mutants build test lint fmt fmt-check clippy doc proto-check proto-baseline \
-        contract contract-refusals contract-core contract-worker contract-worker-host contract-engine contract-engine-client contract-plugin contract-plugin-python contract-plugin-host coverage fuzz fuzz-seeds fuzz-smoke golden-review golden-accept golden-stable schema bench package clean
+        contract contract-refusals contract-core contract-worker contract-worker-host contract-engine contract-engine-client contract-plugin contract-plugin-python contract-plugin-go contract-plugin-host go-check coverage fuzz fuzz-seeds fuzz-smoke golden-review golden-accept golden-stable schema bench package clean
 
 ## The main job: build everything, replay every scenario against our binaries, print coverage.
-check-runtime-contract: setup build contract contract-refusals contract-core contract-worker contract-worker-host contract-engine contract-engine-client contract-plugin contract-plugin-python contract-plugin-host coverage
+check-runtime-contract: setup build contract contract-refusals contract-core contract-worker contract-worker-host contract-engine contract-engine-client contract-plugin contract-plugin-python contract-plugin-go contract-plugin-host coverage
 
 ## What CI runs (.ci/run): formatting, lints, docs, schema checks, unit tests, the
-## contract suite, the property-based check of Core's public API and a bounded smoke run
-## of every fuzz target.
-check: setup fmt-check clippy doc proto-check test api-check fuzz-smoke
+## contract suite (the Go and Python fixture plugins included), the property-based check
+## of Core's public API and a bounded smoke run of every fuzz target.
+check: setup fmt-check clippy go-check doc proto-check test api-check fuzz-smoke
 
 setup:
 	@ci/setup.sh
@@ -86,12 +86,20 @@ contract-plugin: build
 	$(HARNESS) run --family plugin --side plugin \
 	  --target-cmd '$(IMPL) plugin fixture' $(if $(JOBS),--jobs $(JOBS)) $(HARNESS_ARGS)
 
-## The same scenarios and goldens with the Python fixture plugin (grpcio, from the
-## virtual environment ci/setup.sh installs) as the target: one black-box suite, two
-## languages ("fixtures must pass the same black-box conformance suite").
+## The same scenarios and goldens with the Python fixture plugin (grpcio, on Python
+## 3.12+, from the virtual environment ci/setup.sh installs) as the target: one black-box
+## suite, every language ("Go and Python 3.12+ fixtures must pass the same black-box
+## conformance suite").
 contract-plugin-python: build
 	$(HARNESS) run --family plugin --side plugin \
 	  --target-cmd '$(CURDIR)/.tools/py/bin/python $(CURDIR)/impl/src/plugin/python/conformance_plugin.py' \
+	  $(if $(JOBS),--jobs $(JOBS)) $(HARNESS_ARGS)
+
+## The same scenarios and goldens with the Go fixture plugin (grpc-go, built from Debian's
+## packages by ci/setup.sh, impl/src/plugin/go/conformance_plugin) as the target.
+contract-plugin-go: build
+	$(HARNESS) run --family plugin --side plugin \
+	  --target-cmd '$(CURDIR)/.tools/go/bin/conformance-plugin-go' \
 	  $(if $(JOBS),--jobs $(JOBS)) $(HARNESS_ARGS)
 
 ## The plugin family with our host as the target (the harness plays every plugin process
@@ -141,6 +149,17 @@ fmt-check:
 
 clippy:
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
+
+## The Go fixture plugin's sources: gofmt, go vet and its unit tests, in the GOPATH
+## ci/setup.sh generated the schema's Go code into (Debian's Go, GOPATH mode).
+GO         ?= /usr/bin/go
+GOFMT      ?= /usr/bin/gofmt
+GO_FIXTURE := ./impl/src/plugin/go/conformance_plugin
+GO_ENV     := GOPATH='$(CURDIR)/.tools/go:/usr/share/gocode' GO111MODULE=off GOFLAGS= GOPROXY=off GOCACHE='$(CURDIR)/.tools/go/cache'
+go-check:
+	@test -z "$$($(GOFMT) -l impl/src/plugin/go)" || { $(GOFMT) -l impl/src/plugin/go; echo "go-check: run gofmt -w impl/src/plugin/go"; exit 1; }
+	$(GO_ENV) $(GO) vet $(GO_FIXTURE)
+	$(GO_ENV) $(GO) test -count=1 $(GO_FIXTURE)
 
 doc:
 	RUSTDOCFLAGS='-D warnings' $(CARGO) doc --workspace --no-deps --quiet
