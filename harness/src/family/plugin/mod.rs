@@ -101,10 +101,16 @@ fn normalize_in(value: &Value, parent: &str) -> Value {
 /// gRPC library's) own wording.
 pub const TEXT_MASK: &str = "<text>";
 
+/// Prefixes gRPC libraries put before their own wording, which are no contract codes
+/// (grpc-go: `grpc: received message larger than max (…)`, `transport: …`): a message
+/// that starts with one is masked like any other free text.
+const LIBRARY_PREFIXES: &[&str] = &["grpc", "transport"];
+
 fn message_code(text: &str) -> String {
     match text.split_once(':') {
         Some((code, _))
             if !code.is_empty()
+                && !LIBRARY_PREFIXES.contains(&code)
                 && code
                     .bytes()
                     .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_') =>
@@ -149,6 +155,17 @@ mod tests {
             normalize(&json!({"failure": {"message": "invalid_arguments: x"}})),
             json!({"failure": {"message": TEXT_MASK}})
         );
+        // A gRPC library's own wording carries no contract code.
+        for library in [
+            "grpc: received message larger than max (524289 vs. 524288)",
+            "transport: the stream is done",
+            "Received message larger than max (524289 vs. 524288)",
+        ] {
+            assert_eq!(
+                normalize(&json!({"status": {"code": "RESOURCE_EXHAUSTED", "message": library}})),
+                json!({"status": {"code": "RESOURCE_EXHAUSTED", "message": TEXT_MASK}})
+            );
+        }
         assert_eq!(
             normalize(&json!({"result": {"outputJson": "{ \"b\": 1, \"a\": \"\\u0041\" }"}})),
             json!({"result": {"outputJson": "{\"a\":\"A\",\"b\":1}"}})
