@@ -1,7 +1,9 @@
 //! The contract suite as `cargo test`: one libtest-mimic trial per scenario × side
 //! (`core_runtime/<name>::runtime`), run against **our** binaries through exactly the
-//! launch contract a third party uses, plus trials that the scenario directory loads and
-//! that requirement coverage is clean.
+//! launch contract a third party uses, plus trials that the scenario directory loads,
+//! that requirement coverage is clean, and that the Go and Python (3.12+) fixture plugins
+//! pass the plugin family's suite (`contract-harness run` against the fixtures
+//! `ci/setup.sh` builds; a missing one fails naming `ci/setup.sh`).
 //!
 //! * Target binary: `$CONTRACT_IMPL_BIN` if set, else `<target dir>/debug/contract-impl`,
 //!   built first with `cargo build -p contract-impl --bin contract-impl` (once per test
@@ -243,6 +245,22 @@ fn main() {
         let scenarios = load_family(&scenarios_dir, family).unwrap_or_default();
         trials.push(Trial::test(name, move || {
             vendor_trial(&scenarios, side, args)
+        }));
+    }
+
+    // "Go and Python 3.12+ fixtures must pass the same black-box conformance suite": the
+    // plugin family's scenarios and goldens, as `make contract-plugin-go` and
+    // `make contract-plugin-python` run them, against the fixtures ci/setup.sh builds.
+    for (name, fixture) in [
+        ("plugin::the_go_fixture_passes_the_suite", Fixture::Go),
+        (
+            "plugin::the_python_fixture_passes_the_suite_on_python_3_12_or_newer",
+            Fixture::Python,
+        ),
+    ] {
+        let scenarios = load_family(&scenarios_dir, "plugin").unwrap_or_default();
+        trials.push(Trial::test(name, move || {
+            fixture_trial(&scenarios, fixture)
         }));
     }
 
@@ -832,6 +850,105 @@ fn vendor_trial(
             unnamed.len(),
             unnamed.join("\n"),
             changed.join("\n")
+        )
+        .into());
+    }
+    Ok(())
+}
+
+/// A fixture plugin of another language than the Rust SDK's.
+#[derive(Debug, Clone, Copy)]
+enum Fixture {
+    /// impl/src/plugin/go/conformance_plugin, built to .tools/go/bin by ci/setup.sh.
+    Go,
+    /// impl/src/plugin/python/conformance_plugin.py on the interpreter of .tools/py.
+    Python,
+}
+
+/// The oldest Python the Python fixture must run on (plugin-protocol.md, "Compatibility
+/// and language neutrality").
+const FIXTURE_PYTHON: (u32, u32) = (3, 12);
+
+/// `contract-harness run --family plugin --side plugin` against a fixture plugin, through
+/// the command line: exit 0, and a summary of every scenario of the side passed and none
+/// failed.
+fn fixture_trial(
+    scenarios: &[contract_harness::scenario::Scenario],
+    fixture: Fixture,
+) -> Result<(), Failed> {
+    let root = workspace_root();
+    let quote = |p: &Path| shell_words::quote(&p.display().to_string()).into_owned();
+    let target_cmd = match fixture {
+        Fixture::Go => {
+            let bin = root.join(".tools/go/bin/conformance-plugin-go");
+            if !bin.is_file() {
+                return Err(format!(
+                    "{} is missing: run ci/setup.sh (it builds the Go fixture plugin)",
+                    bin.display()
+                )
+                .into());
+            }
+            quote(&bin)
+        }
+        Fixture::Python => {
+            let python = root.join(".tools/py/bin/python");
+            let version = Command::new(&python)
+                .args(["-c", "import sys; print('%d.%d' % sys.version_info[:2])"])
+                .output()
+                .ok()
+                .filter(|o| o.status.success())
+                .ok_or_else(|| {
+                    format!(
+                        "{} is missing or does not run: run ci/setup.sh (it makes the \
+                         virtual environment of the Python fixture plugin)",
+                        python.display()
+                    )
+                })?;
+            let text = String::from_utf8_lossy(&version.stdout).trim().to_string();
+            let parsed = text
+                .split_once('.')
+                .and_then(|(major, minor)| Some((major.parse().ok()?, minor.parse().ok()?)));
+            match parsed {
+                Some(v) if v >= FIXTURE_PYTHON => {}
+                _ => {
+                    return Err(format!(
+                        "{} is Python {text}, not {}.{}+: run ci/setup.sh (it makes \
+                         .tools/py again from a Python >= {}.{})",
+                        python.display(),
+                        FIXTURE_PYTHON.0,
+                        FIXTURE_PYTHON.1,
+                        FIXTURE_PYTHON.0,
+                        FIXTURE_PYTHON.1
+                    )
+                    .into());
+                }
+            }
+            let script = root.join("impl/src/plugin/python/conformance_plugin.py");
+            format!("{} {}", quote(&python), quote(&script))
+        }
+    };
+    let expected = scenarios
+        .iter()
+        .filter(|s| s.runs_on(Side::Plugin) && s.pending_reason(Side::Plugin).is_none())
+        .count();
+    if expected == 0 {
+        return Err("the plugin family has no scenario on side plugin".into());
+    }
+    let out = Command::new(env!("CARGO_BIN_EXE_contract-harness"))
+        .current_dir(&root)
+        .args(["run", "--family", "plugin", "--side", "plugin"])
+        .args(["--target-cmd", &target_cmd])
+        .output()
+        .map_err(|e| e.to_string())?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let summary = stdout.lines().last().unwrap_or_default();
+    let all_passed = format!("{expected} passed, 0 failed");
+    if out.status.code() != Some(0) || summary != all_passed {
+        return Err(format!(
+            "{fixture:?} fixture ({target_cmd}): {:?}, summary {summary:?}, expected \
+             {all_passed:?}\n{stdout}{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
         )
         .into());
     }
