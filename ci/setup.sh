@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Idempotent set-up for `make check` and `make check-runtime-contract`.
-# Installs only from the package registries; prints nothing when all is in place.
+# Installs only from the package registries (npm, PyPI, crates.io, and Debian's archive
+# through apt-get for the Go fixture plugin); prints nothing when all is in place.
 set -euo pipefail
 
 need() {
