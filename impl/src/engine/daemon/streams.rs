@@ -145,12 +145,8 @@ pub async fn stream_events(
                 limits::MAX_PAGE_EVENTS
             )));
         }
-        Some(c) if c.max_events == 0 => {
-            return Err(Status::invalid_argument(format!(
-                "invalid_cursor: max_events must be 1..={}",
-                limits::MAX_PAGE_EVENTS
-            )));
-        }
+        // "0: the limit" (engine.proto, `PageCursor.max_events`).
+        Some(c) if c.max_events == 0 => (limits::MAX_PAGE_EVENTS, c.tail, true),
         Some(c) => (c.max_events, c.tail, true),
         None => (limits::MAX_PAGE_EVENTS, false, false),
     };
