@@ -21,6 +21,7 @@ use serde_json::Value;
 use crate::bind::{Bindings, Placeholder, Token, parse_token};
 use crate::scenario::GeneratedContent;
 
+mod contains;
 mod stamp;
 
 /// The key of the generated-content pattern `{$generated: {seed, offset?, size}}`.
@@ -1188,6 +1189,16 @@ fn match_at(
             {
                 return stamp::check(operand, actual, bindings)
                     .map_err(|reason| mismatch(path, expected, Some(actual), reason));
+            }
+            // `{$contains: pattern}`: an object or array holding, at any depth below
+            // itself, a value that matches (module `contains`).
+            if pattern.len() == 1
+                && let Some(inner) = pattern.get(contains::KEY)
+            {
+                return contains::check(path, inner, actual, bindings, |at, p, v, b| {
+                    match_at(at, p, v, b).is_ok()
+                })
+                .map_err(|reason| mismatch(path, expected, Some(actual), reason));
             }
             // `{$length: N}`: a string of exactly N bytes (a text bound at its edge), or an
             // array of exactly N elements (a page at its bound).
