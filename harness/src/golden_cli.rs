@@ -84,7 +84,7 @@ pub fn print_sides() -> ExitCode {
 /// `.pending` file for every golden that changed or is missing (side-core goldens too).
 pub fn refresh(args: &ImplArgs) -> ExitCode {
     if !args.impl_bin.exists() {
-        eprintln!(
+        warn!(
             "--impl {}: no such file (build it first)",
             args.impl_bin.display()
         );
@@ -93,7 +93,7 @@ pub fn refresh(args: &ImplArgs) -> ExitCode {
     let rt = match rt() {
         Ok(rt) => rt,
         Err(e) => {
-            eprintln!("{e}");
+            warn!("{e}");
             return ExitCode::FAILURE;
         }
     };
@@ -103,7 +103,7 @@ pub fn refresh(args: &ImplArgs) -> ExitCode {
             Ok(s) => s,
             Err(errors) => {
                 for e in errors {
-                    eprintln!("{e}");
+                    warn!("{e}");
                 }
                 return ExitCode::from(2);
             }
@@ -164,7 +164,7 @@ pub fn changes(places: &Places, base: Option<&str>, json: bool) -> ExitCode {
     let (pairs, sources) = match changes::collect(repo, &places.golden_dir, &base) {
         Ok(found) => found,
         Err(e) => {
-            eprintln!("golden changes: {e}");
+            warn!("golden changes: {e}");
             return ExitCode::from(2);
         }
     };
@@ -215,7 +215,7 @@ pub fn changes(places: &Places, base: Option<&str>, json: bool) -> ExitCode {
         match serde_json::to_string_pretty(&report) {
             Ok(text) => say!("{text}"),
             Err(e) => {
-                eprintln!("{e}");
+                warn!("{e}");
                 return ExitCode::FAILURE;
             }
         }
@@ -231,7 +231,7 @@ pub fn stable(args: &ImplArgs, sample: Option<usize>, jobs: Option<usize>) -> Ex
     let rt = match rt() {
         Ok(rt) => rt,
         Err(e) => {
-            eprintln!("{e}");
+            warn!("{e}");
             return ExitCode::FAILURE;
         }
     };
@@ -242,7 +242,7 @@ pub fn stable(args: &ImplArgs, sample: Option<usize>, jobs: Option<usize>) -> Ex
             Ok(s) => stability::sample(&s, side, sample),
             Err(errors) => {
                 for e in errors {
-                    eprintln!("{e}");
+                    warn!("{e}");
                 }
                 return ExitCode::from(2);
             }
@@ -265,7 +265,7 @@ pub fn stable(args: &ImplArgs, sample: Option<usize>, jobs: Option<usize>) -> Ex
                 ok &= found.is_ok();
             }
             Err(e) => {
-                eprintln!("{family} [{side}]: {e}");
+                warn!("{family} [{side}]: {e}");
                 ok = false;
             }
         }
@@ -284,14 +284,14 @@ pub fn audit(places: &Places, family: Option<&str>) -> ExitCode {
     if let Some(name) = family
         && contract_harness::family::family(name).is_none()
     {
-        eprintln!(
+        warn!(
             "--family: unknown family `{name}`; families: {}",
             contract_harness::family::known()
         );
         return ExitCode::from(2);
     }
     if !places.golden_dir.is_dir() {
-        eprintln!(
+        warn!(
             "--golden-dir {}: not a directory of goldens",
             places.golden_dir.display()
         );
@@ -302,7 +302,7 @@ pub fn audit(places: &Places, family: Option<&str>) -> ExitCode {
         let scenarios = match load_family(&places.scenarios, family) {
             Ok(s) => s,
             Err(errors) => {
-                errors.iter().for_each(|e| eprintln!("{e}"));
+                errors.iter().for_each(|e| warn!("{e}"));
                 return ExitCode::from(2);
             }
         };
@@ -318,7 +318,7 @@ pub fn audit(places: &Places, family: Option<&str>) -> ExitCode {
                 // A pending side or a refusal scenario of another declaration may have
                 // no golden of this name; anything else is worth saying.
                 if scenario.pending_reason(side).is_none() && path.exists() {
-                    eprintln!("{}: unreadable", path.display());
+                    warn!("{}: unreadable", path.display());
                     unreadable += 1;
                 }
                 continue;

@@ -56,6 +56,15 @@ macro_rules! say {
     }};
 }
 
+/// `eprintln!` that, when stderr is gone (`2>&-`, or a closed pipe), drops the text instead
+/// of panicking: a diagnostic must never change the exit status or leave a target unreaped.
+macro_rules! warn {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($arg)*);
+    }};
+}
+
 /// `print!` as [`say!`]: the text as is, no newline added.
 macro_rules! say_text {
     ($($arg:tt)*) => {{
@@ -357,7 +366,7 @@ fn main() -> ExitCode {
         Command::Features { family } => {
             match contract_harness::scenario::families::table(&family) {
                 Some(table) if table.features.is_empty() => {
-                    eprintln!(
+                    warn!(
                         "family `{family}` has no optional feature: every scenario applies to \
                          every target (run takes no --features for it)"
                     );
@@ -368,7 +377,7 @@ fn main() -> ExitCode {
                     ExitCode::SUCCESS
                 }
                 None => {
-                    eprintln!(
+                    warn!(
                         "--family: unknown family `{family}` (known: {})",
                         contract_harness::scenario::families::family_names()
                     );
@@ -438,7 +447,7 @@ fn relay_peer(socket: &Path) -> ExitCode {
     {
         Ok(rt) => rt,
         Err(e) => {
-            eprintln!("contract-harness peer: {e}");
+            warn!("contract-harness peer: {e}");
             return ExitCode::from(EXIT_HARNESS_GONE);
         }
     };
@@ -456,7 +465,7 @@ fn relay_peer(socket: &Path) -> ExitCode {
         Ok(PeerEnd::Exit(_)) => 255,
         Ok(PeerEnd::LinkGone) => i32::from(EXIT_HARNESS_GONE),
         Err(e) => {
-            eprintln!("contract-harness peer: cannot reach the harness: {e}");
+            warn!("contract-harness peer: cannot reach the harness: {e}");
             i32::from(EXIT_HARNESS_GONE)
         }
     };
@@ -465,7 +474,7 @@ fn relay_peer(socket: &Path) -> ExitCode {
 
 fn load(args: &FamilyArgs) -> Result<Vec<Scenario>, ExitCode> {
     if family::family(&args.family).is_none() {
-        eprintln!(
+        warn!(
             "--family: unknown family `{}`; families: {}",
             args.family,
             family::known()
@@ -480,22 +489,22 @@ fn load(args: &FamilyArgs) -> Result<Vec<Scenario>, ExitCode> {
 
 fn print_load_errors(errors: &[LoadError]) {
     for e in errors {
-        eprintln!("{e}");
+        warn!("{e}");
     }
-    eprintln!("{} scenario file error(s)", errors.len());
+    warn!("{} scenario file error(s)", errors.len());
 }
 
 fn run(args: RunArgs) -> ExitCode {
     let side = match family::resolve(&args.family.family, &args.side) {
         Ok((_, side)) => side,
         Err(e) => {
-            eprintln!("--family/--side: {e}");
+            warn!("--family/--side: {e}");
             return ExitCode::from(EXIT_USAGE);
         }
     };
     // One usage error up front rather than one launch failure per scenario.
     if let Err(e) = contract_harness::target::resolve_program(&args.target_cmd) {
-        eprintln!("--target-cmd: {e}");
+        warn!("--target-cmd: {e}");
         return ExitCode::from(EXIT_USAGE);
     }
     let scenarios = match load(&args.family) {
@@ -509,7 +518,7 @@ fn run(args: RunArgs) -> ExitCode {
         let coverage = requirements::coverage(&catalog, &scenarios);
         if !coverage.misused_references.is_empty() {
             for (scenario, id) in &coverage.misused_references {
-                eprintln!(
+                warn!(
                     "scenario {scenario}: {id} is not a `level: reference` requirement of the \
                      catalog; a `reference:` step or `$reference` pattern must name one"
                 );
@@ -524,7 +533,7 @@ fn run(args: RunArgs) -> ExitCode {
     if args.refusals
         && scenario::families::table(&args.family.family).and_then(|t| t.feature_side) != Some(side)
     {
-        eprintln!(
+        warn!(
             "--refusals: family `{}` declares no optional feature on side {side}, so no \
              scenario of it refuses one",
             args.family.family
@@ -542,14 +551,14 @@ fn run(args: RunArgs) -> ExitCode {
         None => None,
         Some(Ok(b)) => Some(b),
         Some(Err(e)) => {
-            eprintln!("--expected-failures: {e}");
+            warn!("--expected-failures: {e}");
             return ExitCode::from(EXIT_USAGE);
         }
     };
     if let (Some(read), Some(write)) = (&args.expected_failures, &args.write_expected_failures)
         && same_file(read, write)
     {
-        eprintln!(
+        warn!(
             "--write-expected-failures {}: that is the --expected-failures file; writing it \
              would replace its reasons (write elsewhere and compare)",
             write.display()
@@ -574,19 +583,19 @@ fn run(args: RunArgs) -> ExitCode {
         if let Some(path) = path
             && let Err(e) = writable_file(path)
         {
-            eprintln!("{flag} {}: {e}", path.display());
+            warn!("{flag} {}: {e}", path.display());
             return ExitCode::from(EXIT_USAGE);
         }
     }
     if let Some(dir) = &args.wire_log
         && let Err(e) = std::fs::create_dir_all(dir)
     {
-        eprintln!("--wire-log {}: {e}", dir.display());
+        warn!("--wire-log {}: {e}", dir.display());
         return ExitCode::from(EXIT_USAGE);
     }
     let golden_dir = golden_root(args.golden_dir.as_deref().unwrap_or(Path::new("golden")));
     if (args.accept || args.pending) && contract_harness::embedded::is_embedded_copy(&golden_dir) {
-        eprintln!(
+        warn!(
             "--accept and --pending write goldens, and {} is this harness's embedded reference \
              copy: name a golden directory of your own with --golden-dir",
             golden_dir.display()
@@ -705,7 +714,7 @@ fn run(args: RunArgs) -> ExitCode {
         && not_applicable.is_empty()
         && let Some(filter) = &args.filter
     {
-        eprintln!(
+        warn!(
             "no {} {}scenario for side {} matches `{filter}`",
             args.family.family,
             if args.refusals { "refusal " } else { "" },
@@ -758,7 +767,7 @@ fn run(args: RunArgs) -> ExitCode {
         }
     );
     if let Err(message) = write_reports(&args, &results) {
-        eprintln!("{message}");
+        warn!("{message}");
         return ExitCode::from(EXIT_USAGE);
     }
     if let Some(path) = &args.conformance {
@@ -777,7 +786,7 @@ fn run(args: RunArgs) -> ExitCode {
             ),
         ] {
             if let Err(e) = report::write_file(&file, &text) {
-                eprintln!("--conformance {}: {e}", file.display());
+                warn!("--conformance {}: {e}", file.display());
                 return ExitCode::from(EXIT_USAGE);
             }
         }
@@ -792,7 +801,7 @@ fn run(args: RunArgs) -> ExitCode {
     if let Some(path) = &args.write_expected_failures
         && let Err(e) = report::write_file(path, &baseline::render_keeping(side, &results, &kept))
     {
-        eprintln!("--write-expected-failures {}: {e}", path.display());
+        warn!("--write-expected-failures {}: {e}", path.display());
         return ExitCode::from(EXIT_USAGE);
     }
     let passed = match &expected {
@@ -844,13 +853,13 @@ fn diff(args: &DiffArgs) -> ExitCode {
     let side = match family::resolve(&args.family.family, &args.side) {
         Ok((_, side)) => side,
         Err(e) => {
-            eprintln!("--family/--side: {e}");
+            warn!("--family/--side: {e}");
             return ExitCode::from(EXIT_USAGE);
         }
     };
     for cmd in [&args.target_cmd, &args.against_cmd] {
         if let Err(e) = contract_harness::target::resolve_program(cmd) {
-            eprintln!("{cmd}: {e}");
+            warn!("{cmd}: {e}");
             return ExitCode::from(EXIT_USAGE);
         }
     }
@@ -873,7 +882,7 @@ fn diff(args: &DiffArgs) -> ExitCode {
         .filter(|s| selected(args.filter.as_deref(), exact, &s.id()))
         .collect();
     if scenarios.is_empty() {
-        eprintln!(
+        warn!(
             "no {} scenario for side {side} to compare{}",
             args.family.family,
             args.filter
@@ -918,7 +927,7 @@ fn diff(args: &DiffArgs) -> ExitCode {
             }
         }
         Err(e) => {
-            eprintln!("{e}");
+            warn!("{e}");
             ExitCode::FAILURE
         }
     }
@@ -981,7 +990,7 @@ fn features_of(
 ) -> Result<std::collections::BTreeMap<String, bool>, ExitCode> {
     match (path, scenario::families::table(family)) {
         (Some(_), Some(table)) if table.feature_side != Some(side) => {
-            eprintln!(
+            warn!(
                 "--features: {}",
                 match table.feature_side {
                     Some(s) => format!(
@@ -994,7 +1003,7 @@ fn features_of(
             Err(ExitCode::from(EXIT_USAGE))
         }
         (Some(path), Some(table)) => contract_harness::features::load(path, table).map_err(|e| {
-            eprintln!("--features: {e}");
+            warn!("--features: {e}");
             ExitCode::from(EXIT_USAGE)
         }),
         _ => Ok(Default::default()),
@@ -1007,7 +1016,7 @@ fn async_runtime() -> Result<tokio::runtime::Runtime, ExitCode> {
         .enable_all()
         .build()
         .map_err(|e| {
-            eprintln!("cannot start the async runtime: {e}");
+            warn!("cannot start the async runtime: {e}");
             ExitCode::from(EXIT_USAGE)
         })
 }
@@ -1085,7 +1094,7 @@ fn catalog_path(args: &FamilyArgs) -> PathBuf {
 /// `scenarios/` is not in the working directory (an installed harness, no checkout).
 fn scenario_root(path: &Path) -> PathBuf {
     contract_harness::embedded::resolve(path, "scenarios").unwrap_or_else(|e| {
-        eprintln!("the embedded scenarios cannot be used: {e}");
+        warn!("the embedded scenarios cannot be used: {e}");
         path.to_path_buf()
     })
 }
@@ -1094,7 +1103,7 @@ fn scenario_root(path: &Path) -> PathBuf {
 /// default `golden/` is not in the working directory.
 fn golden_root(path: &Path) -> PathBuf {
     contract_harness::embedded::resolve(path, "golden").unwrap_or_else(|e| {
-        eprintln!("the embedded goldens cannot be used: {e}");
+        warn!("the embedded goldens cannot be used: {e}");
         path.to_path_buf()
     })
 }
@@ -1119,7 +1128,7 @@ fn coverage(args: CoverageArgs) -> ExitCode {
     if let Some(path) = &args.markdown {
         let text = report::coverage::render_markdown(&args.family.family, &coverage);
         if let Err(e) = report::write_file(path, &text) {
-            eprintln!("{e}");
+            warn!("{e}");
             return ExitCode::from(EXIT_USAGE);
         }
     }
@@ -1172,7 +1181,7 @@ fn golden_action(action: GoldenAction) -> ExitCode {
                 ExitCode::SUCCESS
             }
             Err(e) => {
-                eprintln!(
+                warn!(
                     "accepting pending goldens under {} failed: {e}",
                     golden_dir.display()
                 );

@@ -332,7 +332,11 @@ fn write_wire_log(
         .map_or(Ok(()), std::fs::create_dir_all)
         .and_then(|()| std::fs::write(&path, text));
     if let Err(e) = written {
-        eprintln!("wire log {}: {e}", path.display());
+        {
+            use std::io::Write as _;
+            // Stderr may be gone; a diagnostic never panics the run.
+            let _ = writeln!(std::io::stderr(), "wire log {}: {e}", path.display());
+        }
     }
 }
 

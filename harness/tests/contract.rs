@@ -296,6 +296,10 @@ fn main() {
         "harness::a_closed_stdout_ends_quietly",
         closed_stdout_trial,
     ));
+    trials.push(Trial::test(
+        "harness::a_closed_stderr_ends_quietly",
+        closed_stderr_trial,
+    ));
 
     // A Core that prints its ready line and then never answers aborts the run.
     trials.push(Trial::test(
@@ -585,6 +589,44 @@ fn closed_stdout_trial() -> Result<(), Failed> {
         let stderr = String::from_utf8_lossy(&out.stderr);
         if out.status.code() != Some(0) || stderr.contains("panicked") {
             return Err(format!("{args:?}: {:?}\n{stderr}", out.status).into());
+        }
+    }
+    Ok(())
+}
+
+/// Diagnostics into a stderr whose reader is already closed (`2>&-`, `2>&1 | head`) are
+/// dropped: every command ends with its own exit status (0, or 2 for a usage error),
+/// never a panic's 101.
+fn closed_stderr_trial() -> Result<(), Failed> {
+    let harness = env!("CARGO_BIN_EXE_contract-harness");
+    for (args, expected) in [
+        (&["list", "--family", "core_runtime"][..], 0),
+        (&["coverage", "--family", "plugin"], 0),
+        (&["list", "--family", "no_such_family"], 2),
+        (
+            &[
+                "run",
+                "--family",
+                "plugin",
+                "--side",
+                "plugin",
+                "--target-cmd",
+                "/nonexistent/plugin",
+            ],
+            2,
+        ),
+    ] {
+        let (reader, writer) = std::io::pipe().map_err(|e| e.to_string())?;
+        drop(reader);
+        let out = Command::new(harness)
+            .current_dir(workspace_root())
+            .args(args)
+            .stdout(std::process::Stdio::null())
+            .stderr(writer)
+            .output()
+            .map_err(|e| e.to_string())?;
+        if out.status.code() != Some(expected) {
+            return Err(format!("{args:?}: {:?}, expected exit {expected}", out.status).into());
         }
     }
     Ok(())
