@@ -255,22 +255,12 @@ func (p *jsonParser) object(path string, depth int) (*jsonValue, error) {
 		}
 		v.keys = append(v.keys, key)
 		v.vals = append(v.vals, item)
-		p.skipSpace()
-		if p.pos >= len(p.text) {
-			return nil, p.fail("EOF while parsing an object")
+		done, err := p.afterItem('}', "an object")
+		if err != nil {
+			return nil, err
 		}
-		switch p.text[p.pos] {
-		case ',':
-			p.pos++
-			p.skipSpace()
-			if p.pos < len(p.text) && p.text[p.pos] == '}' {
-				return nil, p.fail("trailing comma")
-			}
-		case '}':
-			p.pos++
+		if done {
 			return v, nil
-		default:
-			return nil, p.fail("expected `,` or `}`")
 		}
 	}
 }
@@ -293,23 +283,36 @@ func (p *jsonParser) array(path string, depth int) (*jsonValue, error) {
 			return nil, err
 		}
 		v.items = append(v.items, item)
-		p.skipSpace()
-		if p.pos >= len(p.text) {
-			return nil, p.fail("EOF while parsing a list")
+		done, err := p.afterItem(']', "a list")
+		if err != nil {
+			return nil, err
 		}
-		switch p.text[p.pos] {
-		case ',':
-			p.pos++
-			p.skipSpace()
-			if p.pos < len(p.text) && p.text[p.pos] == ']' {
-				return nil, p.fail("trailing comma")
-			}
-		case ']':
-			p.pos++
+		if done {
 			return v, nil
-		default:
-			return nil, p.fail("expected `,` or `]`")
 		}
+	}
+}
+
+// afterItem reads what follows an item of an object or a list: `,` and another item
+// (a trailing comma is refused), or the closing byte (done).
+func (p *jsonParser) afterItem(closing byte, what string) (bool, error) {
+	p.skipSpace()
+	if p.pos >= len(p.text) {
+		return false, p.fail("EOF while parsing " + what)
+	}
+	switch p.text[p.pos] {
+	case ',':
+		p.pos++
+		p.skipSpace()
+		if p.pos < len(p.text) && p.text[p.pos] == closing {
+			return false, p.fail("trailing comma")
+		}
+		return false, nil
+	case closing:
+		p.pos++
+		return true, nil
+	default:
+		return false, p.fail(fmt.Sprintf("expected `,` or `%c`", closing))
 	}
 }
 
