@@ -404,6 +404,14 @@ class HostError(Exception):
         self.message = message
 
 
+if DIFFERENT:
+    # Another API a worker may give cells (our `HostError` is a choice, WK-MSG-023).
+    class HostReplyError(HostError):
+        """A host request answered `error` (the different profile's name)."""
+
+    HostError = HostReplyError  # noqa: F811
+
+
 class _Yield(BaseException):
     """Unwinds a cell whose wait the host accepted (the cell ends `yielded`)."""
 
@@ -985,6 +993,10 @@ async def amain():
     # Tasks still running (a request pending at shutdown) end with the socket: quietly.
     asyncio.get_running_loop().set_exception_handler(lambda loop, context: None)
     sock.close()
+    if DIFFERENT and status == EXIT_INVALID:
+        # Invalidating the connection is what the spec asks; whether the process ends, and
+        # when, is the worker's: this one lingers a while after closing it.
+        await asyncio.sleep(1.0)
     return status
 
 
