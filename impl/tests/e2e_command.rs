@@ -160,7 +160,7 @@ struct Started {
 async fn started(dir: &Path) -> Started {
     let (core, base) = start_core(dir);
     let runtime = start_runtime(dir, &base);
-    // As the README says: Core minted the Project API key into its data directory.
+    // As docs/end-to-end.md says: Core minted the Project API key into its data directory.
     let key = std::fs::read_to_string(dir.join("data").join("api-key")).unwrap();
     let api = Api::with_key(&base, key.trim());
     register_environment(&api).await;
@@ -284,7 +284,7 @@ async fn core_runtime_and_a_command_harness_end_to_end() {
     let dir = tempfile::tempdir().unwrap();
     let (_core, base) = start_core(dir.path());
     let _runtime = start_runtime(dir.path(), &base);
-    // As the README says: Core minted the Project API key into its data directory.
+    // As docs/end-to-end.md says: Core minted the Project API key into its data directory.
     let key = std::fs::read_to_string(dir.path().join("data").join("api-key")).unwrap();
     let api = Api::with_key(&base, key.trim());
 
@@ -356,7 +356,7 @@ async fn core_runtime_and_a_command_harness_end_to_end() {
     );
 }
 
-/// SIGTERM to the Runtime (README step 6: it "closes its Executors on SIGTERM"): the
+/// SIGTERM to the Runtime (docs/end-to-end.md, step 6: it "closes its Executors on SIGTERM"): the
 /// running program's whole process group, its `sleep` child included, is gone before
 /// the Runtime exits, and the Runtime exits 0.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
