@@ -11,7 +11,7 @@
 //! | step | what the harness does |
 //! |---|---|
 //! | `native: {op: args}` | one control request; `expect:` matches its result |
-//! | `launch: {role, token, revision, skills}` | awaits the host's next worker launch, checks its private directory (no group/other access) and socket (a socket, no group/other access, path within the address bound), a fresh token, the role; dials the socket; binds `token` (default `$token`) and, for `revision`, the snapshot's source identity; with `skills` (a pattern), the launch must carry `--skills <path>`, a regular file of this user's beside the socket with no group/other access, whose JSON matches the pattern (a launch without `--skills` is matched as `null`: `skills: null` requires none) |
+//! | `launch: {role, token, revision, skills}` | awaits the host's next worker launch, checks its private directory (no group/other access) and socket (a socket, no group/other access, path within the address bound), a fresh token, the role; dials the socket; binds `token` (default `$token`) and, for `revision`, the revision the worker echoes in hello (a hook worker: the snapshot's source identity; a workbench: the `revision` of the skills set it was given, `null` without `--skills`); with `skills` (a pattern), the launch must carry `--skills <path>`, a regular file of this user's beside the socket with no group/other access, whose JSON matches the pattern (a launch without `--skills` is matched as `null`: `skills: null` requires none) |
 //! | `worker:` | sent as that worker: `hello` to the launched worker that has not said hello, `completed`/`host_request` to the worker whose operation or execution it names, else the last worker the host spoke to; the envelope carries that worker's `session_id`/`generation` |
 //! | `host:` | the next frame of any worker the host runs (its envelope identity checked against that worker's launch environment) |
 //! | `send_bytes` | raw to the last worker the host spoke to |
@@ -677,7 +677,21 @@ impl ScriptedWorkerPeer {
                 }
             })?;
         }
-        if args.contains_key("revision") {
+        if args.contains_key("revision") && role == "workbench" {
+            // What the workbench must echo in hello: the revision of the set it was given
+            // (`null` when it was launched without `--skills`).
+            let set = skills_set(&self.conns[idx].argv, &socket)?;
+            let revision = match set {
+                None => Value::Null,
+                Some(set) => set.get("revision").cloned().ok_or_else(|| {
+                    fail::mismatch(format!(
+                        "the materialized skills set has no `revision`: {}",
+                        crate::drive::show(&set)
+                    ))
+                })?,
+            };
+            bind(run, "revision", "", revision)?;
+        } else if args.contains_key("revision") {
             let dir = hooks_dir.ok_or_else(|| {
                 fail::mismatch(
                     "a hook worker was launched without CONTRACT_WORKER_HOOKS_DIR".to_string(),

@@ -376,10 +376,11 @@ impl Host {
         // The index of this generation: what it is given, and what `skills.index` and
         // `skills.load` answer for its whole life.
         let roots = self.skills.clone();
+        let different = self.different;
         config.skills = tokio::task::spawn_blocking(move || SkillIndex::scan(&roots))
             .await
             .ok()
-            .map(Arc::new);
+            .map(|index| Arc::new(SkillIndex { different, ..index }));
         let mut slot = self.workbench.lock().await;
         match Worker::spawn(config).await {
             Ok(worker) => {
@@ -438,6 +439,7 @@ impl Host {
             workspace: self.workspace.clone(),
             host_priority: u32::from(self.different),
             stores: self.stores.clone(),
+            different: self.different,
         };
         let mut rest = SkillRequests::new(worker.skills(), services);
         let mut services = Serving {

@@ -42,11 +42,106 @@ pub(super) struct Services {
     pub(super) host_priority: u32,
     /// The stores of `maintenance.*`, `orientation.*` and `peer.*`.
     pub(super) stores: Arc<HostStores>,
+    /// The different profile ([`vary`]).
+    pub(super) different: bool,
+}
+
+/// The different profile's spelling of what this module answers where the spec leaves it
+/// free (the stores and the workspace vary their own): the value of an accepted wait and
+/// of an activation, a held receipt's reason, and every error code (`host.` and the code
+/// with hyphens) and message of a wait, a send, an activation and an unsupported method.
+fn vary(request: &HostRequest, reply: Reply) -> Reply {
+    let ours = matches!(
+        request,
+        HostRequest::RuntimeWait { .. }
+            | HostRequest::LocalSend { .. }
+            | HostRequest::BehaviorActivate { .. }
+    ) || !served_elsewhere(request);
+    if !ours {
+        return reply;
+    }
+    match reply {
+        Reply::Error { code, message } => Reply::Error {
+            code: format!("host.{}", code.replace('_', "-")),
+            message: format!("{}: {message}", request.method()),
+        },
+        Reply::Ok { mut value } => {
+            match request {
+                HostRequest::RuntimeWait { .. } => {
+                    value = json!({
+                        "waiting": true,
+                        "id": value.get("wait_id").cloned().unwrap_or_default(),
+                        "until_ms": value.get("deadline_ms").cloned().unwrap_or_default(),
+                    });
+                }
+                HostRequest::BehaviorActivate { .. } => {
+                    value = json!({
+                        "source_identity": value.get("revision").cloned().unwrap_or_default(),
+                        "active_epoch": value.get("epoch").cloned().unwrap_or_default(),
+                    });
+                }
+                HostRequest::LocalSend { .. } => {
+                    if let Some(reason) = value.get("reason").and_then(|r| r.as_str()) {
+                        value["reason"] = json!(format!("the delivery review held it ({reason})"));
+                    }
+                }
+                _ => {}
+            }
+            Reply::Ok { value }
+        }
+    }
+}
+
+/// Whether a request is answered by a module that spells its own replies (the stores, the
+/// workspace, the slots, the clock).
+fn served_elsewhere(request: &HostRequest) -> bool {
+    matches!(
+        request,
+        HostRequest::RuntimeInspect {}
+            | HostRequest::HooksList {}
+            | HostRequest::HooksDescribe { .. }
+            | HostRequest::WorkspaceInfo {}
+            | HostRequest::WorkspaceRun { .. }
+            | HostRequest::EvidenceResolve { .. }
+    ) || ["maintenance.", "orientation.", "peer."]
+        .iter()
+        .any(|prefix| request.method().starts_with(prefix))
 }
 
 #[async_trait]
 impl RequestHandler for Services {
     async fn handle(
+        &mut self,
+        execution_id: &Identifier,
+        request_id: &Identifier,
+        request: &HostRequest,
+    ) -> Reply {
+        let reply = self.answer(execution_id, request_id, request).await;
+        if self.different {
+            vary(request, reply)
+        } else {
+            reply
+        }
+    }
+
+    fn start(
+        &mut self,
+        execution_id: &Identifier,
+        request_id: &Identifier,
+        request: &HostRequest,
+    ) -> Option<PendingReply> {
+        let pending = self.begin(execution_id, request_id, request)?;
+        if !self.different {
+            return Some(pending);
+        }
+        let request = request.clone();
+        Some(Box::pin(async move { vary(&request, pending.await) }))
+    }
+}
+
+impl Services {
+    /// A request answered in line (ours; [`vary`] spells the different profile's).
+    async fn answer(
         &mut self,
         execution_id: &Identifier,
         request_id: &Identifier,
@@ -142,7 +237,8 @@ impl RequestHandler for Services {
         }
     }
 
-    fn start(
+    /// A request answered beside the cell's exchange (ours).
+    fn begin(
         &mut self,
         _execution_id: &Identifier,
         _request_id: &Identifier,
@@ -181,9 +277,7 @@ impl RequestHandler for Services {
                 .await
         }))
     }
-}
 
-impl Services {
     /// `runtime.wait`: the turn boundary records the wait (or refuses it over pending
     /// input) in one transaction; an accepted wait is what lets the cell end yielded.
     fn wait(

@@ -720,7 +720,7 @@ impl Worker {
         // "The worker reads it before it connects, so the payload file cannot outlive the
         // handshake": written beside the socket, removed once the hello is accepted.
         let skills_file = match (&config.role, &config.skills) {
-            (Role::Workbench, Some(index)) if !index.skills.is_empty() => {
+            (Role::Workbench, Some(index)) if index.materialized() => {
                 Some(materialize(index, &dir.0).map_err(HostError::Setup)?)
             }
             _ => None,

@@ -279,6 +279,11 @@ pub struct SkillIndex {
     pub builtin: RootState,
     /// What was at the managed root.
     pub managed: RootState,
+    /// The host's profile: `false` ours; `true` another conformant host's choices where
+    /// the spec leaves them free (the vendor-mode trial): an empty set is materialized
+    /// too, and the replies of `skills.index` and `skills.load` have another shape and
+    /// other codes ([`serve`]).
+    pub different: bool,
 }
 
 /// Why `skills.load` gives no body. Every variant has a stable [`code`](Self::code)
@@ -343,9 +348,16 @@ impl SkillIndex {
 
     /// The revision a workbench given this index loads and echoes in `hello`: the set's
     /// [revision](Self::revision) when the set holds a skill, `None` when it is empty (no
-    /// set is materialized, and the hello `revision` stays null, `WK-SKILL-016`).
+    /// set is materialized, and the hello `revision` stays null, `WK-SKILL-016`). The
+    /// different profile materializes an empty set too ("the whole validated set"), so
+    /// its workbench echoes that set's revision.
     pub fn loaded_revision(&self) -> Option<String> {
-        (!self.skills.is_empty()).then(|| self.revision())
+        self.materialized().then(|| self.revision())
+    }
+
+    /// Whether a workbench given this index is given a set (`--skills <path>`).
+    pub fn materialized(&self) -> bool {
+        self.different || !self.skills.is_empty()
     }
 
     /// The offered skill `id`.

@@ -130,6 +130,7 @@ pub(super) fn scan(roots: &SkillRoots) -> SkillIndex {
         refused,
         builtin: states[0],
         managed: states[1],
+        different: false,
     }
 }
 

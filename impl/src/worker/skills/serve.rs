@@ -25,6 +25,9 @@ use crate::worker::wire::{HostRequest, Identifier, Reply};
 
 /// The `skills.index` value of `index`.
 pub fn index_value(index: &SkillIndex) -> Value {
+    if index.different {
+        return different_index_value(index);
+    }
     let digests: Map<String, Value> = index
         .skills
         .iter()
@@ -51,8 +54,52 @@ pub fn index_value(index: &SkillIndex) -> Value {
     })
 }
 
+/// The different profile's `skills.index` value: another shape (offered skills as
+/// records, refusals as one text each, newest id first) and other reason codes, what a
+/// conformant host may answer ("Refused ids are reported with their reason").
+fn different_index_value(index: &SkillIndex) -> Value {
+    let offered: Vec<Value> = index
+        .skills
+        .iter()
+        .rev()
+        .map(|s| json!({"name": s.id, "sha256": s.digest}))
+        .collect();
+    let not_offered: Vec<Value> = index
+        .refused
+        .iter()
+        .rev()
+        .map(|r| {
+            json!({
+                "skill": r.id,
+                "location": r.root,
+                "why": format!("{}: {}", r.refusal.code().replace('_', "-"), r.refusal),
+            })
+        })
+        .collect();
+    json!({
+        "loaded": index.loaded_revision(),
+        "offered": offered,
+        "not_offered": not_offered,
+        "roots": [
+            {"root": "builtin", "state": index.builtin},
+            {"root": "managed", "state": index.managed},
+        ],
+    })
+}
+
 /// The `skills.load` reply for `id`.
 pub fn load_reply(index: &SkillIndex, id: &str) -> Reply {
+    if index.different {
+        return match index.load(id) {
+            Ok(skill) => Reply::Ok {
+                value: json!({"skill": skill.id, "text": skill.body, "sha256": skill.digest}),
+            },
+            Err(e) => Reply::Error {
+                code: format!("skills.{}", e.code().replace('_', "-")),
+                message: format!("skills.load {id}: {e}"),
+            },
+        };
+    }
     match index.load(id) {
         Ok(skill) => Reply::Ok {
             value: json!({"id": skill.id, "digest": skill.digest, "body": skill.body}),

@@ -334,6 +334,7 @@ fn the_largest_index_reply_fits_one_frame() {
         refused,
         builtin: RootState::Present,
         managed: RootState::Present,
+        different: false,
     };
     let id = crate::worker::wire::Identifier::new("x".repeat(128)).unwrap();
     let envelope = Envelope {
