@@ -87,14 +87,21 @@ mod tests {
 
     #[test]
     fn a_value_at_any_depth_matches() {
-        let reply = json!({"refused": [{"id": "both", "why": {"reason": "duplicate_id"}}], "ids": ["a"]});
+        let reply =
+            json!({"refused": [{"id": "both", "why": {"reason": "duplicate_id"}}], "ids": ["a"]});
         assert!(matches(json!({"$contains": "duplicate_id"}), reply.clone()));
-        assert!(matches(json!({"$contains": {"reason": "duplicate_id"}}), reply.clone()));
+        assert!(matches(
+            json!({"$contains": {"reason": "duplicate_id"}}),
+            reply.clone()
+        ));
         assert!(matches(json!({"$contains": ["a"]}), reply.clone()));
         assert!(matches(json!({"$contains": "a"}), reply.clone()));
         assert!(!matches(json!({"$contains": "b"}), reply.clone()));
         // A pattern matches one value whole: the keys it names must be in that object.
-        assert!(!matches(json!({"$contains": {"id": "both", "reason": "duplicate_id"}}), reply));
+        assert!(!matches(
+            json!({"$contains": {"id": "both", "reason": "duplicate_id"}}),
+            reply
+        ));
     }
 
     #[test]
@@ -102,7 +109,10 @@ mod tests {
         assert!(!matches(json!({"$contains": {"a": 1}}), json!({"a": 1})));
         assert!(matches(json!({"$contains": 1}), json!({"a": 1})));
         assert!(!matches(json!({"$contains": "x"}), json!("x")));
-        assert!(!matches(json!({"$contains": "text"}), json!({"t": "the text"})));
+        assert!(!matches(
+            json!({"$contains": "text"}),
+            json!({"t": "the text"})
+        ));
         assert!(!matches(json!({"$contains": "$_"}), json!({})));
         assert!(!matches(json!({"$contains": "$_"}), json!([])));
     }
@@ -117,10 +127,19 @@ mod tests {
         // A bound placeholder is compared, not rebound.
         let mut b = Bindings::new();
         b.bind("id", json!("z")).unwrap();
-        match_frame(&json!({"$contains": {"id": "$id", "ok": true}}), &actual, &mut b).unwrap();
+        match_frame(
+            &json!({"$contains": {"id": "$id", "ok": true}}),
+            &actual,
+            &mut b,
+        )
+        .unwrap();
         assert!(
-            match_frame(&json!({"$contains": {"id": "$id", "ok": false}}), &actual, &mut b)
-                .is_err()
+            match_frame(
+                &json!({"$contains": {"id": "$id", "ok": false}}),
+                &actual,
+                &mut b
+            )
+            .is_err()
         );
     }
 
@@ -134,7 +153,11 @@ mod tests {
         )
         .unwrap_err();
         assert_eq!(err.path, "$.v");
-        assert!(err.reason.contains("no value at any depth"), "{}", err.reason);
+        assert!(
+            err.reason.contains("no value at any depth"),
+            "{}",
+            err.reason
+        );
         assert!(b.get("id").is_none());
     }
 }
