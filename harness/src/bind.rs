@@ -15,7 +15,7 @@
 //! always mints the same strings.
 
 use std::borrow::Cow;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use serde_json::{Map, Value};
 
@@ -208,6 +208,10 @@ pub struct Bindings {
     /// the reference requirement of the frame if any: a comparison bound naming one is no
     /// bound ([`crate::matcher::skip_pattern`]); a frame to send cannot use one.
     skipped: BTreeMap<String, Option<String>>,
+    /// The match paths (array indexes as `[]`) at which each placeholder matched an
+    /// emitted value (bound or compared equal): where a golden shows a decimal-integer
+    /// value as its name ([`Bindings::name_at`]).
+    matched_at: BTreeMap<String, BTreeSet<String>>,
 }
 
 impl Bindings {
@@ -400,6 +404,41 @@ impl Bindings {
         Ok(value)
     }
 
+    /// Records that placeholder `name` matched the emitted value at the match path `path`
+    /// (`$.message.delta.revision`; array indexes count as one, [`generic_path`]).
+    pub fn note_matched_at(&mut self, name: &str, path: &str) {
+        self.matched_at
+            .entry(name.to_string())
+            .or_default()
+            .insert(generic_path(path));
+    }
+
+    /// The name a golden shows for the emitted `value` found at `path` (spelled as a match
+    /// path, from the emitted value's root): the first-bound placeholder whose value
+    /// equals it ([`Bindings::name_of`]), except that a decimal-integer string (proto3
+    /// JSON's 64-bit integer, `"1"`) is a number, whose equal values elsewhere are
+    /// coincidences: it is named only at a path where that placeholder matched an emitted
+    /// value (an event's `sequence`, not an `epoch` or a definition's `revision` that is
+    /// also `"1"`).
+    pub fn name_at(&self, value: &Value, path: &str) -> Option<&str> {
+        if !value.as_str().is_some_and(is_decimal_integer) {
+            return self.name_of(value);
+        }
+        let path = generic_path(path);
+        self.order
+            .iter()
+            .find(|n| {
+                self.matched_at
+                    .get(n.as_str())
+                    .is_some_and(|paths| paths.contains(&path))
+                    && self
+                        .values
+                        .get(n.as_str())
+                        .is_some_and(|v| crate::matcher::values_equal(v, value))
+            })
+            .map(String::as_str)
+    }
+
     /// The first-bound placeholder name whose value equals `value`.
     pub fn name_of(&self, value: &Value) -> Option<&str> {
         self.order
@@ -411,6 +450,42 @@ impl Bindings {
             })
             .map(String::as_str)
     }
+}
+
+/// `path` with every array index written `[]` (`$.pending[3].id` → `$.pending[].id`): the
+/// elements of one array share the paths a placeholder matched at.
+pub fn generic_path(path: &str) -> String {
+    let mut out = String::with_capacity(path.len());
+    let mut rest = path;
+    while let Some(open) = rest.find('[') {
+        out.push_str(&rest[..=open]);
+        rest = &rest[open + 1..];
+        if rest.starts_with('"') {
+            // A quoted key (`["a.b"]`): copied whole, escapes and all.
+            let mut end = 1;
+            let bytes = rest.as_bytes();
+            while end < bytes.len() && bytes[end] != b'"' {
+                end += if bytes[end] == b'\\' { 2 } else { 1 };
+            }
+            let end = (end + 1).min(rest.len());
+            out.push_str(&rest[..end]);
+            rest = &rest[end..];
+            continue;
+        }
+        let digits = rest.bytes().take_while(u8::is_ascii_digit).count();
+        if digits > 0 && rest[digits..].starts_with(']') {
+            rest = &rest[digits..];
+        }
+    }
+    out.push_str(rest);
+    out
+}
+
+/// Whether `text` is a decimal integer (`-`? digits), the proto3 JSON spelling of a 64-bit
+/// integer.
+fn is_decimal_integer(text: &str) -> bool {
+    let digits = text.strip_prefix('-').unwrap_or(text);
+    !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit())
 }
 
 #[cfg(test)]
@@ -484,6 +559,29 @@ mod tests {
         );
         assert!(matches!(parse_token("$a-b"), Err(BindError::Malformed(_))));
         assert!(matches!(parse_token("$"), Err(BindError::Malformed(_))));
+    }
+
+    #[test]
+    fn decimal_integers_are_named_only_at_paths_they_matched_at() {
+        let mut b = Bindings::new();
+        b.bind("s1", json!("1")).unwrap();
+        b.bind("run", json!("run-1")).unwrap();
+        b.bind("e1", json!("1")).unwrap();
+        b.note_matched_at("s1", "$.events[4].sequence");
+        b.note_matched_at("e1", "$.session.epoch");
+        // Any other string is named wherever it appears.
+        assert_eq!(b.name_at(&json!("run-1"), "$.other"), Some("run"));
+        // A decimal integer only where its placeholder matched (any element of an
+        // array); the first such one.
+        assert_eq!(b.name_at(&json!("1"), "$.events[0].sequence"), Some("s1"));
+        assert_eq!(b.name_at(&json!("1"), "$.session.epoch"), Some("e1"));
+        assert_eq!(b.name_at(&json!("1"), "$.definition.revision"), None);
+        assert_eq!(b.name_at(&json!("1"), "$.sequence"), None);
+        b.bind("neg", json!("-5")).unwrap();
+        assert_eq!(b.name_at(&json!("-5"), "$.x"), None);
+        assert!(is_decimal_integer("-5") && is_decimal_integer("18446744073709551615"));
+        assert!(!is_decimal_integer("-") && !is_decimal_integer("") && !is_decimal_integer("1a"));
+        assert_eq!(generic_path("$.a[12][3].b[\"[7]\"]"), "$.a[][].b[\"[7]\"]");
     }
 
     #[test]

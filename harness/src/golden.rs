@@ -28,7 +28,10 @@
 //!
 //! Normalization: every **string** equal to a bound placeholder's value becomes `"$name"`
 //! (non-string bindings are left as emitted, so a placeholder bound to `1` does not
-//! rewrite every `1`); every value under a *generated key* (e.g. `executor_id`) not
+//! rewrite every `1`; a decimal-integer string, proto3 JSON's 64-bit integer `"1"`, is a
+//! number too and becomes `"$name"` only at a path (array indexes aside) where that
+//! placeholder matched an emitted value, so an event `sequence` bound as `$s1` does not
+//! rename an `epoch` or a definition's `revision` that is also `"1"`); every value under a *generated key* (e.g. `executor_id`) not
 //! bound to a placeholder becomes an alias `"<key#n>"` numbered in first-seen order, and
 //! every other string equal to an aliased value gets the same alias; object keys are
 //! sorted at every level. A string longer than [`LONG_STRING_MAX_BYTES`] (a base64 read
@@ -159,7 +162,7 @@ pub fn render(
         counters: BTreeMap::new(),
     };
     for entry in &recording.entries {
-        norm.collect(&entry.body, None);
+        norm.collect(&entry.body, None, "$");
     }
     let mut out = String::new();
     let _ = writeln!(
@@ -176,7 +179,7 @@ pub fn render(
         out.push_str("\n(no emissions)\n");
     }
     for entry in &recording.entries {
-        let body = norm.normalize(&entry.body, None);
+        let body = norm.normalize(&entry.body, None, "$");
         let pretty = serde_json::to_string_pretty(&body).unwrap_or_else(|_| "null".into());
         let _ = write!(
             out,
@@ -204,23 +207,26 @@ impl Normalizer<'_> {
     }
 
     /// First pass: assign aliases to generated values in first-seen order.
-    fn collect(&mut self, value: &Value, key: Option<&str>) {
+    fn collect(&mut self, value: &Value, key: Option<&str>, path: &str) {
         match value {
             Value::Object(map) => {
                 for (k, v) in map {
-                    self.collect(v, Some(k));
+                    self.collect(v, Some(k), &crate::matcher::child_path(path, k));
                 }
             }
             Value::Array(items) => {
+                let item_path = format!("{path}[]");
                 for item in items {
-                    self.collect(item, key);
+                    self.collect(item, key, &item_path);
                 }
             }
             scalar => {
                 let Some(key) = key.filter(|k| self.generated_keys.contains(k)) else {
                     return;
                 };
-                if matches!(scalar, Value::String(_)) && self.bindings.name_of(scalar).is_some() {
+                if matches!(scalar, Value::String(_))
+                    && self.bindings.name_at(scalar, path).is_some()
+                {
                     return;
                 }
                 let Some(id) = Self::scalar_key(scalar) else {
@@ -236,25 +242,34 @@ impl Normalizer<'_> {
     }
 
     /// Second pass: substitute names and aliases; sort keys.
-    fn normalize(&self, value: &Value, key: Option<&str>) -> Value {
+    fn normalize(&self, value: &Value, key: Option<&str>, path: &str) -> Value {
         match value {
             Value::Object(map) => {
                 let mut keys: Vec<&String> = map.keys().collect();
                 keys.sort();
                 let mut out = Map::new();
                 for k in keys {
-                    out.insert(k.clone(), self.normalize(&map[k], Some(k)));
+                    out.insert(
+                        k.clone(),
+                        self.normalize(&map[k], Some(k), &crate::matcher::child_path(path, k)),
+                    );
                 }
                 Value::Object(out)
             }
             Value::Array(items) => {
-                Value::Array(items.iter().map(|v| self.normalize(v, key)).collect())
+                let item_path = format!("{path}[]");
+                Value::Array(
+                    items
+                        .iter()
+                        .map(|v| self.normalize(v, key, &item_path))
+                        .collect(),
+                )
             }
             Value::String(text) => {
                 if let Some(summary) = summarize_long_string(text) {
                     return Value::String(summary);
                 }
-                if let Some(name) = self.bindings.name_of(value) {
+                if let Some(name) = self.bindings.name_at(value, path) {
                     return Value::String(format!("${name}"));
                 }
                 Self::scalar_key(value)
@@ -639,6 +654,33 @@ mod tests {
             CORE_RUNTIME_GENERATED_KEYS,
         );
         assert_eq!(text, EXPECTED);
+    }
+
+    #[test]
+    fn decimal_strings_are_named_only_where_their_placeholder_matched() {
+        let mut b = Bindings::new();
+        crate::matcher::match_frame(
+            &json!({"message": {"initialSequence": "$s1", "runId": "$run"}}),
+            &json!({"message": {"initialSequence": "1", "runId": "run-7"}}),
+            &mut b,
+        )
+        .unwrap();
+        let mut r = Recording::new();
+        r.push(GoldenEntry {
+            step: 3,
+            label: "daemon message".into(),
+            kind: EntryKind::Frame,
+            body: json!({"message": {"initialSequence": "1", "runId": "run-7",
+                "session": {"epoch": "1", "clientId": "run-7"}, "revision": "1"}}),
+        });
+        let text = render(&scenario(), Side::Daemon, &r, &b, &[]);
+        let body = text.split_once("## step 3 daemon message\n").unwrap().1;
+        let shown: Value = serde_json::from_str(body).unwrap();
+        assert_eq!(
+            shown,
+            json!({"message": {"initialSequence": "$s1", "runId": "$run",
+                "session": {"epoch": "1", "clientId": "$run"}, "revision": "1"}})
+        );
     }
 
     #[test]

@@ -1042,18 +1042,24 @@ fn match_at(
                 Some(actual),
                 "field must be absent",
             )),
-            Ok(Token::Placeholder(Placeholder::Named(name))) => match bindings.get(&name) {
-                Some(bound) if values_equal(bound, actual) => Ok(()),
-                Some(bound) => Err(mismatch(
-                    path,
-                    expected,
-                    Some(actual),
-                    format!("placeholder `${name}` was bound to {}", compact(bound)),
-                )),
-                None => bindings
-                    .bind(&name, actual.clone())
-                    .map_err(|e| mismatch(path, expected, Some(actual), e.to_string())),
-            },
+            Ok(Token::Placeholder(Placeholder::Named(name))) => {
+                match bindings.get(&name) {
+                    Some(bound) if values_equal(bound, actual) => {}
+                    Some(bound) => {
+                        return Err(mismatch(
+                            path,
+                            expected,
+                            Some(actual),
+                            format!("placeholder `${name}` was bound to {}", compact(bound)),
+                        ));
+                    }
+                    None => bindings
+                        .bind(&name, actual.clone())
+                        .map_err(|e| mismatch(path, expected, Some(actual), e.to_string()))?,
+                }
+                bindings.note_matched_at(&name, path);
+                Ok(())
+            }
             Ok(Token::Literal(text)) => match actual {
                 Value::String(a) if *a == text => Ok(()),
                 _ => Err(mismatch(
@@ -1079,6 +1085,7 @@ fn match_at(
                         bindings
                             .bind(name, actual.clone())
                             .map_err(|e| mismatch(path, expected, Some(actual), e.to_string()))?;
+                        bindings.note_matched_at(name, path);
                     }
                     return Ok(());
                 }
@@ -1787,6 +1794,30 @@ mod tests {
         );
         b.bind("n", json!(7)).unwrap();
         assert_eq!(mint(json!({"$gt": "$n"}), &b), Ok(json!(8)));
+    }
+
+    #[test]
+    fn matches_note_the_path_each_placeholder_matched_at() {
+        let mut b = Bindings::new();
+        let pattern = json!({"event": {"sequence": "$s1"}, "next": {"seq": [{"$plus": ["$s1", 1], "$as": "$s2"}]}});
+        match_frame(
+            &pattern,
+            &json!({"event": {"sequence": "1"}, "next": {"seq": ["2"]}}),
+            &mut b,
+        )
+        .unwrap();
+        assert_eq!(b.name_at(&json!("1"), "$.event.sequence"), Some("s1"));
+        assert_eq!(b.name_at(&json!("1"), "$.epoch"), None);
+        assert_eq!(b.name_at(&json!("2"), "$.next.seq[5]"), Some("s2"));
+        // A failed match notes nothing.
+        let _ = match_frame(
+            &json!({"epoch": "$s1", "x": "nope"}),
+            &json!({"epoch": "1", "x": "y"}),
+            &mut b,
+        );
+        assert_eq!(b.name_at(&json!("1"), "$.epoch"), None);
+        match_frame(&json!({"epoch": "$s1"}), &json!({"epoch": "1"}), &mut b).unwrap();
+        assert_eq!(b.name_at(&json!("1"), "$.epoch"), Some("s1"));
     }
 
     #[test]
