@@ -150,6 +150,7 @@ pub async fn start_run(
                 }
                 // Commit: the daemon owns the execution from here.
                 let run = Run::new(run_id, definition, plan, log, Lifecycle::Running);
+                run.interactions().revision = owner.profile.interaction_revision_origin();
                 owner.runs.insert(run.clone());
                 executor::spawn(owner.deps(), run, progress, true);
                 Ok(Done {
@@ -550,6 +551,7 @@ pub async fn import_snapshot(
                     boundary: state.boundary,
                 },
             );
+            run.interactions().revision = owner.profile.interaction_revision_origin();
             owner.runs.insert(run.clone());
             executor::spawn(owner.deps(), run, state.progress, false);
             Ok(Done {

@@ -2,7 +2,8 @@
 //! reference way or (`engine serve --profile different`) another correct way, so the
 //! conformance suite proves it accepts a daemon that chooses otherwise (vendor mode).
 //!
-//! The `different` profile starts every run's sequence at 1000, answers refusals with
+//! The `different` profile starts every run's sequence at 1000 and its interaction
+//! revisions at 500, answers refusals with
 //! other status codes and another message shape, names its sentinels differently, and
 //! words its identifiers differently; every
 //! rule the spec states is kept. This module decides wording only; it never changes a
@@ -75,6 +76,16 @@ impl Profile {
         match self {
             Profile::Reference => 1,
             Profile::Different => 1000,
+        }
+    }
+
+    /// The interaction revision of a run's first snapshot (before any prompt opened): the
+    /// proto fixes only that each delta is the previous frame's revision plus one; ours
+    /// is 0.
+    pub fn interaction_revision_origin(self) -> u64 {
+        match self {
+            Profile::Reference => 0,
+            Profile::Different => 500,
         }
     }
 

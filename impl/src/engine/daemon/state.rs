@@ -149,6 +149,7 @@ impl Daemon {
                 log,
                 lifecycle.clone(),
             );
+            run.interactions().revision = self.profile.interaction_revision_origin();
             self.runs.insert(run.clone());
             match lifecycle {
                 Lifecycle::Terminal { .. } => {}
