@@ -1673,6 +1673,29 @@ steps:
             err.contains("x.yaml:6:5: expect_exit must be the last step"),
             "{err}"
         );
+        // Our exit in a reference group: its last step, the group the scenario's last.
+        let group = "  - reference:\n      requirement: CR-A-002\n      steps:\n";
+        let (_dir, result) = load(
+            "x",
+            &format!("{base}  - silence: 1ms\n{group}        - expect_exit: {{ code: 2 }}\n"),
+        );
+        result.expect("expect_exit ends the last reference group");
+        let err = load_err(
+            "x",
+            &format!("{base}{group}        - expect_exit: {{ code: 2 }}\n        - silence: 1ms\n"),
+        );
+        assert!(
+            err.contains("expect_exit inside `reference` must be the group's last step"),
+            "{err}"
+        );
+        let err = load_err(
+            "x",
+            &format!("{base}{group}        - expect_exit: {{ code: 2 }}\n  - silence: 1ms\n"),
+        );
+        assert!(
+            err.contains("x.yaml:6:5: expect_exit must be the last step"),
+            "{err}"
+        );
         let err = load_err(
             "x",
             &format!("{base}  - terminate: {{}}\n  - sleep: 10ms\n  - terminate: {{}}\n"),

@@ -30,7 +30,7 @@ pub const GENERATED_KEYS: &[&str] = &[];
 
 /// Drives `scenario` with `side` as the target, on the step engine.
 pub async fn drive(scenario: &Scenario, side: Side, opts: &DriveOptions) -> DriveOutcome {
-    let exit_first = drive::expects_exit_first(scenario);
+    let exit_first = drive::expects_exit_first(scenario) || worker_side::ends_first(scenario);
     match side {
         Side::Worker => {
             drive::drive(

@@ -51,6 +51,23 @@ pub struct ScriptedHostPeer {
 #[derive(Default)]
 pub struct FramedLink {
     conn: Option<FramedConnection>,
+    /// The worker exited before it connected and the scenario starts with
+    /// `expect_close` ([`ends_first`]): its stream ended before its first frame, once.
+    ended_unopened: bool,
+}
+
+/// Whether the scenario's first step is `expect_close` (or a `reference:` group starting
+/// with one): a worker that refuses its launch (a startup validation) says no hello and
+/// ends its stream, whether it connected first or exited before. Then an exit before
+/// the connection is not a launch failure: the stream reads as ended.
+pub fn ends_first(scenario: &Scenario) -> bool {
+    match scenario.steps.first() {
+        Some(Step::ExpectClose { .. }) => true,
+        Some(Step::Reference { steps, .. }) => {
+            matches!(steps.first(), Some(Step::ExpectClose { .. }))
+        }
+        _ => false,
+    }
 }
 
 #[async_trait]
@@ -285,7 +302,10 @@ pub async fn start(
     Ok(Started {
         ready: conn.is_some(),
         peer: ScriptedHostPeer {
-            link: FramedLink { conn },
+            link: FramedLink {
+                ended_unopened: conn.is_none(),
+                conn,
+            },
             _run_dir: run_dir,
         },
         process: Box::new(target),
@@ -303,6 +323,9 @@ impl Peer for ScriptedHostPeer {
 
     async fn recv(&mut self, timeout: Duration) -> StepResult<Option<Event<NoOther>>> {
         let Some(conn) = self.link.conn.as_mut() else {
+            if std::mem::take(&mut self.link.ended_unopened) {
+                return Ok(Some(Event::Eof));
+            }
             tokio::time::sleep(timeout).await;
             return Ok(None);
         };
