@@ -47,8 +47,9 @@ pub struct ScriptedClientPeer {
     _run_dir: RunDir,
 }
 
-/// The settings of `config.engine`: `retained_events` (a number) and `snapshot_key`
-/// (`{scope_id, generation, key}`, hex): extra `serve` flags of the launch contract.
+/// The settings of `config.engine`: `retained_events` and `page_bytes` (positive
+/// numbers) and `snapshot_key` (`{scope_id, generation, key}`, hex): extra flags of the
+/// launch contract, passed only when a scenario sets them.
 fn engine_flags(scenario: &Scenario, run_dir: &Path) -> Result<Vec<String>, String> {
     let Some(config) = &scenario.config.engine else {
         return Ok(Vec::new());
@@ -58,19 +59,24 @@ fn engine_flags(scenario: &Scenario, run_dir: &Path) -> Result<Vec<String>, Stri
     };
     if let Some(k) = map
         .keys()
-        .find(|k| !["retained_events", "snapshot_key"].contains(&k.as_str()))
+        .find(|k| !["retained_events", "page_bytes", "snapshot_key"].contains(&k.as_str()))
     {
         return Err(format!(
-            "config.engine: unknown key `{k}` (keys: retained_events, snapshot_key)"
+            "config.engine: unknown key `{k}` (keys: retained_events, page_bytes, snapshot_key)"
         ));
     }
     let mut flags = Vec::new();
-    if let Some(n) = map.get("retained_events") {
-        let n = n
-            .as_u64()
-            .filter(|n| *n > 0)
-            .ok_or("config.engine.retained_events must be a positive integer")?;
-        flags.extend(["--retained-events".to_string(), n.to_string()]);
+    for (key, flag) in [
+        ("retained_events", "--retained-events"),
+        ("page_bytes", "--page-bytes"),
+    ] {
+        if let Some(n) = map.get(key) {
+            let n = n
+                .as_u64()
+                .filter(|n| *n > 0)
+                .ok_or(format!("config.engine.{key} must be a positive integer"))?;
+            flags.extend([flag.to_string(), n.to_string()]);
+        }
     }
     if let Some(key) = map.get("snapshot_key") {
         let path = run_dir.join("snapshot-key.json");
@@ -224,5 +230,40 @@ impl Peer for ScriptedClientPeer {
 
     fn release(&mut self) {
         self.link.grpc.abort();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn scenario(config: &str) -> Scenario {
+        let source = format!(
+            "family: engine\nname: flags\nsummary: s\nsides: [daemon]\ncovers: [EN-AUTH-001]\n{config}steps:\n  - disconnect: {{}}\n"
+        );
+        crate::scenario::loader::parse_scenario(Path::new("engine/flags.yaml"), &source).unwrap()
+    }
+
+    #[test]
+    fn launch_flags_only_for_the_settings_a_scenario_makes() {
+        let dir = std::env::temp_dir();
+        assert!(engine_flags(&scenario(""), &dir).unwrap().is_empty());
+        assert_eq!(
+            engine_flags(
+                &scenario("config:\n  engine: { retained_events: 3, page_bytes: 700 }\n"),
+                &dir
+            )
+            .unwrap(),
+            ["--retained-events", "3", "--page-bytes", "700"]
+        );
+        let err =
+            engine_flags(&scenario("config:\n  engine: { page_bytes: 0 }\n"), &dir).unwrap_err();
+        assert!(
+            err.contains("page_bytes must be a positive integer"),
+            "{err}"
+        );
+        let err =
+            engine_flags(&scenario("config:\n  engine: { deadline: 1 }\n"), &dir).unwrap_err();
+        assert!(err.contains("unknown key `deadline`"), "{err}");
     }
 }

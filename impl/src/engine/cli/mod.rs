@@ -51,6 +51,11 @@ pub enum EngineCommand {
         #[arg(long, default_value_t = crate::engine::daemon::limits::RETAINED_EVENTS_PER_RUN,
               value_parser = clap::value_parser!(u64).range(1..))]
         retained_events: u64,
+        /// Most encoded event bytes in one StreamEvents page (advertised as
+        /// `max_page_bytes`; a page always holds at least one event).
+        #[arg(long, default_value_t = crate::engine::daemon::limits::MAX_PAGE_BYTES,
+              value_parser = clap::value_parser!(u64).range(1..))]
+        page_bytes: u64,
         /// A snapshot key shared with other daemons (JSON `{scope_id, generation, key}`,
         /// hex, mode 0600); without it the daemon signs with its own key.
         #[arg(long)]
@@ -278,11 +283,13 @@ pub fn run(args: EngineArgs) -> ExitCode {
             socket,
             data_dir,
             retained_events,
+            page_bytes,
             snapshot_key_file,
             profile,
         } => {
             let config = crate::engine::daemon::Config {
                 retained_events,
+                page_bytes,
                 snapshot_key_file,
                 profile: match profile {
                     ProfileArg::Reference => crate::engine::daemon::Profile::Reference,

@@ -5,7 +5,8 @@
 //!
 //! [`TokenCheck`] is a tonic interceptor: tonic runs it on the HTTP request's metadata,
 //! with the body still undecoded, so an unauthenticated call never reaches a handler and
-//! its payload is never parsed. The token is compared by digest (constant time in its
+//! its payload is never parsed. An authenticated call whose `grpc-timeout` is over the
+//! deadline limit is refused by the same interceptor ([`super::limits::check_deadline`]). The token is compared by digest (constant time in its
 //! length), and never logged or echoed.
 
 use std::sync::Arc;
@@ -69,7 +70,11 @@ impl tonic::service::Interceptor for TokenCheck {
             .get(AUTHORIZATION)
             .and_then(|v| crate::wire::bearer::bearer_credential(v.as_bytes()));
         match presented {
-            Some(token) if self.accepts(token) => Ok(request),
+            // An authenticated call asking for a deadline over the limit is refused here
+            // too, before any handler (unary or streaming) runs.
+            Some(token) if self.accepts(token) => super::limits::check_deadline(request.metadata())
+                .map(|()| request)
+                .map_err(|s| self.profile.refusal(s)),
             Some(_) => Err(self.profile.refusal(Status::unauthenticated(
                 "token_mismatch: the endpoint token is not this daemon's",
             ))),

@@ -13,7 +13,7 @@ use super::state::Daemon;
 use super::store::Claim;
 use super::{limits, operations, streams};
 use crate::engine::compat::{self, MINOR_MAX, MINOR_MIN, PROTOCOL_MAJOR, Refusal};
-use crate::engine::proto::common::v1::{BuildIdentity, ProtocolVersion};
+use crate::engine::proto::common::v1::{BuildIdentity, MessageLimits, ProtocolVersion};
 use crate::engine::proto::engine::v1 as pb;
 use pb::engine_service_server::EngineService;
 
@@ -158,7 +158,10 @@ impl Engine {
                 }),
                 server_build: Some(build()),
                 capabilities: negotiated.capabilities,
-                limits: Some(limits::message_limits()),
+                limits: Some(MessageLimits {
+                    max_page_bytes: self.daemon.page_bytes,
+                    ..limits::message_limits()
+                }),
                 health: Some(self.health()),
                 definitions: Some(definitions()),
                 client_id,
@@ -186,7 +189,7 @@ impl Engine {
             replay_limits: Some(pb::ReplayLimits {
                 retained_events_per_run: self.daemon.log.retained(),
                 max_page_events: limits::MAX_PAGE_EVENTS,
-                max_page_bytes: limits::MAX_PAGE_BYTES,
+                max_page_bytes: self.daemon.page_bytes,
             }),
             active_runs: u32::try_from(self.daemon.runs.active()).unwrap_or(u32::MAX),
             degraded_reasons: Vec::new(),

@@ -27,6 +27,8 @@ use crate::engine::proto::engine::v1 as pb;
 pub struct Config {
     /// Events retained per run for replay.
     pub retained_events: u64,
+    /// Most encoded event bytes in one StreamEvents page.
+    pub page_bytes: u64,
     /// An operator-provided snapshot key (shared by daemons that trust each other).
     pub snapshot_key_file: Option<PathBuf>,
     /// How the free choices are made.
@@ -37,6 +39,7 @@ impl Default for Config {
     fn default() -> Self {
         Self {
             retained_events: limits::RETAINED_EVENTS_PER_RUN,
+            page_bytes: limits::MAX_PAGE_BYTES,
             snapshot_key_file: None,
             profile: super::Profile::Reference,
         }
@@ -58,6 +61,8 @@ pub struct Daemon {
     pub authority: Authority,
     /// The runs.
     pub runs: Registry,
+    /// Most encoded event bytes in one StreamEvents page (advertised `max_page_bytes`).
+    pub page_bytes: u64,
     /// How the free choices are made.
     pub profile: super::Profile,
     /// Raised at SIGTERM: open streams end.
@@ -87,6 +92,7 @@ impl Daemon {
             ledger,
             authority,
             runs: Registry::default(),
+            page_bytes: config.page_bytes,
             profile: config.profile,
             stopping: tokio::sync::watch::channel(false).0,
         });

@@ -29,36 +29,18 @@ use pb::stream_events_response::Frame as EventFrame;
 use pb::stream_interactions_response::Frame as IFrame;
 
 /// The call's deadline from its `grpc-timeout` header ("Every unary/stream request has
-/// [...] deadline limits"): `None` without one; a deadline longer than
-/// [`limits::MAX_DEADLINE_MS`] is held to it.
+/// [...] deadline limits"): `None` without one. A deadline longer than
+/// [`limits::MAX_DEADLINE_MS`] never gets here ([`limits::check_deadline`] refused it).
 ///
 /// # Errors
 /// `invalid_deadline` (`INVALID_ARGUMENT`) for a header that is not `<1-8 digits><H|M|S|m|u|n>`.
 pub fn deadline(
     metadata: &tonic::metadata::MetadataMap,
 ) -> Result<Option<tokio::time::Instant>, Status> {
-    let Some(value) = metadata.get("grpc-timeout") else {
-        return Ok(None);
-    };
-    let bad =
-        || Status::invalid_argument("invalid_deadline: grpc-timeout must be 1-8 digits and a unit");
-    let text = value.to_str().map_err(|_| bad())?;
-    let (digits, unit) = text.split_at(text.len().saturating_sub(1));
-    if digits.is_empty() || digits.len() > 8 || !digits.bytes().all(|b| b.is_ascii_digit()) {
-        return Err(bad());
-    }
-    let n: u64 = digits.parse().map_err(|_| bad())?;
-    let duration = match unit {
-        "H" => std::time::Duration::from_secs(n.saturating_mul(3600)),
-        "M" => std::time::Duration::from_secs(n.saturating_mul(60)),
-        "S" => std::time::Duration::from_secs(n),
-        "m" => std::time::Duration::from_millis(n),
-        "u" => std::time::Duration::from_micros(n),
-        "n" => std::time::Duration::from_nanos(n),
-        _ => return Err(bad()),
-    };
-    let duration = duration.min(std::time::Duration::from_millis(limits::MAX_DEADLINE_MS));
-    Ok(Some(tokio::time::Instant::now() + duration))
+    Ok(limits::requested_timeout(metadata)?.map(|duration| {
+        let duration = duration.min(std::time::Duration::from_millis(limits::MAX_DEADLINE_MS));
+        tokio::time::Instant::now() + duration
+    }))
 }
 
 fn deadline_passed(what: &str, last: u64) -> Status {
@@ -153,8 +135,9 @@ pub async fn stream_events(
     let log = daemon.log.clone();
     let after = request.after_sequence;
     let run_log = run.log.clone();
+    let page_bytes = daemon.page_bytes;
     let page = tokio::task::spawn_blocking(move || {
-        log.capture(&run_log, after, max_events, limits::MAX_PAGE_BYTES, tail)
+        log.capture(&run_log, after, max_events, page_bytes, tail)
     })
     .await
     .map_err(|e| Status::internal(e.to_string()))?
