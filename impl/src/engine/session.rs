@@ -532,8 +532,11 @@ impl Session {
                     Ok(Some(pb::StreamEventsResponse {
                         frame: Some(Frame::Event(e)),
                     })) => {
+                        // After 0 ("from the first retained one") the first event has
+                        // whatever sequence the run starts at (or retention left): the
+                        // spec fixes no origin. Every later one is the next.
                         let next = last.checked_add(1);
-                        if next != Some(e.sequence) {
+                        if last != 0 && next != Some(e.sequence) {
                             return Err(Status::data_loss(format!(
                                 "sequence gap: expected the one after {last}, got {}",
                                 e.sequence
