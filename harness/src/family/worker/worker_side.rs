@@ -130,6 +130,61 @@ struct WorkerConfig {
     skills: Option<Value>,
 }
 
+/// Longest hook source file `{$text: {size}}` may write (bytes): past the 2 MiB bound.
+const SOURCE_TEXT_MAX_BYTES: u64 = 4 * 1024 * 1024;
+
+/// One hook source file's content: text, or `{$text: {size, fill?, prefix?}}`, exactly
+/// `size` bytes (`prefix`, then `fill`, one printable ASCII character, default `x`): a
+/// snapshot at its byte bound and one past it.
+fn source_text(path: &str, content: &Value) -> Result<String, String> {
+    let bad = || {
+        format!(
+            "config.worker.hooks.files.{path} must be text or {{$text: {{size, fill?, prefix?}}}}"
+        )
+    };
+    let spec = match content {
+        Value::String(text) => return Ok(text.clone()),
+        Value::Object(m) if m.len() == 1 => m.get("$text").ok_or_else(bad)?,
+        _ => return Err(bad()),
+    };
+    let Value::Object(spec) = spec else {
+        return Err(bad());
+    };
+    if spec
+        .keys()
+        .any(|k| !["size", "fill", "prefix"].contains(&k.as_str()))
+    {
+        return Err(bad());
+    }
+    let size = spec
+        .get("size")
+        .and_then(Value::as_u64)
+        .filter(|s| *s <= SOURCE_TEXT_MAX_BYTES)
+        .ok_or_else(bad)?;
+    let prefix = match spec.get("prefix") {
+        None => "",
+        Some(Value::String(p)) => p.as_str(),
+        Some(_) => return Err(bad()),
+    };
+    let fill = match spec.get("fill") {
+        None => 'x',
+        Some(Value::String(f)) if f.len() == 1 && f.bytes().all(|b| b.is_ascii_graphic()) => {
+            f.chars().next().unwrap_or('x')
+        }
+        Some(_) => return Err(bad()),
+    };
+    let size = usize::try_from(size).map_err(|_| bad())?;
+    if prefix.len() > size {
+        return Err(format!(
+            "config.worker.hooks.files.{path}: the prefix is longer than `size`"
+        ));
+    }
+    let mut text = String::with_capacity(size);
+    text.push_str(prefix);
+    text.extend(std::iter::repeat_n(fill, size - prefix.len()));
+    Ok(text)
+}
+
 /// Settings of `config.worker`: `role` (`workbench`, default, or `hooks`), `hooks`
 /// (`{files: {relative path: content}}`, the hook source snapshot) and `skills` (the
 /// skills set file's JSON).
@@ -168,15 +223,13 @@ fn worker_config(scenario: &Scenario) -> Result<WorkerConfig, String> {
             };
             let mut out = Vec::new();
             for (path, content) in files {
-                let Value::String(content) = content else {
-                    return Err(format!("config.worker.hooks.files.{path} must be text"));
-                };
+                let content = source_text(path, content)?;
                 if path.starts_with('/') || path.split('/').any(|p| p.is_empty() || p == "..") {
                     return Err(format!(
                         "config.worker.hooks.files: `{path}` is not a relative path"
                     ));
                 }
-                out.push((path.clone(), content.clone()));
+                out.push((path.clone(), content));
             }
             Some(out)
         }
@@ -381,5 +434,36 @@ impl Peer for ScriptedHostPeer {
 
     fn release(&mut self) {
         self.link.conn = None;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::source_text;
+    use serde_json::json;
+
+    #[test]
+    fn a_source_file_is_text_or_a_sized_text() {
+        assert_eq!(source_text("a.md", &json!("hi")).unwrap(), "hi");
+        let t = source_text(
+            "a.md",
+            &json!({"$text": {"size": 5, "prefix": "# ", "fill": "o"}}),
+        )
+        .unwrap();
+        assert_eq!(t, "# ooo");
+        assert_eq!(
+            source_text("a.md", &json!({"$text": {"size": 3}})).unwrap(),
+            "xxx"
+        );
+        for bad in [
+            json!(3),
+            json!({"$text": {"size": 2, "prefix": "abc"}}),
+            json!({"$text": {"size": 2, "fill": "ab"}}),
+            json!({"$text": {"size": 2, "other": 1}}),
+            json!({"$text": {"size": 5_000_000}}),
+            json!({"$text": 4}),
+        ] {
+            assert!(source_text("a.md", &bad).is_err(), "{bad}");
+        }
     }
 }
