@@ -513,7 +513,8 @@ pub async fn import_snapshot(
                 run_id: run_id.clone(),
                 deduplicated: false,
             };
-            let log = RunLog::new(&run_id, state.last_sequence, state.last_sequence + 1, false);
+            let base = owner.profile.imported_base(state.last_sequence);
+            let log = RunLog::new(&run_id, base, base + 1, false);
             {
                 let mut conn = owner.db.lock().map_err(|_| Status::internal("poisoned"))?;
                 if runs::exists(&conn, &run_id).map_err(unavailable)? {
@@ -533,7 +534,7 @@ pub async fn import_snapshot(
                         state: "suspended".into(),
                         boundary: state.boundary,
                         outcome: 0,
-                        base_sequence: state.last_sequence,
+                        base_sequence: base,
                     },
                 )
                 .map_err(unavailable)?;

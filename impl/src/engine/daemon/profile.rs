@@ -3,7 +3,7 @@
 //! conformance suite proves it accepts a daemon that chooses otherwise (vendor mode).
 //!
 //! The `different` profile starts every run's sequence at 1000 and its interaction
-//! revisions at 500, answers refusals with
+//! revisions at 500, numbers an imported run's events 5000 past the exported log, answers refusals with
 //! other status codes and another message shape, names its sentinels differently, and
 //! words its identifiers differently; every
 //! rule the spec states is kept. This module decides wording only; it never changes a
@@ -76,6 +76,17 @@ impl Profile {
         match self {
             Profile::Reference => 1,
             Profile::Different => 1000,
+        }
+    }
+
+    /// The sequence after which an imported run's log goes on, for a snapshot whose
+    /// exported log ended at `last`: the spec preserves the imported run's ID, not its
+    /// sequences; ours goes on from the exported log (`last`), the different profile
+    /// numbers it from elsewhere (`last` + 5000).
+    pub fn imported_base(self, last: u64) -> u64 {
+        match self {
+            Profile::Reference => last,
+            Profile::Different => last.saturating_add(5000),
         }
     }
 
