@@ -733,23 +733,32 @@ impl Run {
                         json!({"text_bytes": bytes.len(), "utf8": std::str::from_utf8(bytes).is_ok()})
                     }
                     RawMessage::Frame(template) => json!({"frame": template}),
+                    RawMessage::FrameRepeatingKey { frame, repeat } => json!({
+                        "frame": frame,
+                        "repeat_key": {"path": repeat.path, "value": repeat.value},
+                    }),
                 };
                 self.log_wire("to target", "raw bytes", &logged);
                 let message = match raw {
                     RawMessage::Text(text) => Outgoing::Text(text.clone()),
                     RawMessage::Binary(bytes) => Outgoing::Binary(bytes.clone()),
                     RawMessage::TextBytes(bytes) => Outgoing::TextBytes(bytes.clone()),
-                    RawMessage::Frame(template) => {
-                        let template =
-                            crate::matcher::expand_generated(template).map_err(fail::scenario)?;
-                        let frame = self
-                            .bindings
-                            .substitute(&template, true)
-                            .map_err(|e| fail::bind(e, "the frame to send"))?;
-                        let frame = crate::matcher::expand_text(&frame).map_err(fail::scenario)?;
-                        Outgoing::Text(peer.role().codec.encode_unchecked(&frame).map_err(|e| {
-                            fail::scenario(format!("cannot encode the frame to send: {e}"))
-                        })?)
+                    RawMessage::Frame(template) => Outgoing::Text(self.raw_frame(peer, template)?),
+                    RawMessage::FrameRepeatingKey { frame, repeat } => {
+                        let text = self.raw_frame(peer, frame)?;
+                        let value = match &repeat.value {
+                            None => None,
+                            Some(value) => Some(
+                                self.bindings
+                                    .substitute(value, true)
+                                    .map_err(|e| fail::bind(e, "the repeated member"))?,
+                            ),
+                        };
+                        Outgoing::Text(
+                            repeat
+                                .apply(&text, value.as_ref())
+                                .map_err(fail::scenario)?,
+                        )
                     }
                 };
                 peer.connection()
@@ -771,6 +780,21 @@ impl Run {
             }
             other => peer.family_step(self, other).await,
         }
+    }
+
+    /// The text of `send_bytes: {frame}`: placeholders substituted, `$generated` and
+    /// `$text` expanded, encoded without the schema check.
+    fn raw_frame<P: Peer>(&mut self, peer: &P, template: &Value) -> Result<String, StepError> {
+        let template = crate::matcher::expand_generated(template).map_err(fail::scenario)?;
+        let frame = self
+            .bindings
+            .substitute(&template, true)
+            .map_err(|e| fail::bind(e, "the frame to send"))?;
+        let frame = crate::matcher::expand_text(&frame).map_err(fail::scenario)?;
+        peer.role()
+            .codec
+            .encode_unchecked(&frame)
+            .map_err(|e| fail::scenario(format!("cannot encode the frame to send: {e}")))
     }
 
     /// `silence: d`: nothing may arrive for `d`.

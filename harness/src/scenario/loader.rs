@@ -18,8 +18,8 @@ use serde_json::{Map, Value};
 use serde_saphyr::{Location, Spanned};
 
 use super::model::{
-    ApiResultStep, ApiStep, BootstrapStep, ConnectStep, ExitCodeSpec, Party, RawMessage, Scenario,
-    ScenarioConfig, Side, Step, WorkspaceSeed,
+    ApiResultStep, ApiStep, BootstrapStep, ConnectStep, ExitCodeSpec, Party, RawMessage, RepeatKey,
+    Scenario, ScenarioConfig, Side, Step, WorkspaceSeed,
 };
 use super::validation::{self, Spans, StepSpan};
 
@@ -490,6 +490,37 @@ struct RawBytes {
     text_base64: Option<String>,
     #[serde(default)]
     frame: Option<Value>,
+    #[serde(default)]
+    repeat_key: Option<RawRepeatKey>,
+}
+
+/// `send_bytes.repeat_key: {path, value?}` (with `frame` only).
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawRepeatKey {
+    path: Vec<String>,
+    /// Present (`null` included) or absent: the member's own value.
+    #[serde(default, deserialize_with = "present_value")]
+    value: Option<Value>,
+}
+
+/// A value that is present, `null` included (`Option<Value>` alone reads `null` as absent).
+fn present_value<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Value>, D::Error> {
+    Value::deserialize(d).map(Some)
+}
+
+impl RawRepeatKey {
+    fn check(self) -> Result<RepeatKey, String> {
+        if self.path.is_empty() || self.path.iter().any(String::is_empty) {
+            return Err(
+                "`send_bytes.repeat_key.path` names one or more keys, none of them empty".into(),
+            );
+        }
+        Ok(RepeatKey {
+            path: self.path,
+            value: self.value,
+        })
+    }
 }
 
 /// The largest `send_bytes.pad_to` (16 MiB): room to test any frame bound one past it.
@@ -516,10 +547,19 @@ impl RawBytes {
         };
         if let Some(frame) = self.frame {
             return match (&self.text, &self.base64, &self.text_base64, pad_to) {
-                (None, None, None, None) if frame.is_object() => Ok(RawMessage::Frame(frame)),
+                (None, None, None, None) if frame.is_object() => match self.repeat_key {
+                    None => Ok(RawMessage::Frame(frame)),
+                    Some(repeat) => Ok(RawMessage::FrameRepeatingKey {
+                        frame,
+                        repeat: repeat.check()?,
+                    }),
+                },
                 (None, None, None, None) => Err("`send_bytes.frame` must be a mapping".into()),
                 _ => Err("`send_bytes.frame` goes alone".into()),
             };
+        }
+        if self.repeat_key.is_some() {
+            return Err("`send_bytes.repeat_key` goes with `frame`".into());
         }
         match (self.text, self.base64, self.text_base64, pad_to) {
             (Some(mut text), None, None, pad_to) => {
@@ -1423,6 +1463,42 @@ steps:
     }
 
     #[test]
+    fn send_bytes_frame_takes_a_repeat_key() {
+        let step = |yaml: &str| {
+            let raw: RawBytes = serde_saphyr::from_str(yaml).map_err(|e| e.to_string())?;
+            raw.message()
+        };
+        assert_eq!(
+            step("{frame: {kind: shutdown}, repeat_key: {path: [message, kind]}}"),
+            Ok(RawMessage::FrameRepeatingKey {
+                frame: serde_json::json!({"kind": "shutdown"}),
+                repeat: RepeatKey {
+                    path: vec!["message".into(), "kind".into()],
+                    value: None
+                },
+            })
+        );
+        assert_eq!(
+            step("{frame: {kind: shutdown}, repeat_key: {path: [generation], value: null}}"),
+            Ok(RawMessage::FrameRepeatingKey {
+                frame: serde_json::json!({"kind": "shutdown"}),
+                repeat: RepeatKey {
+                    path: vec!["generation".into()],
+                    value: Some(Value::Null)
+                },
+            })
+        );
+        for bad in [
+            "{text: '{}', repeat_key: {path: [a]}}",
+            "{frame: {kind: shutdown}, repeat_key: {path: []}}",
+            "{frame: {kind: shutdown}, repeat_key: {path: ['']}}",
+            "{frame: {kind: shutdown}, repeat_key: {path: [a], other: 1}}",
+        ] {
+            assert!(step(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
     fn send_bytes_pads_to_an_exact_size_and_sends_raw_text_bytes() {
         let raw = |text: Option<&str>,
                    pad_to: Option<usize>,
@@ -1434,6 +1510,7 @@ steps:
                 base64: b64.map(Into::into),
                 text_base64: text_b64.map(Into::into),
                 frame: None,
+                repeat_key: None,
             }
             .message()
         };

@@ -394,6 +394,94 @@ pub enum RawMessage {
     /// sent without the schema check (`{frame: {...}}`): a frame with a field the type
     /// does not define, or over a bound, that still names the run's real handles.
     Frame(Value),
+    /// `{frame: {...}, repeat_key: {path, value?}}`: the frame built and encoded like
+    /// `Frame`'s, then written with one member repeated (the one fault a decoder that
+    /// refuses duplicate keys must see, in a frame that names the run's real identifiers).
+    FrameRepeatingKey {
+        /// The frame, as for `Frame`.
+        frame: Value,
+        /// Which member of the encoded frame is repeated, and with what.
+        repeat: RepeatKey,
+    },
+}
+
+/// `send_bytes: {frame, repeat_key: {path, value?}}`: a member of the encoded frame written
+/// twice. `path` names object keys from the encoded frame's root (on the worker family
+/// the envelope: `[generation]`, `[message, id]`); its last key is the member repeated,
+/// which must exist in an object reached through objects only. The repeat is written
+/// right after the member itself, with `value` (placeholders substituted like the
+/// frame's) or, without one, the member's own value: then the frame means the same
+/// whichever occurrence a lax decoder keeps, so the repetition is its only fault.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RepeatKey {
+    /// Object keys from the encoded frame's root; never empty.
+    pub path: Vec<String>,
+    /// The repeated member's value; `None`: the member's own.
+    pub value: Option<Value>,
+}
+
+impl RepeatKey {
+    /// `text`, one JSON value holding the member at `path`, written again compactly (key
+    /// order kept) with that member repeated right after itself, carrying `value` or its
+    /// own. Every key and string is escaped as JSON, so no value can break out of its
+    /// member. An error names the path where the frame has no such member.
+    pub fn apply(&self, text: &str, value: Option<&Value>) -> Result<String, String> {
+        let parsed: Value = serde_json::from_str(text)
+            .map_err(|e| format!("the encoded frame is not JSON: {e}"))?;
+        let mut out = String::with_capacity(text.len() + 64);
+        let mut found = false;
+        write_repeating(&parsed, &self.path, value, &mut out, &mut found)?;
+        if found {
+            Ok(out)
+        } else {
+            Err(format!(
+                "`repeat_key.path` [{}]: the frame has no such member",
+                self.path.join(", ")
+            ))
+        }
+    }
+}
+
+/// Writes `value` as compact JSON, repeating the member at `path` (see [`RepeatKey`]).
+fn write_repeating(
+    value: &Value,
+    path: &[String],
+    extra: Option<&Value>,
+    out: &mut String,
+    found: &mut bool,
+) -> Result<(), String> {
+    let json = |v: &Value| serde_json::to_string(v).map_err(|e| e.to_string());
+    let Some((head, rest)) = path.split_first() else {
+        out.push_str(&json(value)?);
+        return Ok(());
+    };
+    let Value::Object(map) = value else {
+        out.push_str(&json(value)?);
+        return Ok(());
+    };
+    out.push('{');
+    for (i, (key, member)) in map.iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        let key_json = json(&Value::String(key.clone()))?;
+        out.push_str(&key_json);
+        out.push(':');
+        if key != head {
+            out.push_str(&json(member)?);
+        } else if rest.is_empty() {
+            out.push_str(&json(member)?);
+            out.push(',');
+            out.push_str(&key_json);
+            out.push(':');
+            out.push_str(&json(extra.unwrap_or(member))?);
+            *found = true;
+        } else {
+            write_repeating(member, rest, extra, out, found)?;
+        }
+    }
+    out.push('}');
+    Ok(())
 }
 
 /// `bootstrap:` — the Runtime's bootstrap POST and Core's answer.
@@ -796,5 +884,63 @@ impl Step {
             }
             other => other.keyword().to_string(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn repeat(path: &[&str], value: Option<Value>) -> RepeatKey {
+        RepeatKey {
+            path: path.iter().map(|k| k.to_string()).collect(),
+            value,
+        }
+    }
+
+    #[test]
+    fn repeat_key_writes_the_member_twice_right_after_itself() {
+        let text =
+            r#"{"version":1,"generation":"g-1","message":{"kind":"completed","id":"c-1","n":1.5}}"#;
+        assert_eq!(
+            repeat(&["generation"], None).apply(text, None).unwrap(),
+            r#"{"version":1,"generation":"g-1","generation":"g-1","message":{"kind":"completed","id":"c-1","n":1.5}}"#
+        );
+        assert_eq!(
+            repeat(&["message", "id"], None).apply(text, None).unwrap(),
+            r#"{"version":1,"generation":"g-1","message":{"kind":"completed","id":"c-1","id":"c-1","n":1.5}}"#
+        );
+        // Another value, escaped as JSON: a quote cannot end the member early.
+        let other = json!("a\"b");
+        assert_eq!(
+            repeat(&["message", "id"], Some(other.clone()))
+                .apply(text, Some(&other))
+                .unwrap(),
+            r#"{"version":1,"generation":"g-1","message":{"kind":"completed","id":"c-1","id":"a\"b","n":1.5}}"#
+        );
+        assert_eq!(
+            repeat(&["message", "n"], Some(Value::Null))
+                .apply(text, Some(&Value::Null))
+                .unwrap(),
+            r#"{"version":1,"generation":"g-1","message":{"kind":"completed","id":"c-1","n":1.5,"n":null}}"#
+        );
+        // Keys are escaped too.
+        assert_eq!(
+            repeat(&["a\"b"], None)
+                .apply(r#"{"a\"b":[1]}"#, None)
+                .unwrap(),
+            r#"{"a\"b":[1],"a\"b":[1]}"#
+        );
+    }
+
+    #[test]
+    fn repeat_key_names_a_path_the_frame_does_not_hold() {
+        let text = r#"{"generation":"g-1","message":{"kind":"shutdown"}}"#;
+        for path in [&["nope"][..], &["message", "id"], &["generation", "x"]] {
+            let err = repeat(path, None).apply(text, None).unwrap_err();
+            assert!(err.contains("no such member"), "{err}");
+        }
+        assert!(repeat(&["a"], None).apply("not json", None).is_err());
     }
 }
