@@ -8,6 +8,9 @@
 //!   fixture plugin).
 //! * [`process`]: process-group supervision and bounded output tails, for every host
 //!   that runs programs.
+//! * [`grpc`]: gRPC code shared by the gRPC families (the generated `common.v1` types,
+//!   the rewrite of the decoder's refusals).
+//! * [`profile`]: the `--profile` of the suite's vendor-mode trials.
 //! * [`control`]: the line-oriented control channel through which a conformance harness
 //!   drives our worker host and our engine client.
 
@@ -15,8 +18,10 @@ pub mod control;
 pub mod core_runtime;
 pub mod durable;
 pub mod engine;
+pub mod grpc;
 pub mod plugin;
 pub mod private_fs;
 pub mod process;
+pub mod profile;
 pub mod wire;
 pub mod worker;

@@ -35,13 +35,9 @@ pub mod session;
 /// one). Lints are relaxed for generated code only.
 #[allow(missing_docs, clippy::all, clippy::pedantic)]
 pub mod proto {
-    /// `common.v1`: identities, versions, limits, outcomes.
-    pub mod common {
-        /// Version 1.
-        pub mod v1 {
-            tonic::include_proto!("common.v1");
-        }
-    }
+    /// `common.v1`: identities, versions, limits, outcomes (shared with the plugin
+    /// family: [`crate::grpc::common`]).
+    pub use crate::grpc::common;
     /// `engine.v1`: the engine service.
     pub mod engine {
         /// Version 1.

@@ -37,7 +37,7 @@ pub enum PluginCommand {
         /// `different`: refusals encoded as another correct plugin would (other gRPC
         /// codes and launch exit status; the vendor-mode trial of the suite).
         #[arg(long, value_enum, default_value = "reference")]
-        profile: crate::engine::cli::ProfileArg,
+        profile: crate::profile::ProfileArg,
     },
     /// Print the SHA-256 of FILE (the value a configuration's `sha256` pins).
     Digest {
@@ -50,7 +50,7 @@ pub enum PluginCommand {
         /// `different`: the host names its refusals and call outcomes differently, as
         /// another correct host may (the vendor-mode trial of the suite).
         #[arg(long, value_enum, default_value = "reference")]
-        profile: crate::engine::cli::ProfileArg,
+        profile: crate::profile::ProfileArg,
     },
     /// Verify, launch and validate the configured plugin, print the host's status, drain.
     Activate {
@@ -220,7 +220,7 @@ pub fn run(args: PluginArgs) -> ExitCode {
                 }
             };
             let fixture = super::fixture::Fixture {
-                different: matches!(profile, crate::engine::cli::ProfileArg::Different),
+                different: matches!(profile, crate::profile::ProfileArg::Different),
             };
             let status = runtime.block_on(super::sdk::serve(fixture));
             // The tool tasks of a drained or abandoned process are not waited for.
@@ -229,7 +229,7 @@ pub fn run(args: PluginArgs) -> ExitCode {
         }
         PluginCommand::Host { profile } => match tokio::runtime::Runtime::new() {
             Ok(runtime) => {
-                let different = matches!(profile, crate::engine::cli::ProfileArg::Different);
+                let different = matches!(profile, crate::profile::ProfileArg::Different);
                 let code = runtime.block_on(super::controlled::run(different));
                 runtime.shutdown_background();
                 ExitCode::from(u8::try_from(code).unwrap_or(1))

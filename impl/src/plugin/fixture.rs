@@ -17,7 +17,7 @@ use serde_json::{Value, json};
 
 use super::proto::v1::{FailureCode, Manifest, ToolDefinition};
 use super::sdk::{Call, Conventions, Plugin, ToolError};
-use crate::engine::proto::common::v1::BuildIdentity;
+use crate::grpc::common::v1::BuildIdentity;
 
 /// The fixture's plugin name (the host's configuration must name it).
 pub const NAME: &str = "conformance-fixture";

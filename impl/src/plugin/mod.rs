@@ -32,8 +32,9 @@ pub mod wire;
 /// code only.
 #[allow(missing_docs, clippy::all, clippy::pedantic)]
 pub mod proto {
-    /// `common.v1`, shared with the engine family (versions, build identities).
-    pub use crate::engine::proto::common;
+    /// `common.v1`, shared with the engine family (versions, build identities):
+    /// [`crate::grpc::common`].
+    pub use crate::grpc::common;
     /// The `plugin` package, laid out as the generated code's paths expect.
     pub mod plugin {
         /// `plugin.v1`: the plugin service.

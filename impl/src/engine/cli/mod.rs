@@ -93,14 +93,8 @@ pub enum EngineCommand {
     Client(ClientCommand),
 }
 
-/// `--profile`.
-#[derive(Debug, Clone, Copy, clap::ValueEnum)]
-pub enum ProfileArg {
-    /// Our reference choices.
-    Reference,
-    /// Another correct implementation's choices.
-    Different,
-}
+/// `--profile`, shared by every family's targets.
+pub use crate::profile::ProfileArg;
 
 /// Where a client finds the daemon, and who it is.
 #[derive(Debug, Clone, Args)]

@@ -101,39 +101,8 @@ pub fn check_deadline(metadata: &tonic::metadata::MetadataMap) -> Result<(), ton
     }
 }
 
-/// The message tonic's decoder gives a request over [`MAX_REQUEST_BYTES`].
-const OVERSIZE_TEXT: &str = "message length too large";
-
-/// Rewrites two refusals tonic's decoder makes before any handler runs (so the rewrite is
-/// on the response): a request over the size limit, `OUT_OF_RANGE` → `RESOURCE_EXHAUSTED`
-/// (the code gRPC gives a message over the receiver's limit), and a payload that does not
-/// decode, `INTERNAL` → `INVALID_ARGUMENT`. Nothing else is touched.
-pub fn size_status<B>(mut response: http::Response<B>) -> http::Response<B> {
-    let headers = response.headers_mut();
-    let oversize = headers.get("grpc-status").is_some_and(|v| v == "11")
-        && headers
-            .get("grpc-message")
-            .and_then(|v| v.to_str().ok())
-            .is_some_and(|m| {
-                m.contains(OVERSIZE_TEXT) || m.contains("message%20length%20too%20large")
-            });
-    if oversize {
-        headers.insert("grpc-status", http::HeaderValue::from_static("8"));
-    }
-    // A payload that is not the method's message is the caller's error, not ours.
-    let malformed = headers.get("grpc-status").is_some_and(|v| v == "13")
-        && headers
-            .get("grpc-message")
-            .and_then(|v| v.to_str().ok())
-            .is_some_and(|m| {
-                m.contains("failed to decode Protobuf message")
-                    || m.contains("failed%20to%20decode%20Protobuf%20message")
-            });
-    if malformed {
-        headers.insert("grpc-status", http::HeaderValue::from_static("3"));
-    }
-    response
-}
+/// The rewrite of tonic's two decoder refusals, shared with the plugin family.
+pub use crate::grpc::size_status;
 
 #[cfg(test)]
 mod tests {

@@ -22,7 +22,7 @@ use tonic::transport::{Channel, Endpoint};
 use super::config::PluginConfig;
 use super::validate::{CandidateFault, Expectations, check_initialize};
 use super::verify::Verified;
-use crate::engine::proto::common::v1::{BuildIdentity, ProtocolVersion};
+use crate::grpc::common::v1::{BuildIdentity, ProtocolVersion};
 use crate::plugin::proto::v1::plugin_service_client::PluginServiceClient;
 use crate::plugin::proto::v1::{
     InitializeRequest, InitializeResponse, ListToolsRequest, PluginLimits,

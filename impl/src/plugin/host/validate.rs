@@ -179,7 +179,7 @@ pub fn check_initialize(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::proto::common::v1::ProtocolVersion;
+    use crate::grpc::common::v1::ProtocolVersion;
     use crate::plugin::proto::v1::Manifest;
 
     fn limits() -> PluginLimits {

@@ -38,7 +38,7 @@ use super::wire::{
     HANDSHAKE_LINE, MAX_PROGRESS_TEXT_BYTES, PROTOCOL, PROTOCOL_ENV, SECRET_ENV, SOCKET_ENV, clip,
     is_secret_shaped,
 };
-use crate::engine::proto::common::v1::BuildIdentity;
+use crate::grpc::common::v1::BuildIdentity;
 
 /// Exit status when the launch environment is missing or wrong.
 pub const EXIT_LAUNCH: i32 = 2;

@@ -16,8 +16,8 @@ use tonic::service::interceptor::InterceptedService;
 use tonic::{Request, Response, Status};
 
 use super::{Call, Conventions, Launch, Plugin, ToolError, announce};
-use crate::engine::daemon::limits::size_status;
-use crate::engine::proto::common::v1::ProtocolVersion;
+use crate::grpc::common::v1::ProtocolVersion;
+use crate::grpc::size_status;
 use crate::plugin::proto::v1::plugin_service_server::{PluginService, PluginServiceServer};
 use crate::plugin::proto::v1::{
     CancelRequest, CancelResponse, DrainRequest, DrainResponse, ExecuteRequest, ExecuteResponse,
