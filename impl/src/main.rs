@@ -300,7 +300,7 @@ fn main() -> ExitCode {
                     reraise_signal,
                 },
         } => ExitCode::from(
-            u8::try_from(contract_impl::worker::supervise::run_with(
+            u8::try_from(contract_impl::process::supervise::run_with(
                 &program,
                 reraise_signal,
             ))

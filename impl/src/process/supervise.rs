@@ -1,5 +1,6 @@
-//! The worker supervisor: the process a host actually spawns for a worker, so that no
-//! process of the worker outlives the host, even when the host is killed with SIGKILL
+//! The supervisor: the process a host actually spawns for a program it did not write (a
+//! worker, a tool plugin, a command Harness program), so that no process of that program
+//! outlives the host, even when the host is killed with SIGKILL
 //! ("Rust retains the final hard-stop authority"; the spec's own caveat, "only the direct
 //! child is currently managed, not all descendants", is what this closes).
 //!

@@ -21,8 +21,8 @@
 //! * [`source`]: the source identity of a hook snapshot.
 //! * [`skills`]: the two skill roots, their index, `skills.index`/`skills.load`, and the
 //!   set a workbench is given at spawn.
-//! * [`supervise`]: the process the host spawns around a worker so that no process of
-//!   it outlives the host (`contract-impl worker supervise`).
+//! * The host spawns each worker under [`crate::process::supervise`] (`contract-impl
+//!   worker supervise`), so that no process of it outlives the host.
 //! * [`stores`]: the host's durable stores behind `maintenance.*`, `orientation.*` and
 //!   `peer.*` (work items, orientation candidates and adoptions, the peer registry).
 //! * [`workspace`]: the host's source work: `workspace.info`, `workspace.run` (a program
@@ -46,7 +46,6 @@ pub mod skills;
 pub mod slots;
 pub mod source;
 pub mod stores;
-pub mod supervise;
 pub mod turns;
 pub mod usage;
 pub mod wire;

@@ -32,8 +32,8 @@ use crate::plugin::wire::{
     MAX_PROGRESS_MESSAGES, PROTOCOL, PROTOCOL_ENV, PROTOCOL_MAJOR, PROTOCOL_MINOR, SECRET_ENV,
     SOCKET_ENV, host_proof, random_hex, secret_proof,
 };
+use crate::process::supervise::{SWEEP_BOUND, WATCH_ENV};
 use crate::process::tail::OutputTail;
-use crate::worker::supervise::{SWEEP_BOUND, WATCH_ENV};
 
 /// Bytes of a plugin's stderr kept ("bounds stderr"); older output is dropped.
 pub const STDERR_TAIL_BYTES: usize = 64 * 1024;

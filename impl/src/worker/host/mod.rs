@@ -5,7 +5,7 @@
 //! * A private directory (0700) under the system's temporary directory holds the one
 //!   protocol socket (0600; its path checked against [`SOCKET_PATH_MAX_BYTES`] with an
 //!   error naming it) and the supervisor's watch socket.
-//! * The host spawns the [`super::supervise`] process (`contract-impl worker supervise --
+//! * The host spawns the [`crate::process::supervise`] process (`contract-impl worker supervise --
 //!   PROGRAM…`), which starts the worker program with the launch environment of
 //!   `docs/worker-launch-contract.md` and kills every process of the worker when the host
 //!   drops the watch connection or dies, SIGKILL included.
@@ -752,7 +752,7 @@ impl Worker {
                     .iter()
                     .flat_map(|path| [SKILLS_ARG.as_ref(), path.as_os_str()]),
             )
-            .env(super::supervise::WATCH_ENV, &watch_path)
+            .env(crate::process::supervise::WATCH_ENV, &watch_path)
             .env("CONTRACT_WORKER_SOCKET", &socket)
             .env("CONTRACT_WORKER_TOKEN", &token)
             .env("CONTRACT_WORKER_SESSION_ID", config.session_id.as_str())
@@ -1065,10 +1065,10 @@ impl Worker {
 
     /// The hard stop: drops the watch connection, on which the supervisor kills every
     /// process of the worker (its group and every descendant, wherever it moved), and
-    /// reaps the supervisor (SIGKILL after [`super::supervise::SWEEP_BOUND`] more).
+    /// reaps the supervisor (SIGKILL after [`crate::process::supervise::SWEEP_BOUND`] more).
     pub async fn hard_stop(&mut self) {
         self.release();
-        let bound = super::supervise::SWEEP_BOUND + Duration::from_secs(1);
+        let bound = crate::process::supervise::SWEEP_BOUND + Duration::from_secs(1);
         if tokio::time::timeout(bound, self.child.wait())
             .await
             .is_err()

@@ -181,8 +181,8 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
+use crate::process::supervise::{SCRATCH_BASE_ENV, WATCH_ENV};
 use crate::process::{OutputTail, ProcessGroup};
-use crate::worker::supervise::{SCRATCH_BASE_ENV, WATCH_ENV};
 
 use super::{
     AdapterError, CancelSettlement, HarnessAdapter, NativeEvent, NativePrepare, NativeStart,
