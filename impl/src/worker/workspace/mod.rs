@@ -228,7 +228,21 @@ impl Workspace {
     /// `root` is the canonical absolute path every `cwd` is resolved against;
     /// `env_inherited` the names a run takes from the host's environment when the host
     /// has them (never their values).
+    /// The different profile answers in another shape the spec leaves as free:
+    /// `{workspace_root, limits: {run_timeout_ms, run_output_bytes, evidence_refs}}`.
     pub fn info(&self) -> Reply {
+        if self.different {
+            return Reply::Ok {
+                value: json!({
+                    "workspace_root": self.root.to_string_lossy(),
+                    "limits": {
+                        "run_timeout_ms": RUN_TIMEOUT_MS_MAX,
+                        "run_output_bytes": RUN_OUTPUT_BYTES_MAX,
+                        "evidence_refs": EVIDENCE_REFS_MAX,
+                    },
+                }),
+            };
+        }
         Reply::Ok {
             value: json!({
                 "root": self.root.to_string_lossy(),
