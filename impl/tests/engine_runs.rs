@@ -434,7 +434,15 @@ async fn suspend_export_and_import_into_a_daemon_sharing_the_key_preserves_the_r
         .unwrap();
     assert_eq!(kinds(&tail), ["resumed", "terminal"]);
     assert_eq!(tail[0].sequence, 5);
-    let gap = sb.follow(&run, 0, 10, false, |_| {}).await.unwrap_err();
+    // History is not part of a snapshot: after_sequence 0 reads from the first retained
+    // event (the proto's "0: from the first retained one"), and a cursor into the history
+    // before it is a gap.
+    let mut from_start = Vec::new();
+    sb.follow(&run, 0, 10, false, |e| from_start.push(e.sequence))
+        .await
+        .unwrap();
+    assert_eq!(from_start, [5, 6]);
+    let gap = sb.follow(&run, 1, 10, false, |_| {}).await.unwrap_err();
     assert_eq!(
         gap.code(),
         Code::OutOfRange,
@@ -733,13 +741,19 @@ async fn a_follower_across_pruned_events_is_told_what_it_missed() {
     let run = started(&mut s, "#!script\nrepeat 20 x\nturn\nhold").await;
     s.suspend(&run, &operation_id()).await.unwrap();
     // 20 deltas, the turn and the suspension: 23 events, of which 19..=23 are retained.
-    let strict = s.follow(&run, 0, 10, false, |_| {}).await.unwrap_err();
+    // After 0 is "from the first retained one"; a cursor after 1 has missed 2..=18.
+    let mut first = Vec::new();
+    s.follow(&run, 0, 10, false, |e| first.push(e.sequence))
+        .await
+        .unwrap();
+    assert_eq!(first, (19..=23).collect::<Vec<_>>());
+    let strict = s.follow(&run, 1, 10, false, |_| {}).await.unwrap_err();
     assert_eq!(strict.code(), Code::OutOfRange);
     let (mut seen, mut gaps) = (Vec::new(), Vec::new());
     let end = s
         .follow_across_gaps(
             &run,
-            0,
+            1,
             10,
             false,
             |e| seen.push(e.sequence),
@@ -747,7 +761,7 @@ async fn a_follower_across_pruned_events_is_told_what_it_missed() {
         )
         .await
         .unwrap();
-    assert_eq!(gaps, vec![(1, 18)]);
+    assert_eq!(gaps, vec![(2, 18)]);
     assert_eq!(seen, (19..=23).collect::<Vec<_>>());
     assert_eq!(end.last_sequence, 23);
 }
