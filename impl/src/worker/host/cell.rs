@@ -129,9 +129,11 @@ impl Worker {
                         // "Rust retains the final hard-stop authority when code blocks or
                         // catches cancellation."
                         let mut record = self.lost(&id, &HostError::Timeout(self.config.interrupt_grace)).await;
-                        if self.config.choices.interrupted_record {
-                            record.status = Some(CellStatus::Interrupted);
-                        }
+                        record.status = self
+                            .config
+                            .choices
+                            .interrupted_record
+                            .then_some(CellStatus::Interrupted);
                         return record;
                     }
                     Err(_) => Err(HostError::Timeout(

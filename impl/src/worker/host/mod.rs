@@ -184,6 +184,12 @@ pub struct Choices {
     /// The record of a cell the host stopped after `interrupt`: `interrupted` (`true`)
     /// or failed (`false`); the spec allows either ("a failed/interrupted record").
     pub interrupted_record: bool,
+    /// The status of a cell the host recorded itself after losing the generation
+    /// (invalidation, the worker's death): `None` (a failed record) or another status the
+    /// spec's "failed/interrupted record" allows.
+    pub lost_status: Option<CellStatus>,
+    /// The first words of that record's error text.
+    pub lost_text: &'static str,
 }
 
 impl Choices {
@@ -194,6 +200,8 @@ impl Choices {
         request_limit: "request_limit",
         no_scope: "no_scope",
         interrupted_record: true,
+        lost_status: None,
+        lost_text: "host observed",
     };
     /// Another conformant set.
     pub const DIFFERENT: Self = Self {
@@ -202,6 +210,8 @@ impl Choices {
         request_limit: "too_many_requests",
         no_scope: "outside_scope",
         interrupted_record: false,
+        lost_status: Some(CellStatus::Interrupted),
+        lost_text: "generation lost",
     };
 }
 
@@ -1018,11 +1028,12 @@ impl Worker {
         let tail = self.stderr_tail();
         CellRecord {
             id: id.clone(),
-            status: None,
+            status: self.config.choices.lost_status,
             output: Vec::new(),
             truncated_bytes: 0,
             error: Some(format!(
-                "host observed: {} ({}); worker {}{}",
+                "{}: {} ({}); worker {}{}",
+                self.config.choices.lost_text,
                 why,
                 why.code(),
                 status.map_or("stopped".to_string(), |s| format!("ended with {s}")),

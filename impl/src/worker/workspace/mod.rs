@@ -264,8 +264,10 @@ impl Workspace {
     /// `workspace.run`: checks the request, runs the program and answers how it ended,
     /// `ok` also for a non-zero exit, a signal or a timeout: `{exit_code, signal,
     /// timed_out, elapsed_ms, stdout, stderr, stdout_bytes, stderr_bytes,
-    /// stdout_truncated_bytes, stderr_truncated_bytes, truncated}`; or the refusal. The
-    /// future owns the run: dropped before it ends, it kills the program's group.
+    /// stdout_truncated_bytes, stderr_truncated_bytes, truncated}` (the different
+    /// profile: `{end, took_ms, output: {stdout: {text, written, dropped}, stderr}}`); or
+    /// the refusal. The future owns the run: dropped before it ends, it kills the
+    /// program's group.
     pub async fn run(
         &self,
         argv: &[String],
@@ -290,7 +292,7 @@ impl Workspace {
         };
         match run::run(spec, &self.runs).await {
             Ok(outcome) => Reply::Ok {
-                value: outcome.into_value(),
+                value: outcome.into_value(self.different),
             },
             Err(e) => self.refuse(&e),
         }

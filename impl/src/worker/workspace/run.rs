@@ -178,15 +178,53 @@ impl Outcome {
         })
     }
 
+    /// The different profile's shape of the same facts, one the spec leaves as free as
+    /// ours: `{end: {kind: "exit", code} | {kind: "signal", signal, timeout}, took_ms,
+    /// output: {stdout: {text, written, dropped}, stderr: {…}}}`.
+    fn different_value(&self) -> Value {
+        let captured = &self.captured;
+        let end = match (self.exit_code, self.signal) {
+            (Some(code), _) => json!({"kind": "exit", "code": code}),
+            (None, signal) => {
+                json!({"kind": "signal", "signal": signal, "timeout": self.timed_out})
+            }
+        };
+        json!({
+            "end": end,
+            "took_ms": self.elapsed_ms,
+            "output": {
+                "stdout": {
+                    "text": captured.stdout(),
+                    "written": captured.stdout_bytes(),
+                    "dropped": captured.stdout_truncated_bytes(),
+                },
+                "stderr": {
+                    "text": captured.stderr(),
+                    "written": captured.stderr_bytes(),
+                    "dropped": captured.stderr_truncated_bytes(),
+                },
+            },
+        })
+    }
+
     /// The reply value `{exit_code, signal, timed_out, elapsed_ms, stdout, stderr,
     /// stdout_bytes, stderr_bytes, stdout_truncated_bytes, stderr_truncated_bytes,
     /// truncated}`: `*_bytes` what the program wrote on the stream, `*_truncated_bytes`
     /// what of it the reply does not hold (past `max_output_bytes`, or cut where the
     /// reply would not fit one frame), `truncated` whether any byte is missing.
-    pub(super) fn into_value(mut self) -> Value {
+    /// `different`: the same facts in the different profile's shape
+    /// ([`Outcome::different_value`]), fitted to one frame alike.
+    pub(super) fn into_value(mut self, different: bool) -> Value {
         let budget = FRAME_MAX_BYTES - REPLY_ENVELOPE_MARGIN_BYTES;
         let (exit_code, signal, timed_out, elapsed_ms) =
             (self.exit_code, self.signal, self.timed_out, self.elapsed_ms);
+        let shaped = |outcome: &Outcome| {
+            if different {
+                outcome.different_value()
+            } else {
+                outcome.value()
+            }
+        };
         self.captured.fit(budget, |captured| {
             let probe = Outcome {
                 exit_code,
@@ -195,9 +233,9 @@ impl Outcome {
                 captured: captured.clone(),
                 elapsed_ms,
             };
-            serde_json::to_string(&probe.value()).map_or(usize::MAX, |t| t.len())
+            serde_json::to_string(&shaped(&probe)).map_or(usize::MAX, |t| t.len())
         });
-        self.value()
+        shaped(&self)
     }
 }
 

@@ -236,6 +236,28 @@ async fn refusals_are_typed_and_a_missing_program_is_a_spawn_failure() {
 }
 
 #[tokio::test]
+async fn the_different_profile_answers_a_run_in_another_shape() {
+    let dir = tempfile::tempdir().unwrap();
+    let lane = Arc::new(OperatorLane::open(dir.path()).unwrap());
+    let other = Workspace::open(&dir.path().join("ws"), lane, true).unwrap();
+    let ended = sh(&other, "printf 0123456789; printf e >&2; exit 3", 10_000, 4).await;
+    assert_eq!(ended["end"], json!({"kind": "exit", "code": 3}));
+    assert!(ended["took_ms"].is_u64());
+    assert_eq!(
+        ended["output"],
+        json!({
+            "stdout": {"text": "0123", "written": 10, "dropped": 6},
+            "stderr": {"text": "", "written": 1, "dropped": 1},
+        })
+    );
+    let killed = sh(&other, "sleep 30", 200, 1000).await;
+    assert_eq!(
+        killed["end"],
+        json!({"kind": "signal", "signal": 9, "timeout": true})
+    );
+}
+
+#[tokio::test]
 async fn stopping_kills_live_runs_and_every_later_one() {
     let (_dir, ws) = workspace();
     let ws = Arc::new(ws);
