@@ -52,6 +52,9 @@ pub(super) struct Instructions {
     store: InstructionStore,
     transcript: String,
     state: Mutex<State>,
+    /// The different profile: `runtime.instructions` answered in another shape, with
+    /// other codes ([`Instructions::reply`]).
+    different: bool,
 }
 
 #[derive(Debug, Default)]
@@ -74,7 +77,14 @@ impl Instructions {
             store,
             transcript: transcript.to_string(),
             state: Mutex::new(State::default()),
+            different: false,
         })
+    }
+
+    /// The same header, `runtime.instructions` answered as the different profile does
+    /// (`different`) or as ours.
+    pub(super) fn answering(self, different: bool) -> Self {
+        Self { different, ..self }
     }
 
     fn lock(&self) -> Result<MutexGuard<'_, State>, OpError> {
@@ -222,14 +232,43 @@ impl Instructions {
 
     /// The reply to `runtime.instructions`: the resolved chain
     /// ([`crate::worker::instructions::InstructionsReply`]), or `no_pin` before the
-    /// transcript pinned a head.
+    /// transcript pinned a head. The different profile answers the same facts as
+    /// `{current: {text, digest}, pinned: {digest, reason, at_ms}, parts: [name] | null,
+    /// revisions_applied, stopped_at: null | {index, code, message}}`, its codes
+    /// `header-<ours>` (`header-no-pin`).
     pub(super) fn reply(&self) -> Reply {
         match self.store.resolve(&self.transcript) {
+            Ok(resolution) if self.different => {
+                let reply = resolution.reply();
+                Reply::Ok {
+                    value: json!({
+                        "current": {"text": reply.text, "digest": reply.digest},
+                        "pinned": {
+                            "digest": reply.pin.digest,
+                            "reason": reply.pin.reason,
+                            "at_ms": reply.pin.pinned_at_ms,
+                        },
+                        "parts": reply.sources.map(|sources| {
+                            sources.into_iter().map(|s| s.name).collect::<Vec<_>>()
+                        }),
+                        "revisions_applied": reply.applied,
+                        "stopped_at": reply.stopped.map(|stop| json!({
+                            "index": stop.index,
+                            "code": different_code(stop.code),
+                            "message": stop.message,
+                        })),
+                    }),
+                }
+            }
             Ok(resolution) => Reply::Ok {
                 value: serde_json::to_value(resolution.reply()).unwrap_or_default(),
             },
             Err(StoreError::Chain(e)) => Reply::Error {
-                code: e.code().into(),
+                code: if self.different {
+                    different_code(e.code())
+                } else {
+                    e.code().into()
+                },
                 message: e.to_string(),
             },
             Err(e) => Reply::Error {
@@ -238,6 +277,11 @@ impl Instructions {
             },
         }
     }
+}
+
+/// A code of ours as the different profile names it (`no_pin` → `header-no-pin`).
+fn different_code(ours: &str) -> String {
+    format!("header-{}", ours.replace('_', "-"))
 }
 
 fn encode(record: Option<HeaderRecord>) -> Value {
@@ -480,5 +524,37 @@ mod tests {
             panic!("the pin is kept")
         };
         assert_eq!(value["text"], "t");
+    }
+
+    #[test]
+    fn the_different_profile_answers_the_same_chain_in_another_shape() {
+        let dir = tempfile::tempdir().unwrap();
+        let i = Instructions::open(dir.path(), "root")
+            .unwrap()
+            .answering(true);
+        let Reply::Error { code, .. } = i.reply() else {
+            panic!("no pin yet")
+        };
+        assert_eq!(code, "header-no-pin");
+        i.apply(
+            "instructions",
+            &args(json!({"sources": [{"name": "n", "text": "t\n"}]})),
+            None,
+        )
+        .unwrap();
+        i.apply("assemble", &args(json!({"at": 7})), None).unwrap();
+        let Reply::Ok { value } = i.reply() else {
+            panic!("a pin")
+        };
+        assert_eq!(
+            value,
+            json!({
+                "current": {"text": "t\n", "digest": Digest::of("t\n")},
+                "pinned": {"digest": Digest::of("t\n"), "reason": "session_start", "at_ms": 7},
+                "parts": null,
+                "revisions_applied": 0,
+                "stopped_at": null,
+            })
+        );
     }
 }

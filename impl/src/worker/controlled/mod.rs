@@ -136,7 +136,8 @@ async fn serve(data_dir: &Path, workspace: Option<&Path>, different: bool) -> Re
     skills.prepare()?;
     let turns = TurnBoundary::open(data_dir)?;
     let instructions =
-        instructions::Instructions::open(data_dir, ops::session(different).as_str())?;
+        instructions::Instructions::open(data_dir, ops::session(different).as_str())?
+            .answering(different);
     let host = Arc::new(Host::new(
         program,
         Arc::new(policies),
