@@ -63,8 +63,10 @@ DEFER_SECONDS_MAX = 600.0
 
 # `CONTRACT_WORKER_PROFILE=different`: a worker that makes every choice the spec leaves
 # free otherwise (exit statuses, stderr texts, one record per write, error text without
-# the traceback, a second foreground operation ending the connection), to prove the
-# suite's required steps hold for any conformant worker (`--mode vendor`).
+# the traceback, a second foreground operation ending the connection, a hook input that
+# is not its slot's typed input ending it too, a repeated key of a free-form reply value
+# keeping its last value), to prove the suite's required steps hold for any conformant
+# worker (`--mode vendor`).
 DIFFERENT = os.environ.get("CONTRACT_WORKER_PROFILE") == "different"
 
 EXIT_SHUTDOWN = 0
@@ -118,8 +120,55 @@ def parse_json(payload):
     if _SURROGATE_ESCAPE.search(text) and _has_lone_surrogate(value):
         # Python's json keeps an unpaired \ud800 escape; it is no Unicode text.
         raise WireError("malformed_json", "a string holds an unpaired surrogate")
+    if DIFFERENT:
+        # The spec's guarantee only: a typed field repeated is refused; a repeated key of
+        # a free-form payload map (a host reply's value) keeps its last value ("Arbitrary
+        # nested `serde_json::Value` payload maps are not yet a duplicate-key equivalence
+        # guarantee between parsers").
+        value = json.loads(text, object_pairs_hook=_MarkedObject.of, parse_float=_finite_float,
+                           parse_int=_bounded_int)
+        _refuse_typed_duplicates(value, free=_free_payload(value))
+        return value
     return json.loads(text, object_pairs_hook=_refuse_duplicates, parse_float=_finite_float,
                       parse_int=_bounded_int)
+
+
+class _MarkedObject(dict):
+    """A decoded object that remembers the first key it held twice (the last value kept)."""
+
+    repeated = None
+
+    @classmethod
+    def of(cls, pairs):
+        obj = cls()
+        for key, value in pairs:
+            if key in obj and obj.repeated is None:
+                obj.repeated = key
+            obj[key] = value
+        return obj
+
+
+def _free_payload(envelope):
+    """The free-form payload map of a frame the worker reads, if it has one: the `value`
+    of a host reply's `ok` reply."""
+    message = envelope.get("message") if isinstance(envelope, dict) else None
+    reply = message.get("reply") if isinstance(message, dict) else None
+    if isinstance(message, dict) and message.get("kind") == "host_reply" and isinstance(reply, dict):
+        return reply.get("value")
+    return None
+
+
+def _refuse_typed_duplicates(value, free):
+    if value is free and free is not None:
+        return
+    if isinstance(value, dict):
+        if getattr(value, "repeated", None) is not None:
+            raise WireError("duplicate_key", f"duplicate key `{value.repeated}`")
+        for item in value.values():
+            _refuse_typed_duplicates(item, free)
+    elif isinstance(value, list):
+        for item in value:
+            _refuse_typed_duplicates(item, free)
 
 
 # serde_json's recursion limit: 127 nested arrays/objects are read, the 128th is refused.
@@ -323,6 +372,14 @@ def decode_host_frame(payload, session_id, generation):
         raise WireError("generation_mismatch", f"generation `{env['generation']}` is not `{generation}`")
     if message["kind"] == "execute" and len(message["code"].encode("utf-8")) > CELL_SOURCE_MAX_BYTES:
         raise WireError("bound_exceeded", "cell source over 262,144 bytes")
+    if DIFFERENT and message["kind"] == "invoke":
+        # An input that is not the slot's typed input fails the typed message here, as an
+        # unknown typed field does: the connection is invalidated (ours completes the
+        # invocation failed and goes on serving).
+        try:
+            check_input(message["slot"], message["input"])
+        except (ValueError, KeyError, TypeError) as e:
+            raise WireError("invalid_value", f"$.message.input: {e}") from None
     return message
 
 
