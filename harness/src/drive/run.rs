@@ -536,12 +536,7 @@ impl Run {
         template: &Value,
     ) -> StepResult<Value> {
         self.await_carried(peer, template).await?;
-        let template = crate::matcher::expand_generated(template).map_err(fail::scenario)?;
-        let frame = self
-            .bindings
-            .substitute(&template, true)
-            .map_err(|e| fail::bind(e, "the frame to send"))?;
-        let frame = crate::matcher::expand_text(&frame).map_err(fail::scenario)?;
+        let frame = self.build_frame(template)?;
         let codec = peer.role().codec;
         codec.check_outgoing(&frame).map_err(|e| {
             fail::scenario(format!(
@@ -782,15 +777,21 @@ impl Run {
         }
     }
 
-    /// The text of `send_bytes: {frame}`: placeholders substituted, `$generated` and
-    /// `$text` expanded, encoded without the schema check.
-    fn raw_frame<P: Peer>(&mut self, peer: &P, template: &Value) -> Result<String, StepError> {
+    /// A frame the harness sends, from its template: `$generated` expanded, placeholders
+    /// substituted (unbound ones minted), `$text` expanded.
+    fn build_frame(&mut self, template: &Value) -> Result<Value, StepError> {
         let template = crate::matcher::expand_generated(template).map_err(fail::scenario)?;
         let frame = self
             .bindings
             .substitute(&template, true)
             .map_err(|e| fail::bind(e, "the frame to send"))?;
-        let frame = crate::matcher::expand_text(&frame).map_err(fail::scenario)?;
+        crate::matcher::expand_text(&frame).map_err(fail::scenario)
+    }
+
+    /// The text of `send_bytes: {frame}`: placeholders substituted, `$generated` and
+    /// `$text` expanded, encoded without the schema check.
+    fn raw_frame<P: Peer>(&mut self, peer: &P, template: &Value) -> Result<String, StepError> {
+        let frame = self.build_frame(template)?;
         peer.role()
             .codec
             .encode_unchecked(&frame)
