@@ -388,6 +388,9 @@ pub async fn launch_with(
     };
     let stdin = child.stdin.take();
     let mut watch = None;
+    // Once the handshake line came, an exit is the plugin dying during Initialize: the
+    // same outcome whichever the host notices first, the exit or the broken call.
+    let handshaken = std::sync::atomic::AtomicBool::new(false);
     let started = tokio::time::timeout(config.startup_timeout(), async {
         let (accepted, _) = watch_listener
             .accept()
@@ -407,11 +410,19 @@ pub async fn launch_with(
                 ));
             }
         }
+        handshaken.store(true, std::sync::atomic::Ordering::SeqCst);
         initialize(config, verified, &socket, &secret, &output, checks).await
     });
     let outcome = tokio::select! {
         outcome = started => outcome.unwrap_or_else(|_| Err(err("startup_timeout", format!("no validated candidate within {:?}", config.startup_timeout())))),
-        status = child.wait() => Err(err("exited_before_handshake", format!("the plugin's supervisor exited ({})", status.map_or_else(|e| e.to_string(), |s| s.to_string())))),
+        status = child.wait() => {
+            let status = status.map_or_else(|e| e.to_string(), |s| s.to_string());
+            if handshaken.load(std::sync::atomic::Ordering::SeqCst) {
+                Err(err("initialize_refused", format!("the plugin's supervisor exited during Initialize ({status})")))
+            } else {
+                Err(err("exited_before_handshake", format!("the plugin's supervisor exited ({status})")))
+            }
+        }
     };
     match outcome {
         Ok((client, initialized)) => Ok(Process {
