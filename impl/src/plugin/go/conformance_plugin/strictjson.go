@@ -101,6 +101,9 @@ func (e *syntaxError) Error() string { return e.msg }
 type jsonParser struct {
 	text string
 	pos  int
+	// Where the parser is, as segments: the path text is built only for a fault, so a
+	// long key or a long array costs no copy per item.
+	segs []pathSeg
 	// The first non-syntax fault, in document order (reported only without a syntax
 	// error anywhere).
 	fault string
@@ -118,6 +121,28 @@ func parseStrict(text string) (*jsonValue, error) {
 		return nil, fmt.Errorf("%s", p.fault)
 	}
 	return v, nil
+}
+
+// pathSeg is one step of a value's path: an object member or an array index.
+type pathSeg struct {
+	key   string
+	index int
+	isKey bool
+}
+
+// path is the current value's path, `$`, `$.key`, `$[3]`.
+func (p *jsonParser) path() string {
+	var b strings.Builder
+	b.WriteString("$")
+	for _, seg := range p.segs {
+		if seg.isKey {
+			b.WriteString(".")
+			b.WriteString(seg.key)
+		} else {
+			fmt.Fprintf(&b, "[%d]", seg.index)
+		}
+	}
+	return b.String()
 }
 
 func (p *jsonParser) note(fault string) {
@@ -156,7 +181,7 @@ func (p *jsonParser) skipSpace() {
 
 func (p *jsonParser) document() (*jsonValue, error) {
 	p.skipSpace()
-	v, err := p.value("$", 0)
+	v, err := p.value(0)
 	if err != nil {
 		return nil, err
 	}
@@ -167,15 +192,15 @@ func (p *jsonParser) document() (*jsonValue, error) {
 	return v, nil
 }
 
-func (p *jsonParser) value(path string, depth int) (*jsonValue, error) {
+func (p *jsonParser) value(depth int) (*jsonValue, error) {
 	if p.pos >= len(p.text) {
 		return nil, p.fail("EOF while parsing a value")
 	}
 	switch c := p.text[p.pos]; {
 	case c == '{':
-		return p.object(path, depth+1)
+		return p.object(depth + 1)
 	case c == '[':
-		return p.array(path, depth+1)
+		return p.array(depth + 1)
 	case c == '"':
 		s, err := p.str()
 		if err != nil {
@@ -189,7 +214,9 @@ func (p *jsonParser) value(path string, depth int) (*jsonValue, error) {
 	case c == 'n':
 		v, err := p.literal("null", &jsonValue{kind: jsonNull})
 		if err == nil {
-			p.note("null value at " + path)
+			if p.fault == "" {
+				p.note("null value at " + p.path())
+			}
 		}
 		return v, err
 	case c == '-' || (c >= '0' && c <= '9'):
@@ -212,7 +239,7 @@ func (p *jsonParser) literal(word string, v *jsonValue) (*jsonValue, error) {
 	return v, nil
 }
 
-func (p *jsonParser) object(path string, depth int) (*jsonValue, error) {
+func (p *jsonParser) object(depth int) (*jsonValue, error) {
 	if depth >= jsonMaxDepth {
 		return nil, p.fail("recursion limit exceeded")
 	}
@@ -237,7 +264,9 @@ func (p *jsonParser) object(path string, depth int) (*jsonValue, error) {
 			return nil, err
 		}
 		if seen[key] {
-			p.note(fmt.Sprintf("duplicate key `%s` at %s", key, path))
+			if p.fault == "" {
+				p.note(fmt.Sprintf("duplicate key `%s` at %s", key, p.path()))
+			}
 		}
 		seen[key] = true
 		p.skipSpace()
@@ -249,7 +278,9 @@ func (p *jsonParser) object(path string, depth int) (*jsonValue, error) {
 		}
 		p.pos++
 		p.skipSpace()
-		item, err := p.value(path+"."+key, depth)
+		p.segs = append(p.segs, pathSeg{key: key, isKey: true})
+		item, err := p.value(depth)
+		p.segs = p.segs[:len(p.segs)-1]
 		if err != nil {
 			return nil, err
 		}
@@ -265,7 +296,7 @@ func (p *jsonParser) object(path string, depth int) (*jsonValue, error) {
 	}
 }
 
-func (p *jsonParser) array(path string, depth int) (*jsonValue, error) {
+func (p *jsonParser) array(depth int) (*jsonValue, error) {
 	if depth >= jsonMaxDepth {
 		return nil, p.fail("recursion limit exceeded")
 	}
@@ -278,7 +309,9 @@ func (p *jsonParser) array(path string, depth int) (*jsonValue, error) {
 	}
 	for {
 		p.skipSpace()
-		item, err := p.value(fmt.Sprintf("%s[%d]", path, len(v.items)), depth)
+		p.segs = append(p.segs, pathSeg{index: len(v.items)})
+		item, err := p.value(depth)
+		p.segs = p.segs[:len(p.segs)-1]
 		if err != nil {
 			return nil, err
 		}
