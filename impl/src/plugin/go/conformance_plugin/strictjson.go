@@ -240,17 +240,11 @@ func (p *jsonParser) literal(word string, v *jsonValue) (*jsonValue, error) {
 }
 
 func (p *jsonParser) object(depth int) (*jsonValue, error) {
-	if depth >= jsonMaxDepth {
-		return nil, p.fail("recursion limit exceeded")
-	}
-	p.pos++ // '{'
 	v := &jsonValue{kind: jsonObject}
-	seen := map[string]bool{}
-	p.skipSpace()
-	if p.pos < len(p.text) && p.text[p.pos] == '}' {
-		p.pos++
-		return v, nil
+	if empty, err := p.open('}', depth); err != nil || empty {
+		return emptyOr(v, err)
 	}
+	seen := map[string]bool{}
 	for {
 		p.skipSpace()
 		if p.pos >= len(p.text) {
@@ -297,15 +291,9 @@ func (p *jsonParser) object(depth int) (*jsonValue, error) {
 }
 
 func (p *jsonParser) array(depth int) (*jsonValue, error) {
-	if depth >= jsonMaxDepth {
-		return nil, p.fail("recursion limit exceeded")
-	}
-	p.pos++ // '['
 	v := &jsonValue{kind: jsonArray}
-	p.skipSpace()
-	if p.pos < len(p.text) && p.text[p.pos] == ']' {
-		p.pos++
-		return v, nil
+	if empty, err := p.open(']', depth); err != nil || empty {
+		return emptyOr(v, err)
 	}
 	for {
 		p.skipSpace()
@@ -324,6 +312,29 @@ func (p *jsonParser) array(depth int) (*jsonValue, error) {
 			return v, nil
 		}
 	}
+}
+
+// open reads the opening byte of an object or a list (nesting bounded) and, when the
+// closing byte follows at once, that too (empty).
+func (p *jsonParser) open(closing byte, depth int) (bool, error) {
+	if depth >= jsonMaxDepth {
+		return false, p.fail("recursion limit exceeded")
+	}
+	p.pos++ // '{' or '['
+	p.skipSpace()
+	if p.pos < len(p.text) && p.text[p.pos] == closing {
+		p.pos++
+		return true, nil
+	}
+	return false, nil
+}
+
+// emptyOr is an empty object or list, or the error that stopped its opening.
+func emptyOr(v *jsonValue, err error) (*jsonValue, error) {
+	if err != nil {
+		return nil, err
+	}
+	return v, nil
 }
 
 // afterItem reads what follows an item of an object or a list: `,` and another item
