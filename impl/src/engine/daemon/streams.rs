@@ -37,10 +37,7 @@ use pb::stream_interactions_response::Frame as IFrame;
 pub fn deadline(
     metadata: &tonic::metadata::MetadataMap,
 ) -> Result<Option<tokio::time::Instant>, Status> {
-    Ok(limits::requested_timeout(metadata)?.map(|duration| {
-        let duration = duration.min(std::time::Duration::from_millis(limits::MAX_DEADLINE_MS));
-        tokio::time::Instant::now() + duration
-    }))
+    Ok(limits::requested_timeout(metadata)?.map(|duration| tokio::time::Instant::now() + duration))
 }
 
 fn deadline_passed(what: &str, last: u64) -> Status {
